@@ -1,0 +1,42 @@
+"""Drafter contract: ``propose(history, request) -> TokenTree``.
+
+``history`` is every token of the context, ending with the pending root token (the last emitted
+token, which the target has not processed yet). The tree's nodes continue after the root.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol, Sequence
+
+import torch
+
+from ..tree import TokenTree
+
+
+@dataclass
+class DraftRequest:
+    """What to draft this step.
+
+    shape   (N1, ..., Ngamma): every node at depth i-1 gets N_i children; a chain of k is (1,)*k
+    mode    "greedy" (top-N by logit, deterministic), "sample" (draw from q; siblings without
+            replacement, recorded in the tree) or "race" (first N arrivals of the exponential race)
+    noise_at_depth(d)  Exp(1) noise for the output position at depth d+1 (race mode only)
+    max_nodes          hard cap (context room)
+    """
+
+    shape: tuple[int, ...]
+    mode: str = "greedy"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    generator: torch.Generator | None = None
+    noise_at_depth: Callable[[int], torch.Tensor] | None = None
+    max_nodes: int = 256
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree: ...
+
+    def reset(self) -> None: ...

@@ -1,0 +1,211 @@
+"""The decode loop: draft -> verify -> commit, one StepEvent per target forward.
+
+The Strategy is read once at the top of every step (``strategy`` may be a callable returning the
+current one), so the UI can switch it between steps; the committed state — the target's cache,
+the token history and the drafters' caches — does not depend on which strategy produced it.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .drafters.base import DraftRequest
+from .drafters.model import ModelDrafter
+from .drafters.ngram import NgramDrafter
+from .errors import SpecchatError
+from .events import GenerationSummary, StepEvent
+from .models.base import CausalLM
+from .sampling import race_noise
+from .strategy import Strategy, StrategyError
+from .tree import TokenTree
+from .verify import accept, sample_next
+
+
+class ContextOverflowError(SpecchatError):
+    """The prompt does not fit the model's context window."""
+
+
+def peak_rss_mb() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+@dataclass
+class Decoder:
+    """Owns the target, the drafters and the token history of one conversation."""
+
+    target: CausalLM
+    drafter_model: CausalLM | None = None
+    eos_ids: set[int] = field(default_factory=set)
+    detokenize: Callable[[], object] | None = None  # factory of a StreamDecoder (push(ids) -> str)
+
+    def __post_init__(self) -> None:
+        self.target.allocate()
+        self.history: list[int] = []  # committed tokens + the pending root
+        self.drafters = {"ngram": NgramDrafter()}
+        if self.drafter_model is not None:
+            dm = self.drafter_model
+            if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
+                dm = dm.with_own_cache()  # self-drafting: shared weights, separate cache
+            self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size)
+
+    @property
+    def has_drafter_model(self) -> bool:
+        return "model" in self.drafters
+
+    @property
+    def context_length(self) -> int:
+        return self.target.cache.capacity
+
+    def reset(self) -> None:
+        self.target.cache.reset()
+        self.history = []
+        for d in self.drafters.values():
+            d.reset()
+
+    # ---- prompt --------------------------------------------------------------------------------------------
+    def start(self, prompt_ids: Sequence[int]) -> float:
+        """Make ``prompt_ids`` the context; reuse the cached common prefix (multi-turn chat).
+        Returns prefill seconds. The last prompt token stays pending (the first step's root)."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise SpecchatError("empty prompt: nothing to continue from")
+        if len(prompt_ids) >= self.context_length:
+            raise ContextOverflowError(
+                f"prompt is {len(prompt_ids)} tokens but the context holds {self.context_length}; shorten it or start a new chat")
+        V = self.target.vocab_size
+        bad = [t for t in prompt_ids if t < 0 or t >= V]
+        if bad:
+            raise SpecchatError(f"token id {bad[0]} is outside the model's vocabulary (0..{V - 1})")
+        cache = self.target.cache
+        n = 0
+        limit = min(cache.length, len(prompt_ids) - 1)
+        while n < limit and self.history[n] == prompt_ids[n]:
+            n += 1
+        cache.rollback(n)
+        t0 = time.perf_counter()
+        self.target.prefill(prompt_ids[n:-1])
+        self.history = prompt_ids
+        return time.perf_counter() - t0
+
+    # ---- steps ------------------------------------------------------------------------------------------------
+    def steps(
+        self,
+        strategy: Strategy | Callable[[], Strategy],
+        max_new_tokens: int,
+        stop: threading.Event | None = None,
+    ) -> Iterator[StepEvent]:
+        """Yield one StepEvent per target forward until EOS, max_new_tokens, a full context or stop."""
+        get = strategy if callable(strategy) else (lambda: strategy)
+        s0 = get()
+        gen = torch.Generator().manual_seed(int(s0.seed))
+        decoder = self.detokenize() if self.detokenize else None
+        produced = 0
+        step = 0
+        while True:
+            if stop is not None and stop.is_set():
+                yield self._final(step, get(), decoder, "stopped")
+                return
+            s = get()
+            room = self.context_length - len(self.history)
+            if room <= 0:
+                yield self._final(step, s, decoder, "context")
+                return
+            t0 = time.perf_counter()
+            tree, draft_s = self._draft(s, gen, min(room - 1, 256))
+            t1 = time.perf_counter()
+            root = self.history[-1]
+            tokens, parents = tree.packed(root)
+            logits = self.target.verify(tokens, parents)
+            path, bonus = self._verify(s, tree, logits, gen)
+            self.target.commit([0] + [i + 1 for i in path])
+            t2 = time.perf_counter()
+            emitted = tree.path_tokens(path) + [bonus]
+            reason = None
+            for j, t in enumerate(emitted):
+                if t in self.eos_ids:
+                    emitted = emitted[: j + 1]
+                    reason = "eos"
+                    break
+            if produced + len(emitted) >= max_new_tokens:
+                emitted = emitted[: max_new_tokens - produced]
+                reason = reason or "length"
+            produced += len(emitted)
+            self.history.extend(emitted)
+            if self.target.cache.length > len(self.history) - 1:  # tokens cut after EOS/limit
+                self.target.cache.rollback(len(self.history) - 1)
+            text = decoder.push([t for t in emitted if t not in self.eos_ids]) if decoder else ""
+            if reason and decoder:
+                text += decoder.flush()
+            if reason is None and len(self.history) >= self.context_length:
+                reason = "context"
+            step += 1
+            ms = (t2 - t0) * 1000.0
+            yield StepEvent(
+                step=step, strategy=s.label(), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
+                tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path),
+                draft_ms=draft_s * 1000.0, verify_ms=(t2 - t1) * 1000.0, ms=ms, position=len(self.history),
+                finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
+            )
+            if reason is not None:
+                return
+
+    def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
+        text = decoder.flush() if decoder else ""
+        return StepEvent(step=step, strategy=s.label(), drafted=0, accepted=0, emitted=[], text=text,
+                         position=len(self.history), finished=True, finish_reason=reason, rss_mb=peak_rss_mb())
+
+    def _noise(self, s: Strategy, base: int) -> Callable[[int], torch.Tensor]:
+        V = self.target.vocab_size
+        return lambda d: race_noise(int(s.seed), base + d, V)
+
+    def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:
+        if s.name == "ar" or max_nodes <= 0:
+            return TokenTree.empty(), 0.0
+        drafter = self.drafters.get(s.drafter)
+        if drafter is None:
+            raise StrategyError(f"strategy {s.name!r} needs a drafter model: none is loaded")
+        t0 = time.perf_counter()
+        shape = tuple(s.tree) if s.name == "tree" else (1,) * s.draft_len
+        if s.name == "pld" and s.ngram_branches > 1:
+            shape = (s.ngram_branches,) + (1,) * (s.draft_len - 1)
+        v = s.resolved_verify()
+        mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
+        req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
+                           noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
+                           max_nodes=max_nodes)
+        tree = drafter.propose(self.history, req)
+        return tree, time.perf_counter() - t0
+
+    def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
+        v = s.resolved_verify()
+        logits = logits.float()
+        if len(tree) == 0:
+            noise = race_noise(int(s.seed), len(self.history), self.target.vocab_size) if v == "race" and not s.greedy else None
+            return [], sample_next(logits[0], s.temperature, s.top_p, gen, noise)
+        method = v
+        if v == "rs" and tree.max_depth != len(tree):  # not a chain: multi-step sampling is the tree form
+            method = "mss"
+        if method in ("rs", "mss") and tree.draft_probs is None:
+            method = "membership"
+        return accept(tree, logits, method=method, temperature=s.temperature, top_p=s.top_p, generator=gen,
+                      noise_at_depth=self._noise(s, len(self.history)) if method == "race" else None)
+
+
+def run_generation(decoder: Decoder, prompt_ids: Sequence[int], strategy, max_new_tokens: int,
+                   stop: threading.Event | None = None) -> tuple[list[StepEvent], GenerationSummary]:
+    """Convenience for the CLI/bench/tests: run to completion and summarise."""
+    summary = GenerationSummary()
+    summary.prefill_s = decoder.start(prompt_ids)
+    events = []
+    for ev in decoder.steps(strategy, max_new_tokens, stop):
+        events.append(ev)
+        summary.add(ev)
+    return events, summary

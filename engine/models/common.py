@@ -1,0 +1,184 @@
+"""Pieces shared by the attention families: RoPE (with the HF scaling variants) and cached attention.
+
+Shape letters: T new rows (tokens/tree nodes) this call, L = cache rows attended (committed +
+scratch), D model width, H query heads, K kv heads, G = H / K, E head dim, V vocabulary.
+Batch is 1 throughout: trees are packed along T, not along a batch axis.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelLoadError
+
+
+# ---------------------------------------------------------------------------------------------
+# Config helpers
+# ---------------------------------------------------------------------------------------------
+def rope_params(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Normalise RoPE fields across transformers 4.x (rope_theta + rope_scaling, rotary_pct,
+    rotary_emb_base) and 5.x (rope_parameters) configs into one dict."""
+    rp = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or {}
+    for k, v in scaling.items():
+        rp.setdefault(k, v)
+    if "type" in rp and "rope_type" not in rp:
+        rp["rope_type"] = rp.pop("type")
+    rp.setdefault("rope_type", "default")
+    rp.setdefault("rope_theta", cfg.get("rope_theta", cfg.get("rotary_emb_base", 10000.0)))
+    rp.setdefault("partial_rotary_factor", cfg.get("partial_rotary_factor", cfg.get("rotary_pct", 1.0)))
+    return rp
+
+
+def require(cfg: dict[str, Any], key: str, where: str, positive: bool = True) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ModelLoadError(f"{where}: config.json lacks required field {key!r}")
+    val = cfg[key]
+    if positive and (not isinstance(val, (int, float)) or isinstance(val, bool) or val <= 0 or val > 10_000_000):
+        raise ModelLoadError(f"{where}: config field {key!r} has an absurd value {val!r}")
+    return val
+
+
+# ---------------------------------------------------------------------------------------------
+# RoPE
+# ---------------------------------------------------------------------------------------------
+def rope_inv_freq(rot_dim: int, rp: dict[str, Any], max_pos: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [rot_dim/2] and the attention scaling factor for a rope_type.
+
+    Supported: default, linear, dynamic (NTK, recomputed for the longest position we allocate),
+    llama3, yarn — the formulas of transformers' modeling_rope_utils, re-derived.
+    """
+    base = float(rp["rope_theta"])
+    kind = rp.get("rope_type", "default")
+    idx = torch.arange(0, rot_dim, 2, dtype=torch.float64)
+    inv = 1.0 / (base ** (idx / rot_dim))
+    attn_factor = 1.0
+    if kind == "default":
+        pass
+    elif kind == "linear":
+        inv = inv / float(rp["factor"])
+    elif kind == "dynamic":
+        orig = int(rp.get("original_max_position_embeddings", max_pos))
+        factor = float(rp["factor"])
+        if max_pos > orig:  # NTK-aware base stretch, as transformers does once seq_len > original
+            base = base * ((factor * max_pos / orig) - (factor - 1)) ** (rot_dim / (rot_dim - 2))
+            inv = 1.0 / (base ** (idx / rot_dim))
+    elif kind == "llama3":
+        factor = float(rp["factor"])
+        low, high = float(rp["low_freq_factor"]), float(rp["high_freq_factor"])
+        orig = float(rp["original_max_position_embeddings"])
+        low_wl, high_wl = orig / low, orig / high
+        wl = 2 * math.pi / inv
+        scaled = torch.where(wl > low_wl, inv / factor, inv)
+        smooth = (orig / wl - low) / (high - low)
+        mid = (1 - smooth) * scaled / factor + smooth * scaled
+        is_mid = (wl >= high_wl) & (wl <= low_wl)
+        inv = torch.where(is_mid, mid, scaled)
+    elif kind == "yarn":
+        factor = float(rp["factor"])
+        orig = int(rp.get("original_max_position_embeddings", max_pos))
+        beta_fast, beta_slow = float(rp.get("beta_fast", 32)), float(rp.get("beta_slow", 1))
+        mscale = rp.get("mscale", 1.0)
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attn_factor = float(rp.get("attention_factor") or get_mscale(factor, mscale))
+
+        def corr_dim(n_rot: float) -> float:
+            return (rot_dim * math.log(orig / (n_rot * 2 * math.pi))) / (2 * math.log(base))
+
+        lo = corr_dim(beta_fast)
+        hi = corr_dim(beta_slow)
+        if rp.get("truncate", True):
+            lo, hi = math.floor(lo), math.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, rot_dim - 1)
+        if lo == hi:
+            hi += 0.001
+        ramp = ((torch.arange(rot_dim // 2, dtype=torch.float64) - lo) / (hi - lo)).clamp(0, 1)
+        extra_mask = 1 - ramp
+        inv = (inv / factor) * (1 - extra_mask) + inv * extra_mask
+    else:
+        raise ModelLoadError(f"rope_type {kind!r} is not supported (default, linear, dynamic, llama3, yarn)")
+    return inv.float(), attn_factor
+
+
+class Rope:
+    """cos/sin tables for positions [0, max_pos), applied in the rotate-half layout (HF/NeoX)."""
+
+    def __init__(self, rot_dim: int, rp: dict[str, Any], max_pos: int, dtype: torch.dtype):
+        inv, attn_factor = rope_inv_freq(rot_dim, rp, max_pos)
+        t = torch.arange(max_pos, dtype=torch.float32)
+        freqs = torch.outer(t, inv)  # (P, E_rot/2)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        self.cos = (emb.cos() * attn_factor).to(dtype)
+        self.sin = (emb.sin() * attn_factor).to(dtype)
+        self.rot_dim = rot_dim
+
+    def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x: (N, T, E) -> rotated (only the first rot_dim features of each head)."""
+        cos = self.cos[positions]  # (T, R)
+        sin = self.sin[positions]
+        r = self.rot_dim
+        if r == x.shape[-1]:
+            return x * cos + rotate_half(x) * sin
+        xr, xp = x[..., :r], x[..., r:]
+        return torch.cat([xr * cos + rotate_half(xr) * sin, xp], dim=-1)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Norms
+# ---------------------------------------------------------------------------------------------
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Normalise in fp32 (as HF does) so bf16 activations keep their accuracy.
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return w * xf.to(x.dtype)
+
+
+# ---------------------------------------------------------------------------------------------
+# Attention over the KV cache
+# ---------------------------------------------------------------------------------------------
+def cached_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    mask: torch.Tensor | None,
+    scale: float,
+) -> torch.Tensor:
+    """Write the new K/V at cache rows [start, start + T) and attend over rows [0, start + T).
+
+    q (H, T, E); k_new, v_new (K, T, E); k_cache, v_cache (K, P, E); mask (T, L) bool or None
+    (None = every row sees every cached row, the single-token decode case). Returns (T, H*E).
+    GQA without repeating K/V: the G query heads of one kv head are stacked along the row axis.
+    """
+    H, T, E = q.shape
+    K = k_new.shape[0]
+    G = H // K
+    end = start + T
+    k_cache[:, start:end] = k_new
+    v_cache[:, start:end] = v_new
+    k = k_cache[:, :end]
+    v = v_cache[:, :end]
+    qg = q.reshape(K, G * T, E)  # head h = k*G + g -> rows g*T + t of group k
+    m = mask.repeat(G, 1) if mask is not None else None  # (G*T, L)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=m, scale=scale)  # (K, G*T, E)
+    return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
+
+
+def as_t(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Store a [out, in] weight transposed and contiguous as [in, out]: `x @ W_t` is the faster
+    GEMV layout on this CPU (reference/cpu-performance.md: ~1.4x in fp32)."""
+    return w.detach().to(dtype).t().contiguous()

@@ -1,0 +1,180 @@
+"""Llama family: SmolLM2, Llama 2/3, Mistral, Qwen2 (qkv bias). GQA, RoPE (+ scaling), tied or
+untied embeddings. One page; generation logic lives in engine/generate.py.
+
+Weights are stored transposed ([in, out]) and fused (QKV, gate|up) for fast small-row GEMMs on
+CPU (reference/cpu-performance.md). Shape letters as in engine/models/common.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..cache import KVCache
+from ..errors import ModelLoadError
+from .base import CausalLM
+from .common import Rope, as_t, cached_attention, require, rms_norm, rope_params
+
+MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
+
+
+@dataclass
+class LlamaConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-5
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    rope: dict[str, Any] = field(default_factory=dict)
+    model_type: str = "llama"
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> "LlamaConfig":
+        mt = cfg.get("model_type", "llama")
+        hidden = int(require(cfg, "hidden_size", where))
+        heads = int(require(cfg, "num_attention_heads", where))
+        kv = int(cfg.get("num_key_value_heads") or heads)
+        head_dim = int(cfg.get("head_dim") or hidden // heads)
+        if heads % kv:
+            raise ModelLoadError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+        attn_bias = bool(cfg.get("attention_bias", False))
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelLoadError(f"{where}: hidden_act {act!r} is not supported for {mt} (silu)")
+        return cls(
+            vocab_size=int(require(cfg, "vocab_size", where)),
+            hidden_size=hidden,
+            intermediate_size=int(require(cfg, "intermediate_size", where)),
+            num_layers=int(require(cfg, "num_hidden_layers", where)),
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
+            max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=attn_bias or mt == "qwen2",
+            o_bias=attn_bias,
+            mlp_bias=bool(cfg.get("mlp_bias", False)),
+            rope=rope_params(cfg),
+            model_type=mt,
+        )
+
+
+class Llama(CausalLM):
+    family = "llama"
+
+    def __init__(self, cfg: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, max_context: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self._dtype = dtype
+        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        self.scale = cfg.head_dim ** -0.5
+        get = _getter(sd, "Llama")
+        self.embed = get("model.embed_tokens.weight").to(dtype).contiguous()  # (V, D)
+        lm = sd.get("lm_head.weight") if not cfg.tie_word_embeddings else None
+        if lm is None:
+            lm = get("model.embed_tokens.weight")
+        self.lm_head_t = as_t(lm, dtype)  # (D, V)
+        self.norm = get("model.norm.weight").to(dtype)
+        self.layers = []
+        H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            q, k, v = get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight")
+            _check_shape(q, (H * E, cfg.hidden_size), p + "self_attn.q_proj.weight")
+            _check_shape(k, (K * E, cfg.hidden_size), p + "self_attn.k_proj.weight")
+            layer = {
+                "ln1": get(p + "input_layernorm.weight").to(dtype),
+                "ln2": get(p + "post_attention_layernorm.weight").to(dtype),
+                "wqkv": as_t(torch.cat([q, k, v], 0), dtype),  # (D, (H + 2K) E)
+                "wo": as_t(get(p + "self_attn.o_proj.weight"), dtype),
+                "wgu": as_t(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0), dtype),
+                "wd": as_t(get(p + "mlp.down_proj.weight"), dtype),
+                "bqkv": None, "bo": None, "bgu": None, "bd": None,
+            }
+            if cfg.qkv_bias:
+                layer["bqkv"] = torch.cat([get(p + "self_attn.q_proj.bias"), get(p + "self_attn.k_proj.bias"), get(p + "self_attn.v_proj.bias")]).to(dtype)
+            if cfg.o_bias:
+                layer["bo"] = get(p + "self_attn.o_proj.bias").to(dtype)
+            if cfg.mlp_bias:
+                layer["bgu"] = torch.cat([get(p + "mlp.gate_proj.bias"), get(p + "mlp.up_proj.bias")]).to(dtype)
+                layer["bd"] = get(p + "mlp.down_proj.bias").to(dtype)
+            self.layers.append(layer)
+        rot = int(E * float(cfg.rope.get("partial_rotary_factor", 1.0)))
+        self.rope = Rope(rot, cfg.rope, self.max_context, dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head_t.shape[1]
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._dtype
+
+    def new_cache(self, capacity: int) -> KVCache:
+        c = self.cfg
+        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self._dtype)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"family": c.model_type, "layers": c.num_layers, "hidden": c.hidden_size, "heads": f"{c.num_heads}/{c.num_kv_heads}",
+                "vocab": c.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
+
+    def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        c = self.cfg
+        H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
+        T = tokens.shape[0]
+        x = self.embed[tokens]  # (T, D)
+        kc, vc = self.cache.k, self.cache.v
+        for i, L in enumerate(self.layers):
+            h = rms_norm(x, L["ln1"], c.rms_norm_eps)
+            qkv = h @ L["wqkv"]
+            if L["bqkv"] is not None:
+                qkv = qkv + L["bqkv"]
+            q = qkv[:, : H * E].view(T, H, E).transpose(0, 1)  # (H, T, E)
+            k = qkv[:, H * E:(H + K) * E].view(T, K, E).transpose(0, 1)  # (K, T, E)
+            v = qkv[:, (H + K) * E:].view(T, K, E).transpose(0, 1)
+            q = self.rope.apply(q, positions)
+            k = self.rope.apply(k, positions)
+            a = cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale) @ L["wo"]
+            if L["bo"] is not None:
+                a = a + L["bo"]
+            x = x + a
+            h = rms_norm(x, L["ln2"], c.rms_norm_eps)
+            gu = h @ L["wgu"]
+            if L["bgu"] is not None:
+                gu = gu + L["bgu"]
+            g, u = gu.chunk(2, dim=-1)
+            m = (F.silu(g) * u) @ L["wd"]
+            if L["bd"] is not None:
+                m = m + L["bd"]
+            x = x + m
+        return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden @ self.lm_head_t  # (T, V)
+
+
+def _getter(sd: dict[str, torch.Tensor], where: str):
+    def get(name: str) -> torch.Tensor:
+        t = sd.get(name)
+        if t is None:
+            raise ModelLoadError(f"{where} checkpoint lacks tensor {name!r} (not a {where}-family checkpoint, or incomplete)")
+        return t
+    return get
+
+
+def _check_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
+    if tuple(t.shape) != shape:
+        raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")

