@@ -32,3 +32,108 @@ class ChatEngine(Protocol):
     def stream_chat(
         self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event
     ) -> Iterator[StepEvent]: ...
+
+
+class ChatSession:
+    """A loaded target (+ optional drafter model) behind the ChatEngine contract."""
+
+    def __init__(self, target, drafter=None, strategy: Strategy | None = None, registry=None):
+        from .generate import Decoder
+
+        self.target = target  # engine.loading.Loaded
+        self.drafter = drafter  # engine.loading.Loaded | None
+        self.registry = registry
+        tok = target.tokenizer
+        self.tokenizer = tok
+        self.decoder = Decoder(
+            target.model,
+            drafter.model if drafter is not None else None,
+            eos_ids=set(tok.eos_ids) if tok is not None else set(),
+            detokenize=(lambda: _stream_decoder(tok)) if tok is not None else None,
+        )
+        self.strategy = strategy or default_strategy(self.has_drafter)
+
+    # ---- construction ------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, target: str | None = None, drafter: str | None = None, strategy: str | Strategy | None = None,
+             models_file: str | None = None, dtype: str | None = None, max_context: int | None = None) -> "ChatSession":
+        from .loading import load
+        from .registry import load_registry
+        from .strategy import preset
+
+        reg = load_registry(models_file)
+        target_ref = target or default_target_name(reg)
+        tgt = load(target_ref, dtype=dtype, registry=reg, max_context=max_context)
+        drf = None
+        drafter_ref = drafter
+        if drafter_ref is None:
+            pairing = reg.default_pairing(tgt.name)
+            drafter_ref = pairing.drafter if pairing else None
+        if drafter_ref and drafter_ref not in ("ngram", "none"):
+            drf = load(drafter_ref, dtype=dtype, registry=reg, max_context=max_context)
+            check_same_vocab(tgt, drf)
+        strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
+        if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
+            strat = strat.replace(drafter="ngram")
+        if strat is not None:
+            strat.validate(has_drafter_model=drf is not None)
+        return cls(tgt, drf, strat, reg)
+
+    # ---- ChatEngine ---------------------------------------------------------------------------------
+    @property
+    def has_drafter(self) -> bool:
+        return self.drafter is not None
+
+    @property
+    def context_length(self) -> int:
+        return self.decoder.context_length
+
+    @property
+    def description(self) -> str:
+        d = self.target.description
+        if self.drafter is not None:
+            d += f" <- {self.drafter.name}"
+        return d
+
+    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        from .errors import SpecchatError
+
+        if self.tokenizer is None:
+            raise SpecchatError(f"{self.target.name} has no tokenizer: chat needs one (use `generate --prompt-ids`)")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
+        ids = self.encode_chat(messages)
+        self.decoder.start(ids)
+        yield from self.decoder.steps(lambda: self.strategy, max_new_tokens, stop)
+
+
+def _stream_decoder(tok):
+    from .tokenizer import StreamDecoder
+
+    return StreamDecoder(tok)
+
+
+def default_target_name(reg) -> str:
+    e = reg.default_target()
+    return e.name if e is not None else "smollm2-135m-instruct"
+
+
+def default_strategy(has_drafter_model: bool) -> Strategy:
+    from .strategy import preset
+
+    return preset("sd") if has_drafter_model else preset("pld")
+
+
+def check_same_vocab(target, drafter) -> None:
+    """Same-vocabulary drafting needs the same tokenizer; other pairs need a [vocab] bridge."""
+    from .errors import SpecchatError
+
+    tt, dt = target.tokenizer, drafter.tokenizer
+    if tt is None or dt is None:
+        return  # id-level use (--prompt-ids): trust the caller, sizes are reconciled by the drafter
+    if tt.vocab_size != dt.vocab_size or any(tt.token_str(i) != dt.token_str(i) for i in range(0, tt.vocab_size, max(1, tt.vocab_size // 64))):
+        raise SpecchatError(
+            f"drafter {drafter.name} uses a different vocabulary than {target.name}; "
+            "vocabulary bridges (--vocab tli/slem/slrs) are not available yet: they land with [vocab]")

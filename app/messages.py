@@ -1,0 +1,29 @@
+"""Messages the worker threads post to the UI (``post_message`` is thread-safe)."""
+
+from __future__ import annotations
+
+from textual.message import Message
+
+from engine.session import ChatEngine
+
+
+def error_line(exc: BaseException) -> str:
+    """The one-line, user-facing text of an exception (its first line, or its type name)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class SessionLoaded(Message):
+    """The session factory returned: the engine is ready to chat."""
+
+    def __init__(self, session: ChatEngine) -> None:
+        super().__init__()
+        self.session = session
+
+
+class SessionFailed(Message):
+    """The session factory raised; ``error`` is the one-line message to show."""
+
+    def __init__(self, error: str) -> None:
+        super().__init__()
+        self.error = error

@@ -1,0 +1,38 @@
+"""Cycling the decoding strategy through the named presets (ctrl+s / F2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.strategy import CYCLE, Strategy, preset
+
+
+@dataclass
+class CycleResult:
+    """The preset to switch to (None if none is usable) and why the ones before it were skipped."""
+
+    strategy: Strategy | None
+    skipped: list[str] = field(default_factory=list)
+
+
+def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE) -> CycleResult:
+    """The next preset after ``current`` in ``cycle`` that validates for this session.
+
+    The sampling knobs (temperature, top-p, seed) carry over; everything else comes from the preset.
+    Presets that do not validate are skipped, each with its one-line reason.
+    """
+    start = cycle.index(current.name) if current.name in cycle else -1
+    skipped: list[str] = []
+    for offset in range(1, len(cycle) + 1):
+        name = cycle[(start + offset) % len(cycle)]
+        if name == current.name:
+            break  # came back round: nothing else is usable
+        try:
+            candidate = preset(
+                name, temperature=current.temperature, top_p=current.top_p, seed=current.seed
+            ).validate(has_drafter_model=has_drafter)
+        except ValueError as exc:  # StrategyError (a ValueError), or a bad tree shape
+            skipped.append(f"skipped {name}: {exc}")
+            continue
+        return CycleResult(candidate, skipped)
+    return CycleResult(None, skipped)

@@ -1,0 +1,185 @@
+"""`specchat bench`: tokens/s, speedup against our own plain decoding, mean accepted, peak memory,
+with peers measured in the same run on the same prompts and settings.
+
+Honesty rules: warm-up generations are excluded; every strategy runs every prompt; tokens/s
+excludes model loading and prompt prefill for every engine (for transformers ``generate()`` we
+time a 1-token generate of the same prompt and subtract it: (n - 1) / (t_n - t_1)); greedy runs
+check that every strategy emitted exactly the tokens of our ``ar``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import SpecchatError
+from .generate import peak_rss_mb, run_generation
+from .strategy import preset
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
+
+
+@dataclass
+class Row:
+    strategy: str
+    engine: str
+    prompt: str
+    tokens_per_s: float
+    speedup: float
+    mean_accepted: float | None  # None where the peer does not report it
+    peak_mem_mb: float
+    new_tokens: int
+    identical: bool | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"strategy": self.strategy, "engine": self.engine, "prompt": self.prompt, "tokens_per_s": round(self.tokens_per_s, 2),
+                "speedup": round(self.speedup, 3), "mean_accepted": round(self.mean_accepted, 3) if self.mean_accepted is not None else None, "peak_mem_mb": round(self.peak_mem_mb, 1),
+                "new_tokens": self.new_tokens, "identical_to_ar": self.identical}
+
+
+def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
+    p = Path(path) if path else DEFAULT_PROMPTS
+    if not p.exists():
+        raise SpecchatError(f"{p}: prompts file not found")
+    if p.suffix == ".json":
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise SpecchatError(f"{p}: invalid JSON ({e})") from None
+        if not isinstance(data, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in data):
+            raise SpecchatError(f"{p}: expected a JSON list of {{\"text\": ...}} objects")
+        out = [{"text": x["text"], "name": x.get("name") or f"p{i}"} for i, x in enumerate(data)]
+    else:
+        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        out = [{"text": ln, "name": f"p{i}"} for i, ln in enumerate(lines)]
+    if not out:
+        raise SpecchatError(f"{p}: no prompts")
+    return out
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .cli import load_session, strategy_from_args
+
+    session = load_session(args)
+    prompts = load_prompts(args.prompts)
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if "ar" not in names:
+        names = ["ar"] + names  # speedups are against our own plain decoding, measured here
+    strategies = []
+    for name in names:
+        args.strategy = name
+        strategies.append(strategy_from_args(args, session.has_drafter))
+    encoded = []
+    for p in prompts:
+        ids = session.encode_chat([{"role": "user", "content": p["text"]}]) if not args.raw else session.tokenizer.encode(p["text"])
+        encoded.append((p["name"], ids))
+    dec = session.decoder
+    N = args.max_new_tokens
+
+    for _ in range(max(0, args.warmup)):  # warm-up: allocator, caches, lazy init — excluded
+        for s in strategies:
+            run_generation(dec, encoded[0][1], s, min(N, 16))
+
+    rows: list[Row] = []
+    ar_out: dict[str, list[int]] = {}
+    ar_tps: dict[str, float] = {}
+    totals: dict[tuple[str, str], list[float]] = {}
+    for s in strategies:
+        for name, ids in encoded:
+            dec.reset()  # same cold-prefix conditions for every strategy
+            evs, summ = run_generation(dec, ids, s, N)
+            out = [t for e in evs for t in e.emitted]
+            if s.name == "ar":
+                ar_out[name], ar_tps[name] = out, summ.tokens_per_s
+            identical = (out == ar_out.get(name)) if s.greedy else None
+            rows.append(Row(s.name, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
+                            summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical))
+            t = totals.setdefault((s.name, "specchat"), [0.0, 0.0, 0.0, 0.0])
+            t[0] += summ.new_tokens
+            t[1] += summ.decode_s
+            t[2] += summ.steps
+            _progress(f"{s.name:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
+
+    if args.compare:
+        for peer in [x.strip() for x in args.compare.split(",") if x.strip()]:
+            if peer != "transformers":
+                raise SpecchatError(f"--compare {peer!r} is not available yet (transformers only; llama.cpp lands with [speed])")
+            rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals)
+
+    ar_total = totals.get(("ar", "specchat"))
+    ar_rate = ar_total[0] / ar_total[1] if ar_total and ar_total[1] else 0.0
+    summary = []
+    for (sname, engine), (ntok, secs, steps, _) in totals.items():
+        rate = ntok / secs if secs else 0.0
+        summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, peak_rss_mb(), int(ntok),
+                           all(r.identical for r in rows if r.strategy == sname and r.engine == engine and r.identical is not None) if engine == "specchat" and strategies[0].greedy else None))
+    if args.json:
+        print(json.dumps({"rows": [r.to_json() for r in rows + summary], "settings": _settings(session, args, len(prompts))}))
+    else:
+        _print_table(rows + summary, session, args, len(prompts))
+    return 0
+
+
+def _settings(session, args, n_prompts: int) -> dict[str, Any]:
+    return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "prompts": n_prompts, "dtype": args.dtype or "fp32", "warmup": args.warmup}
+
+
+def _progress(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
+    print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}")
+    print(f"{'strategy':<10} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'peak MB':>8} {'same as ar':>10}")
+    for r in rows:
+        same = "" if r.identical is None else ("yes" if r.identical else "NO")
+        print(f"{r.strategy:<10} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {r.peak_mem_mb:8.0f} {same:>10}")
+
+
+def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:
+    """Hugging Face generate(): plain and prompt lookup, same model, dtype, prompts and N."""
+    try:
+        import torch
+        from transformers import AutoModelForCausalLM
+    except ImportError:
+        raise SpecchatError("--compare transformers needs the transformers package (pip install transformers)") from None
+    loaded = session.target
+    dtype = session.decoder.target.dtype
+    if loaded.fmt == "gguf":
+        model = AutoModelForCausalLM.from_pretrained(str(loaded.path.parent), gguf_file=loaded.path.name, dtype=dtype)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=dtype)
+    model.eval()
+    eos = sorted(session.tokenizer.eos_ids) if session.tokenizer else None
+    variants = [("ar", {}), ("pld", {"prompt_lookup_num_tokens": 10})]
+    rows = []
+
+    def timed(ids, n, extra):
+        x = torch.tensor([ids])
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                                 eos_token_id=eos, pad_token_id=eos[0] if eos else None, **extra)
+        return time.perf_counter() - t0, out[0, len(ids):].tolist()
+
+    timed(encoded[0][1], 8, {})  # warm-up
+    for label, extra in variants:
+        for name, ids in encoded:
+            t1, _ = timed(ids, 1, extra)
+            tn, out = timed(ids, N, extra)
+            n = len(out)
+            rate = (n - 1) / (tn - t1) if n > 1 and tn > t1 else 0.0
+            ident = out == ar_out.get(name) if args.temperature <= 0 else None
+            rows.append(Row(label, "transformers", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, peak_rss_mb(), n, ident))
+            t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0])
+            t[0] += n - 1
+            t[1] += tn - t1
+            t[2] += n - 1
+            _progress(f"{label:>8} {name:<12} {rate:7.1f} tok/s  (transformers)")
+    return rows

@@ -1,0 +1,292 @@
+"""`specchat` command line (the CLI contract of issue 2; keep it stable).
+
+    specchat [chat] [--target REF] [--drafter REF] [--strategy NAME] [--models FILE]
+    specchat generate [options] [PROMPT]
+    specchat bench [options]
+    specchat models [--models FILE]
+
+Errors print one line (``specchat: error: ...``) and exit 2; Ctrl-C during generate flushes the
+partial output and exits 130. The chat command imports the UI lazily (the engine itself never
+imports textual).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+from typing import Any, Sequence
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def _add_model_opts(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", metavar="REF", help="models.toml name | HF-format dir | .gguf file | Hub id (default: the registry's default)")
+    p.add_argument("--drafter", metavar="REF", help="REF | ngram | none (default: the registry's pairing for the target, else none)")
+    p.add_argument("--models", metavar="FILE", help="models.toml to use (default: $SPECCHAT_MODELS or the shipped one)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="weights/activations dtype (default fp32)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N", help="cap the context (KV cache rows)")
+
+
+def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
+    from .strategy import BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES
+
+    p.add_argument("--strategy", choices=STRATEGIES, default=None)
+    p.add_argument("--draft-len", type=int, default=None, metavar="K")
+    p.add_argument("--tree", default=None, metavar="SHAPE", help="static tree shape, e.g. 3,2,2,1,1")
+    p.add_argument("--verify", choices=VERIFIERS, default=None)
+    p.add_argument("--vocab", choices=VOCAB_BRIDGES, default=None)
+    p.add_argument("--ssm-tree", choices=SSM_TREE_MODES, default=None)
+    p.add_argument("--backtrack", choices=BACKTRACK_MODES, default=None)
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
+    p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
+    p.add_argument("--prompt-ids", default=None, metavar="1,2,3", help="token ids in (checkpoints without a tokenizer)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="specchat", description="Chat with local models; speculative decoding shown live.")
+    sub = ap.add_subparsers(dest="cmd")
+
+    chat = sub.add_parser("chat", help="the chat TUI (default)")
+    _add_model_opts(chat)
+    chat.add_argument("--strategy", default=None)
+    chat.add_argument("--max-new-tokens", type=int, default=512)
+
+    gen = sub.add_parser("generate", help="stream a completion to stdout")
+    _add_model_opts(gen)
+    _add_strategy_opts(gen)
+    gen.add_argument("prompt", nargs="?", default=None, help="prompt text (default: stdin)")
+    gen.add_argument("--samples", type=int, default=None, metavar="N", help="N independent generations, seeds S..S+N-1")
+    gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+
+    bench = sub.add_parser("bench", help="tokens/s, speedup vs ar, mean accepted, peak memory")
+    _add_model_opts(bench)
+    _add_strategy_opts(bench)
+    bench.add_argument("--strategies", default="ar,pld", help="comma-separated strategies")
+    bench.add_argument("--prompts", default=None, metavar="FILE", help=".json list of {\"text\"} or .txt lines")
+    bench.add_argument("--compare", default=None, metavar="PEERS", help="transformers (plain generate() and prompt lookup)")
+    bench.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up generations excluded from timing")
+    bench.add_argument("--json", action="store_true")
+
+    models = sub.add_parser("models", help="registry entries and whether each is available locally")
+    models.add_argument("--models", metavar="FILE")
+    models.add_argument("--json", action="store_true")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
+        argv = ["chat"] + argv
+    args = build_parser().parse_args(argv)
+    from .errors import SpecchatError
+
+    try:
+        if args.cmd == "chat":
+            return cmd_chat(args)
+        if args.cmd == "generate":
+            return cmd_generate(args)
+        if args.cmd == "bench":
+            from .bench import cmd_bench
+
+            return cmd_bench(args)
+        if args.cmd == "models":
+            return cmd_models(args)
+        build_parser().print_help()
+        return EXIT_ERROR
+    except (SpecchatError, ValueError, OverflowError) as e:
+        print(f"specchat: error: {one_line(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print("\nspecchat: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def one_line(e: BaseException) -> str:
+    msg = str(e).strip().splitlines()
+    return msg[0] if msg else type(e).__name__
+
+
+# ---- strategy from options ------------------------------------------------------------------------------
+def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool):
+    from .session import default_strategy
+    from .strategy import preset
+    from .tree import parse_shape
+
+    s = preset(args.strategy) if args.strategy else default_strategy(has_drafter_model)
+    changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
+        if getattr(args, opt) is not None:
+            changes[field] = getattr(args, opt)
+    if args.tree is not None:
+        changes["tree"] = parse_shape(args.tree)
+    if args.drafter == "ngram" and s.name != "ar":
+        changes["drafter"] = "ngram"
+    s = s.replace(**changes)
+    return s.validate(has_drafter_model=has_drafter_model)
+
+
+def load_session(args: argparse.Namespace):
+    from .session import ChatSession
+
+    return ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
+                            max_context=args.max_context)
+
+
+def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:
+    from .errors import SpecchatError
+
+    if args.prompt_ids:
+        try:
+            return [int(x) for x in args.prompt_ids.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise SpecchatError(f"--prompt-ids expects comma-separated integers, got {args.prompt_ids!r}") from None
+    text = args.prompt
+    if text is None:
+        text = sys.stdin.read() if not sys.stdin.isatty() else ""
+    if not text.strip():
+        raise SpecchatError("empty prompt: pass PROMPT, pipe text on stdin, or use --prompt-ids")
+    tok = session.tokenizer
+    if tok is None:
+        raise SpecchatError(f"{session.target.name} has no tokenizer: pass --prompt-ids")
+    if args.raw:
+        ids = tok.encode(text, add_special_tokens=True)
+    else:
+        ids = session.encode_chat([{"role": "user", "content": text}])
+    return ids
+
+
+# ---- commands --------------------------------------------------------------------------------------------------
+def cmd_generate(args: argparse.Namespace) -> int:
+    from .events import GenerationSummary
+    from .generate import peak_rss_mb
+
+    if args.samples is not None and args.samples < 1:
+        raise ValueError("--samples must be >= 1")
+    session = load_session(args)
+    strategy = strategy_from_args(args, session.has_drafter)
+    session.strategy = strategy
+    ids = prompt_ids_from_args(args, session)
+    dec = session.decoder
+
+    if args.samples:
+        samples = []
+        for i in range(args.samples):
+            s = strategy.replace(seed=args.seed + i)
+            dec.start(ids)
+            out = [t for ev in dec.steps(s, args.max_new_tokens) for t in ev.emitted]
+            samples.append({"token_ids": out})
+        if args.json:
+            print(json.dumps({"samples": samples}))
+        else:
+            for smp in samples:
+                print(",".join(map(str, smp["token_ids"])))
+        return 0
+
+    summary = GenerationSummary()
+    steps: list[dict[str, Any]] = []
+    token_ids: list[int] = []
+    text_parts: list[str] = []
+    stop = threading.Event()
+    summary.prefill_s = dec.start(ids)
+    stream = not args.json
+    interrupted = False
+    try:
+        for ev in dec.steps(strategy, args.max_new_tokens, stop):
+            summary.add(ev)
+            token_ids.extend(ev.emitted)
+            if ev.emitted:
+                steps.append(ev.to_json())
+            text_parts.append(ev.text)
+            if stream and ev.text:
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+    except KeyboardInterrupt:
+        interrupted = True
+    if stream:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+        s = summary
+        print(f"[{strategy.label()}] {s.new_tokens} tokens in {s.steps} steps, {s.tokens_per_s:.1f} tok/s, "
+              f"mean accepted {s.mean_accepted:.2f}, finish {s.finish_reason or ('interrupted' if interrupted else '?')}",
+              file=sys.stderr)
+    else:
+        print(json.dumps({
+            "text": "".join(text_parts),
+            "token_ids": token_ids,
+            "steps": steps,
+            "tokens_per_s": summary.tokens_per_s,
+            "mean_accepted": summary.mean_accepted,
+            "peak_mem_mb": peak_rss_mb(),
+            "prefill_s": summary.prefill_s,
+            "finish_reason": "interrupted" if interrupted else summary.finish_reason,
+            "strategy": strategy.to_dict(),
+        }))
+    if interrupted:
+        print("specchat: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from .registry import load_registry
+
+    load_registry(args.models)  # a broken models.toml is reported before the UI starts
+    from app.main import run_app  # lazy: only the chat command needs the UI
+
+    from .strategy import preset
+
+    initial = preset(args.strategy) if args.strategy else None
+
+    def factory():
+        from .session import ChatSession
+
+        return ChatSession.load(target=args.target, drafter=args.drafter, strategy=initial, models_file=args.models,
+                                dtype=args.dtype, max_context=args.max_context)
+
+    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens)
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from .registry import load_registry
+
+    reg = load_registry(args.models)
+    rows = []
+    for e in reg.models.values():
+        base = reg.path.parent if reg.path else None
+        local = e.local_path(base)
+        where = str(local) if local else None
+        if where is None and e.hub_id:
+            from .loading import _hub_cached
+
+            cached = _hub_cached(e.hub_id, e.revision)
+            where = str(cached) if cached else None
+        rows.append({"name": e.name, "hub_id": e.hub_id, "role": e.role, "family": e.family, "params": e.params,
+                     "available": where is not None, "path": where, "default": e.default})
+    if args.json:
+        print(json.dumps({"models": rows, "pairings": [vars(p) for p in reg.pairings]}))
+        return 0
+    w = max((len(r["name"]) for r in rows), default=4)
+    print(f"{'name':<{w}}  {'available':<9}  {'role':<22}  {'params':<6}  hub id")
+    for r in rows:
+        mark = "yes" if r["available"] else "no"
+        if r["default"]:
+            mark += " *"
+        print(f"{r['name']:<{w}}  {mark:<9}  {','.join(r['role'] or []):<22}  {r['params'] or '':<6}  {r['hub_id'] or ''}")
+    if reg.pairings:
+        print("\npairings (target <- drafter):")
+        for p in reg.pairings:
+            print(f"  {p.target} <- {p.drafter}" + (f"  [{p.vocab}]" if p.vocab else "") + ("  (default)" if p.default else ""))
+    print(f"\n* default target; registry: {reg.path}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,376 @@
+"""The chat TUI against fake engines: streaming, stop, live strategy switch, load failures."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.pilot import Pilot
+from textual.widgets.markdown import MarkdownStream
+
+from app.keys import documented_keys
+from app.main import SpecChatApp
+from app.screens import ChatScreen, HelpScreen
+from app.widgets import ChatMessage, PromptInput, StatusLine
+from app.widgets.status import fit
+from engine.strategy import preset
+
+from .fakes import BlockingEngine, FailingEngine, FakeEngine
+
+SIZE = (80, 24)
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+async def wait_for(pilot: Pilot, condition: Callable[[], object], timeout: float = 5.0) -> None:
+    """Let the app run until ``condition()`` holds (engine threads advance in real time)."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {condition}")
+        await pilot.pause(0.01)
+
+
+def make_app(engine: object, **kwargs: object) -> SpecChatApp:
+    return SpecChatApp(lambda: engine, **kwargs)  # type: ignore[arg-type, return-value]
+
+
+async def ready(pilot: Pilot) -> SpecChatApp:
+    app = pilot.app
+    assert isinstance(app, SpecChatApp)
+    await wait_for(pilot, lambda: app.session is not None or app.load_error is not None)
+    await pilot.pause()
+    return app
+
+
+async def send(pilot: Pilot, text: str) -> None:
+    prompt = pilot.app.query_one(PromptInput)
+    prompt.text = text
+    await pilot.press("enter")
+
+
+async def reply_done(pilot: Pilot) -> None:
+    app = pilot.app
+    assert isinstance(app, SpecChatApp)
+    await wait_for(pilot, lambda: not app.chat.busy)
+    await pilot.pause()
+
+
+def messages(app: SpecChatApp) -> list[ChatMessage]:
+    return list(app.chat.query(ChatMessage))
+
+
+def status(app: SpecChatApp) -> str:
+    return "\n".join(app.chat.query_one(StatusLine).lines(width=80))
+
+
+def notices(app: SpecChatApp) -> list[tuple[str, str]]:
+    return [(n.message, n.severity) for n in app._notifications]
+
+
+def screen_text(app: SpecChatApp) -> str:
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+# ---- sending and streaming ----------------------------------------------------------------------
+async def test_send_shows_reply_and_step_status() -> None:
+    engine = FakeEngine(["Hello", " **world**", ", friend."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert "FakeLM-1M" in status(app) and "ready" in status(app)
+        await send(pilot, "hi")
+        await reply_done(pilot)
+
+        user, reply = messages(app)
+        assert (user.role, user.source) == ("user", "hi")
+        assert (reply.role, reply.source) == ("assistant", "Hello **world**, friend.")
+        assert "Hello world, friend." in screen_text(app)  # rendered Markdown, bold markers gone
+        assert app.query_one(PromptInput).text == ""
+        line = status(app)
+        assert "step 3: drafted 5, accepted 3" in line
+        assert "sd k=5 greedy T=0" in line
+        assert "tok/s" in line and "4.00 tok/step" in line  # 4 emitted per step in the fake
+        assert "done · eos" in line
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Hello **world**, friend."}
+        assert engine.threads and all(name != threading.main_thread().name for name in engine.threads)
+
+
+async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    writes: list[str] = []
+    original = MarkdownStream.write
+
+    async def counting_write(self: MarkdownStream, fragment: str) -> None:
+        writes.append(fragment)
+        await original(self, fragment)
+
+    monkeypatch.setattr(MarkdownStream, "write", counting_write)
+    script = [f"w{i} " for i in range(60)]
+    engine = FakeEngine(script, step_delay_s=0.001)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "count")
+        await reply_done(pilot)
+        assert messages(app)[-1].source == "".join(script)
+        assert "".join(writes) == "".join(script)
+        assert len(writes) < len(script) / 3, f"{len(writes)} Markdown writes for {len(script)} steps"
+
+
+async def test_multi_turn_sends_the_whole_conversation() -> None:
+    engine = FakeEngine(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await reply_done(pilot)
+        await send(pilot, "second")
+        await reply_done(pilot)
+        assert engine.calls == [
+            [{"role": "user", "content": "first"}],
+            [
+                {"role": "user", "content": "first"},
+                {"role": "assistant", "content": "Sure."},
+                {"role": "user", "content": "second"},
+            ],
+        ]
+        assert [m.role for m in messages(app)] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_shift_enter_fallback_inserts_newline_and_enter_sends_all() -> None:
+    engine = FakeEngine(["ok"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "ctrl+j", "b")
+        assert app.query_one(PromptInput).text == "a\nb"
+        assert engine.calls == []
+        await pilot.press("enter")
+        await reply_done(pilot)
+        assert engine.calls[0] == [{"role": "user", "content": "a\nb"}]
+        assert messages(app)[0].source == "a  \nb"  # shown with its line break kept
+
+
+async def test_empty_message_is_ignored_with_a_notice() -> None:
+    engine = FakeEngine()
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("enter")
+        await send(pilot, "  \n  ")
+        assert engine.calls == [] and messages(app) == [] and not app.chat.busy
+        assert notices(app).count(("Type a message first.", "information")) == 2
+        await send(pilot, "still works")
+        await reply_done(pilot)
+        assert len(engine.calls) == 1
+
+
+# ---- stopping -----------------------------------------------------------------------------------
+async def test_escape_stops_and_keeps_partial_reply() -> None:
+    engine = BlockingEngine(["Partial", " answer"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "tell me everything")
+        await wait_for(pilot, lambda: engine.blocking.is_set() and "answer" in messages(app)[-1].source)
+        assert app.chat.busy and "generating" in status(app)
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+        reply = messages(app)[-1]
+        assert reply.source.startswith("Partial answer") and reply.source.endswith("*(stopped)*")
+        assert reply.has_class("-stopped")
+        assert "(stopped)" in screen_text(app)
+        assert "stopped" in status(app).splitlines()[1]
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Partial answer"}
+
+
+async def test_quitting_mid_reply_stops_the_engine_thread() -> None:
+    engine = BlockingEngine(["..."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("ctrl+q")
+    assert engine.released.wait(2), "the engine never saw the stop flag after quit"
+
+
+async def test_message_sent_while_replying_is_refused() -> None:
+    engine = BlockingEngine(["..."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_for(pilot, engine.blocking.is_set)
+        await send(pilot, "two")
+        assert any("still running" in m and sev == "warning" for m, sev in notices(app))
+        assert app.query_one(PromptInput).text == "two"  # kept for later
+        assert len(engine.calls) == 1 and len(messages(app)) == 2
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+
+# ---- live strategy switching --------------------------------------------------------------------
+async def test_ctrl_s_switches_strategy_between_steps_of_a_reply() -> None:
+    gate = threading.Semaphore(0)
+    engine = FakeEngine([f"t{i} " for i in range(6)], gate=gate)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        gate.release(2)
+        await wait_for(pilot, lambda: engine.steps_done == 2)  # the loop now waits before step 3
+        await pilot.press("ctrl+s")
+        assert engine.strategy == preset("tree")
+        assert "tree tree=3,2,2,1,1 greedy T=0" in status(app)  # shown at once, mid-reply
+        assert app.chat.busy
+        gate.release(1)
+        await wait_for(pilot, lambda: engine.steps_done == 3)
+        await pilot.press("f1")  # help on top: the reply keeps streaming, F2 still switches
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("f2")
+        assert engine.strategy.name == "ersd" and "ersd race" in status(app)
+        gate.release(3)
+        await reply_done(pilot)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ChatScreen)
+        assert engine.seen_strategies == ["sd", "sd", "tree", "ersd", "ersd", "ersd"]
+        assert messages(app)[-1].source == "t0 t1 t2 t3 t4 t5 "  # one reply, never restarted
+        assert len(engine.calls) == 1
+
+
+async def test_cycle_skips_presets_that_need_a_drafter_and_keeps_temperature() -> None:
+    engine = FakeEngine(has_drafter=False, strategy=preset("pld", temperature=0.7))
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        assert engine.strategy == preset("ar", temperature=0.7)
+        assert "ar sample T=0.7" in status(app)
+        text = "\n".join(m for m, _ in notices(app))
+        for name in ("sd", "tree", "ersd"):
+            assert f"skipped {name}: strategy '{name}' needs a drafter model" in text
+        await pilot.press("ctrl+s")
+        assert engine.strategy == preset("pld", temperature=0.7)
+
+
+async def test_initial_strategy_is_applied_or_refused_with_a_notice() -> None:
+    engine = FakeEngine()
+    app = make_app(engine, initial_strategy=preset("tree"))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("tree") and "tree tree=" in status(app)
+
+    engine = FakeEngine(has_drafter=False, strategy=preset("pld"))
+    app = make_app(engine, initial_strategy=preset("sd"))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("pld")
+        assert any("needs a drafter model" in m for m, _ in notices(app))
+
+
+# ---- loading and failures -----------------------------------------------------------------------
+async def test_status_says_loading_until_the_factory_returns() -> None:
+    release = threading.Event()
+    engine = FakeEngine(["ok"])
+
+    def slow_factory() -> FakeEngine:
+        release.wait(5)
+        return engine
+
+    app = SpecChatApp(slow_factory)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.pause()
+        assert "Loading model…" in status(app)
+        assert "Loading model…" in screen_text(app)  # the UI is up while the model loads
+        await send(pilot, "early")
+        assert any("still loading" in m for m, _ in notices(app)) and engine.calls == []
+        release.set()
+        await ready(pilot)
+        assert "FakeLM-1M" in status(app)
+        await send(pilot, "now")
+        await reply_done(pilot)
+        assert messages(app)[-1].source == "ok"
+
+
+async def test_factory_error_shows_a_toast_and_the_app_stays_usable() -> None:
+    def broken_factory() -> FakeEngine:
+        raise FileNotFoundError("no model named 'nope' in models.toml")
+
+    app = SpecChatApp(broken_factory)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert app.session is None
+        assert ("no model named 'nope' in models.toml", "error") in notices(app)
+        assert "No model loaded" in status(app)
+        await send(pilot, "hello?")
+        assert any(m.startswith("No model loaded: no model named") for m, _ in notices(app))
+        assert messages(app) == []
+        await pilot.press("ctrl+s")
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, ChatScreen) and app.is_running
+
+
+async def test_engine_error_mid_reply_keeps_partial_text_and_app_usable() -> None:
+    engine = FailingEngine()
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "try")
+        await reply_done(pilot)
+        reply = messages(app)[-1]
+        assert reply.source.startswith("Half a") and reply.has_class("-error")
+        assert ("Generation failed: device out of memory", "error") in notices(app)
+        assert "error" in status(app)
+        engine.script = ["fine"]
+        await send(pilot, "again")
+        await reply_done(pilot)
+        assert len(engine.calls) == 2
+
+
+async def test_context_full_is_announced() -> None:
+    engine = FakeEngine(["It is"], finish_reason="context")
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "long chat")
+        await reply_done(pilot)
+        assert "context full" in status(app)
+        assert any(m.startswith("Context full") and sev == "warning" for m, sev in notices(app))
+
+
+# ---- keys, layout, the torch-free rule ----------------------------------------------------------
+async def test_help_lists_every_key_binding() -> None:
+    bound = {key.strip() for binding in (*SpecChatApp.BINDINGS, *ChatScreen.BINDINGS)
+             for key in binding.key.split(",")}  # type: ignore[union-attr]
+    assert bound <= documented_keys()
+    app = make_app(FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen)
+        text = screen_text(app)
+        for shown in ("Ctrl+S / F2", "Esc", "Shift+Enter / Ctrl+J", "Ctrl+Q", "F1"):
+            assert shown in text
+        await pilot.press("escape")
+        assert isinstance(app.screen, ChatScreen)
+
+
+def test_status_fit_keeps_the_right_column() -> None:
+    assert fit("model", "sd", 10) == "model   sd"
+    assert fit("a very long model name", "sd k=5", 16) == "a very l… sd k=5"
+    assert len(fit("x" * 200, "right", 80)) == 80
+
+
+def test_app_never_imports_torch() -> None:
+    code = "import sys, app.main; sys.exit(1 if 'torch' in sys.modules else 0)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr or "app.main imported torch"

@@ -1,0 +1,105 @@
+"""Our model pages equal transformers on tiny random checkpoints; cached, tree and committed
+decoding equal one full forward (STYLE.md item 6)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.loading import load
+from engine.tree import TokenTree
+
+from .tiny import TINY, hf_model, saved
+
+FAMILIES = [k for k in TINY if k != "draft"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_logits_match_transformers(kind, root):
+    path = saved(kind, root)
+    ours = load(str(path)).model
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ref = ref_model(ids[None]).logits[0]
+    out = ours.full_logits(ids.tolist())
+    assert (ref - out).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox", "qwen2"])
+def test_cached_decoding_equals_full_forward(kind, root):
+    m = load(str(saved(kind, root))).model
+    ids = torch.randint(0, 96, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    full = m.full_logits(ids)
+    m.allocate()
+    m.prefill(ids[:11])  # chunked prefill path too
+    rows = []
+    for t in ids[11:]:
+        rows.append(m.verify([t], [-1])[0])
+        m.commit([0])
+    assert (torch.stack(rows) - full[11:]).abs().max().item() <= 1e-4
+    # prefill in small chunks equals one chunk
+    m.allocate()
+    m.prefill(ids[:-1], chunk=7)
+    assert (m.verify([ids[-1]], [-1])[0] - full[-1]).abs().max().item() <= 1e-4
+
+
+def _random_tree(n: int, vocab: int, seed: int) -> TokenTree:
+    g = torch.Generator().manual_seed(seed)
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(int(torch.randint(-1, i, (1,), generator=g)))
+    tokens = torch.randint(0, vocab, (n,), generator=g).tolist()
+    return TokenTree(tokens, parents)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox"])
+def test_tree_verify_and_commit_equal_path_forward(kind, root):
+    """Each tree node's logits equal a full forward of prefix + its path; committing a path keeps
+    exactly that path's K/V (compaction), so decoding continues as if only the path was fed."""
+    m = load(str(saved(kind, root))).model
+    prefix = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(3)).tolist()
+    for seed in range(4):
+        tree = _random_tree(12, 96, seed)
+        m.allocate()
+        m.prefill(prefix[:-1])
+        tokens, parents = tree.packed(prefix[-1])
+        logits = m.verify(tokens, parents)
+        for i in range(len(tree)):
+            path = tree.path_tokens(tree.path_to(i))
+            ref = m.with_own_cache().full_logits(prefix + path)[-1]
+            assert (logits[i + 1] - ref).abs().max().item() <= 1e-4
+        leaf = max(range(len(tree)), key=lambda i: tree.depth[i])
+        path = tree.path_to(leaf)
+        m.commit([0] + [i + 1 for i in path])
+        nxt = 5
+        got = m.verify([nxt], [-1])[0]
+        ref = m.with_own_cache().full_logits(prefix + tree.path_tokens(path) + [nxt])[-1]
+        assert m.length == len(prefix) + len(path)
+        assert (got - ref).abs().max().item() <= 1e-4
+
+
+def test_rollback_then_continue(root):
+    m = load(str(saved("llama", root))).model
+    ids = list(range(3, 23))
+    full = m.full_logits(ids)
+    m.allocate()
+    m.prefill(ids[:15])
+    m.rollback(8)
+    m.prefill(ids[8:-1])
+    assert (m.verify([ids[-1]], [-1])[0] - full[-1]).abs().max().item() <= 1e-4
+
+
+def test_bf16_runs_and_is_close(root):
+    m32 = load(str(saved("llama", root))).model
+    m16 = load(str(saved("llama", root)), dtype="bf16").model
+    ids = list(range(1, 20))
+    a, b = m32.full_logits(ids), m16.full_logits(ids).float()
+    assert b.dtype == torch.float32 and (a - b).abs().max().item() < 0.5

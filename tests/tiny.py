@@ -1,0 +1,76 @@
+"""Tiny random checkpoints saved with transformers' save_pretrained: they are both our test inputs
+and (through transformers) the reference implementation."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+TINY = {
+    "llama": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False),
+    "llama_tied": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=512, tie_word_embeddings=True),
+    "llama3_rope": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                      "original_max_position_embeddings": 32}),
+    "linear_rope": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                        rope_scaling={"rope_type": "linear", "factor": 2.0}),
+    "yarn_rope": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}),
+    "qwen2": dict(model_type="qwen2", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
+    "mistral": dict(model_type="mistral", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=None),
+    "gpt_neox": dict(model_type="gpt_neox", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=512, use_parallel_residual=True),
+    "gpt_neox_seq": dict(model_type="gpt_neox", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, rotary_pct=0.5, max_position_embeddings=512, use_parallel_residual=False),
+    # a different, smaller model with the same vocabulary: a drafter that is often wrong
+    "draft": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512),
+}
+
+
+def hf_model(kind: str, seed: int = 0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(TINY[kind])
+    mt = spec.pop("model_type")
+    cfg = AutoConfig.for_model(mt, **spec)
+    torch.manual_seed(seed)
+    m = AutoModelForCausalLM.from_config(cfg)
+    # random init gives near-uniform logits; sharpen them so greedy paths are not ties
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(3.0)
+    return m.eval()
+
+
+@functools.lru_cache(maxsize=None)
+def saved(kind: str, root: str, seed: int = 0) -> Path:
+    """save_pretrained a tiny model under root/kind-seed and return the directory."""
+    path = Path(root) / f"{kind}-{seed}"
+    if not (path / "config.json").exists():
+        hf_model(kind, seed).save_pretrained(path)
+    return path
+
+
+def hf_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(path).eval()
+    with torch.no_grad():
+        out = m.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                         max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def config_of(path: Path) -> dict:
+    return json.loads((path / "config.json").read_text())
