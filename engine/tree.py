@@ -74,13 +74,16 @@ class TokenTree:
             raise ValueError("tokens and parents differ in length")
         if self.sampling not in SAMPLING_KINDS:
             raise ValueError(f"unknown sampling kind {self.sampling!r}")
-        if not self.depth:
-            depth = []
-            for i, p in enumerate(self.parents):
-                if p >= i:
-                    raise ValueError("tree is not in topological order (parent after child)")
-                depth.append(1 if p < 0 else depth[p] + 1)
-            self.depth = depth
+        depth: list[int] = []
+        for i, p in enumerate(self.parents):
+            if p >= i or p < -1:
+                raise ValueError(f"bad parent {p} for node {i}: parents must be -1 or an earlier node (topological order)")
+            depth.append(1 if p < 0 else depth[p] + 1)
+        if self.depth and list(self.depth) != depth:
+            raise ValueError("depth does not match parents")
+        self.depth = depth
+        if self.draft_probs is not None and self.draft_probs.shape[0] != len(self.tokens) + 1:
+            raise ValueError(f"draft_probs has {self.draft_probs.shape[0]} rows, expected T + 1 = {len(self.tokens) + 1}")
 
     # ---- constructors -------------------------------------------------------------------------
     @classmethod

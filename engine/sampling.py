@@ -1,0 +1,156 @@
+"""Sampling helpers shared by plain decoding, the drafters and the verifiers (engine/verify.py).
+
+Pure tensor functions. Probability math is float32 whatever the logits' dtype: bf16 keeps ~3
+significant digits, too few for the p/q ratios of rejection sampling or the top-p cut.
+
+Shape letters: V vocabulary, R rows (any leading dims).
+
+Exponential races (exponential-races-sd.txt §3, Alg. 2 and 5): every vocabulary entry v gets an
+arrival time e_v / p_v with e_v ~ Exp(1); the first arrival is distributed as p, and the first k
+arrivals under q are a sample of k tokens from q without replacement. The noise e depends only on
+(seed, absolute output position), so the target's winner at a position does not depend on what was
+drafted there: ERSD emits exactly the tokens of plain autoregressive race sampling with that seed.
+At temperature 0 the race winner is simply the argmax (p is one-hot in the limit); callers handle
+T = 0 with argmax because ``probs_from_logits`` refuses it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
+    """softmax(logits / T) over the last dim, nucleus-truncated and renormalised; float32.
+
+    logits: (..., V) any float dtype. top_p keeps the smallest set of most likely tokens whose mass
+    reaches top_p (the most likely token is always kept); ties at the cut break by token id.
+    """
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0 here (got {temperature}); use argmax for T = 0")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1] (got {top_p})")
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (..., V)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+        mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # exclusive prefix mass; 0 for the top token
+        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    # torch.multinomial needs the generator on the tensor's device (a CPU generator with CUDA probs
+    # raises); moving one row of V floats is cheaper than failing.
+    if generator is not None and probs.device.type != generator.device.type:
+        return probs.to(generator.device)
+    return probs
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from probs (V,), non-negative, not necessarily normalised."""
+    return int(torch.multinomial(_on_generator_device(probs.float(), generator), 1, generator=generator))
+
+
+def draft_sample(q: torch.Tensor, k: int, generator: torch.Generator | None, without_replacement: bool) -> list[int]:
+    """k children drawn from q (V,): i.i.d., or without replacement in draw order.
+
+    Without replacement is the sequential draw (each next token from q with the earlier ones removed,
+    renormalised) that recursive rejection sampling assumes; torch.multinomial implements it as the
+    first k arrivals of an exponential race. Fewer than k tokens come back when q has fewer than k
+    non-zero entries.
+    """
+    q = _on_generator_device(q.float(), generator)
+    if without_replacement:
+        k = min(k, int((q > 0).sum()))
+    if k <= 0:
+        return []
+    return torch.multinomial(q, k, replacement=not without_replacement, generator=generator).tolist()
+
+
+def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
+    """norm(max(p - q, 0)): where a rejected draft sends the target (Leviathan et al.; mamba-drafters
+    Alg. 1 line 16). A rejection implies some p_v > q_v, so the residual has mass unless float
+    rounding ate it; then p itself is returned."""
+    res = (target_probs.float() - draft_probs.float()).clamp_(min=0.0)
+    total = float(res.sum())
+    return res / total if total > 0.0 else target_probs.float()
+
+
+# ---- exponential races ----------------------------------------------------------------------------
+def _splitmix64(x: int) -> int:
+    """splitmix64 finaliser (Steele et al.): a bijective 64-bit mix, stable across runs/platforms."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def race_seed(seed: int, position: int) -> int:
+    """Generator seed for the race at (seed, position). Python's hash() is salted per process and
+    would break reproducibility across runs, hence splitmix64.
+
+    torch's CPU generator (mt19937) keeps only the low 32 bits of its seed, so the high half is
+    folded in: two (seed, position) pairs share noise with probability ~2^-32.
+    """
+    h = _splitmix64(_splitmix64(seed & _MASK64) ^ (position & _MASK64))
+    return (h ^ (h >> 32)) & 0xFFFFFFFF
+
+
+_NOISE_CACHE: "OrderedDict[tuple[int, int, int], torch.Tensor]" = OrderedDict()
+_NOISE_CACHE_SIZE = 64  # a few steps of tree depth: the drafter and the verifier read the same positions
+_NOISE_LOCK = threading.Lock()
+
+
+def race_noise(seed: int, position: int, vocab: int) -> torch.Tensor:
+    """i.i.d. Exp(1) noise (V,) float32 on CPU for absolute output ``position``, a function of
+    (seed, position) only: bit-identical on every call (exponential-races Alg. 2 lines 3-5, Alg. 5
+    line 6, with one race per output position rather than per tree node).
+
+    Cached (LRU, 64 entries; drawing 49k exponentials costs ~0.7 ms); each call returns a fresh
+    copy, so callers may modify it.
+    """
+    key = (int(seed), int(position), int(vocab))
+    with _NOISE_LOCK:
+        noise = _NOISE_CACHE.get(key)
+        if noise is not None:
+            _NOISE_CACHE.move_to_end(key)
+            return noise.clone()
+    gen = torch.Generator(device="cpu")
+    gen.manual_seed(race_seed(seed, position))
+    noise = torch.empty(vocab, dtype=torch.float32).exponential_(generator=gen)
+    with _NOISE_LOCK:
+        _NOISE_CACHE[key] = noise
+        while len(_NOISE_CACHE) > _NOISE_CACHE_SIZE:
+            _NOISE_CACHE.popitem(last=False)
+    return noise.clone()
+
+
+def race_arrivals(probs: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+    """Arrival times noise_v / p_v (..., V); tokens with p_v = 0 never arrive (+inf)."""
+    probs = probs.float()
+    noise = noise.to(device=probs.device, dtype=torch.float32)
+    return torch.where(probs > 0, noise / probs, torch.inf)
+
+
+def race_winner(probs: torch.Tensor, noise: torch.Tensor) -> int:
+    """argmin_v noise_v / p_v: a sample from p (exponential-races §3; the Gumbel-max trick).
+
+    At temperature 0 the winner is the argmax of p; callers use argmax directly there.
+    """
+    return int(race_arrivals(probs, noise).argmin())
+
+
+def race_topk(q: torch.Tensor, noise: torch.Tensor, k: int) -> list[int]:
+    """The first k arrivals of the race under q (V,), in arrival order: ERSD batch/tree drafts
+    (exponential-races Alg. 5 line 10). Fewer than k when q has fewer non-zero entries."""
+    arrivals = race_arrivals(q, noise)
+    k = min(k, int((arrivals < torch.inf).sum()))
+    if k <= 0:
+        return []
+    return arrivals.topk(k, largest=False, sorted=True).indices.tolist()

@@ -1,0 +1,52 @@
+"""The offline default model end to end: SmolLM2-135M-Instruct Q4_1 GGUF.
+
+Logits equal transformers' own GGUF loading of the same file; every greedy strategy emits the
+same tokens as plain greedy decoding on varied prompts (the drafter is SmolLM2 itself)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.generate import Decoder, run_generation
+from engine.loading import load
+from engine.strategy import preset
+
+PROMPTS = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a Python function that returns the n-th Fibonacci number.",
+    "Rewrite formally: the server update is done, the server is back up, tell me if the server acts weird.",
+    "List three primary colors.",
+]
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_gguf_path):
+    return load(str(smollm2_gguf_path))
+
+
+def test_logits_match_transformers_gguf(smol, smollm2_gguf_path):
+    from transformers import AutoModelForCausalLM
+
+    ref_model = AutoModelForCausalLM.from_pretrained(str(smollm2_gguf_path.parent), gguf_file=smollm2_gguf_path.name,
+                                                     dtype=torch.float32).eval()
+    ids = smol.tokenizer.encode("The quick brown fox jumps over the lazy dog. 1 + 1 = 2; print('hi')")
+    with torch.no_grad():
+        ref = ref_model(torch.tensor([ids])).logits[0]
+    out = smol.model.full_logits(ids)
+    assert (ref - out).abs().max().item() <= 1e-4
+
+
+def test_greedy_strategies_identical_on_smollm2(smol):
+    tok = smol.tokenizer
+    dec = Decoder(smol.model, smol.model, eos_ids=set(tok.eos_ids))
+    strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3)]
+    for text in PROMPTS:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+        ar = [t for e in run_generation(dec, ids, preset("ar"), 32)[0] for t in e.emitted]
+        assert len(ar) > 3
+        for s in strategies:
+            evs, summ = run_generation(dec, ids, s, 32)
+            assert [t for e in evs for t in e.emitted] == ar, (s.label(), text)
+            if s.name in ("sd", "tree"):  # self-drafting: every draft token is accepted
+                assert summ.mean_accepted > 2.5
