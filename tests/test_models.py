@@ -11,7 +11,7 @@ from engine.tree import TokenTree
 
 from .tiny import TINY, hf_model, saved
 
-FAMILIES = [k for k in TINY if k != "draft"]
+FAMILIES = [k for k in TINY if k not in ("draft", "long")]
 
 
 @pytest.fixture(scope="module")

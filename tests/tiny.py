@@ -32,6 +32,9 @@ TINY = {
                      num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=512, use_parallel_residual=True),
     "gpt_neox_seq": dict(model_type="gpt_neox", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, rotary_pct=0.5, max_position_embeddings=512, use_parallel_residual=False),
+    # a long context, for tests that must not run out of room (Ctrl-C mid-generation)
+    "long": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1_000_000),
     # a different, smaller model with the same vocabulary: a drafter that is often wrong
     "draft": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512),

@@ -1,0 +1,117 @@
+"""The CLI contract of issue 2 (later issues and external checks rely on it)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from engine.cli import main
+
+from .tiny import saved
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("tiny"))
+    return saved("llama", root), saved("draft", root)
+
+
+def run_json(capsys, *argv):
+    code = main(list(argv))
+    out = capsys.readouterr().out
+    assert code == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_generate_json_contract(tiny, capsys):
+    target, drafter = tiny
+    res = run_json(capsys, "generate", "--target", str(target), "--drafter", str(drafter), "--strategy", "tree",
+                   "--tree", "2,2,1", "--prompt-ids", "1,5,9,3,5,9", "--max-new-tokens", "20", "--json")
+    assert {"text", "token_ids", "steps", "tokens_per_s", "mean_accepted", "peak_mem_mb", "strategy"} <= set(res)
+    assert len(res["token_ids"]) == 20
+    assert all(set(s) == {"drafted", "accepted", "emitted", "tree_size", "ms"} for s in res["steps"])
+    assert sum(s["emitted"] for s in res["steps"]) == 20
+    assert all(s["emitted"] == s["accepted"] + 1 or s is res["steps"][-1] for s in res["steps"])
+    assert res["mean_accepted"] == pytest.approx(20 / len(res["steps"]))
+    assert res["strategy"]["name"] == "tree" and res["strategy"]["tree"] == [2, 2, 1]
+    ar = run_json(capsys, "generate", "--target", str(target), "--strategy", "ar", "--prompt-ids", "1,5,9,3,5,9",
+                  "--max-new-tokens", "20", "--json")
+    assert ar["token_ids"] == res["token_ids"] and ar["mean_accepted"] == 1.0
+
+
+def test_samples_and_seeds(tiny, capsys):
+    target, _ = tiny
+    res = run_json(capsys, "generate", "--target", str(target), "--prompt-ids", "4,4,4", "--temperature", "1.0",
+                   "--seed", "7", "--samples", "6", "--max-new-tokens", "5", "--json")
+    samples = [tuple(s["token_ids"]) for s in res["samples"]]
+    assert len(samples) == 6 and len(set(samples)) > 1
+    again = run_json(capsys, "generate", "--target", str(target), "--prompt-ids", "4,4,4", "--temperature", "1.0",
+                     "--seed", "7", "--samples", "6", "--max-new-tokens", "5", "--json")
+    assert [tuple(s["token_ids"]) for s in again["samples"]] == samples  # seeds S..S+N-1 are reproducible
+
+
+def test_ersd_equals_race_ar_from_the_cli(tiny, capsys):
+    target, drafter = tiny
+    common = ["--target", str(target), "--prompt-ids", "1,2,3,1,2", "--temperature", "0.9", "--seed", "3", "--max-new-tokens", "24", "--json"]
+    ar = run_json(capsys, "generate", "--strategy", "ar", "--verify", "race", *common)
+    ersd = run_json(capsys, "generate", "--strategy", "ersd", "--drafter", str(drafter), *common)
+    assert ersd["token_ids"] == ar["token_ids"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "--target", "/nonexistent/model", "--prompt-ids", "1"], "no such file or directory"),
+    (["generate", "--strategy", "mab", "--prompt-ids", "1"], "not available yet"),
+    (["generate", "--vocab", "slrs", "--prompt-ids", "1"], "not available yet"),
+    (["generate", "--strategy", "sd", "--prompt-ids", "1"], "needs a drafter model"),
+    (["generate", "--tree", "3,x", "--strategy", "tree", "--drafter", "ngram", "--prompt-ids", "1"], "bad tree shape"),
+    (["models", "--models", "/nonexistent/models.toml"], "models file not found"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, tiny, capsys):
+    if "--target" not in argv and argv[0] == "generate":
+        argv = argv[:1] + ["--target", str(tiny[0])] + argv[1:]
+    code = main(argv)
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err
+
+
+def test_bad_models_toml_names_file_and_line(tmp_path, capsys):
+    bad = tmp_path / "models.toml"
+    bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\n\n[[model]\nname = "y"\n')
+    assert main(["models", "--models", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert str(bad) in err and "line 5" in err
+    bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\ncolour = "red"\n')
+    assert main(["models", "--models", str(bad)]) == 2
+    assert "unknown key 'colour'" in capsys.readouterr().err
+    bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\n[[model]]\nname = "x"\nhub_id = "c/d"\n')
+    assert main(["models", "--models", str(bad)]) == 2
+    assert "duplicate model name 'x'" in capsys.readouterr().err
+
+
+def test_models_lists_the_offline_default(smollm2_gguf_path, capsys):
+    res = run_json(capsys, "models", "--json")
+    smol = next(m for m in res["models"] if m["name"] == "smollm2-135m-instruct")
+    assert smol["available"] and smol["default"] and smol["path"].endswith(".gguf")
+    assert any(not m["available"] for m in res["models"])  # hub-only entries are listed as not downloaded
+
+
+def test_ctrl_c_flushes_partial_output_and_exits_130(tmp_path):
+    target = saved("long", str(tmp_path))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "generate", "--target", str(target), "--prompt-ids", "1,2,3",
+                             "--max-new-tokens", "900000", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    time.sleep(8)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err.decode()
+    assert b"interrupted" in err and b"Traceback" not in err
+    res = json.loads(out.decode().strip().splitlines()[-1])  # the partial result is still reported
+    assert res["finish_reason"] == "interrupted" and len(res["token_ids"]) > 0
