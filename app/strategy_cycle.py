@@ -28,9 +28,11 @@ def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = C
         if name == current.name:
             break  # came back round: nothing else is usable
         try:
-            candidate = preset(
-                name, temperature=current.temperature, top_p=current.top_p, seed=current.seed
-            ).validate(has_drafter_model=has_drafter)
+            candidate = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed)
+            if name == "ersd" and not has_drafter:
+                # exponential races are lossless with any drafter: use n-gram drafts (shown in the label)
+                candidate = candidate.replace(drafter="ngram")
+            candidate = candidate.validate(has_drafter_model=has_drafter)
         except ValueError as exc:  # StrategyError (a ValueError), or a bad tree shape
             skipped.append(f"skipped {name}: {exc}")
             continue

@@ -82,8 +82,10 @@ class Strategy:
     def label(self) -> str:
         """Short description for status lines."""
         parts = [self.name]
-        if self.name in ("sd", "pld"):
+        if self.name in ("sd", "pld", "ersd"):
             parts.append(f"k={self.draft_len}")
+        if self.drafter == "ngram" and self.name not in ("pld", "ar"):
+            parts.append("ngram")
         if self.name == "tree":
             parts.append("tree=" + ",".join(map(str, self.tree)))
         parts.append(self.resolved_verify())

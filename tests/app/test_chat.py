@@ -235,7 +235,7 @@ async def test_ctrl_s_switches_strategy_between_steps_of_a_reply() -> None:
         await pilot.press("f1")  # help on top: the reply keeps streaming, F2 still switches
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("f2")
-        assert engine.strategy.name == "ersd" and "ersd race" in status(app)
+        assert engine.strategy.name == "ersd" and "ersd k=5 race" in status(app)
         gate.release(3)
         await reply_done(pilot)
         await pilot.press("escape")
@@ -251,11 +251,15 @@ async def test_cycle_skips_presets_that_need_a_drafter_and_keeps_temperature() -
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
         await pilot.press("ctrl+s")
+        # ersd is lossless with any drafter: without a drafter model it races n-gram drafts
+        assert engine.strategy == preset("ersd", temperature=0.7, drafter="ngram")
+        assert "ersd k=5 ngram race T=0.7" in status(app)
+        text = "\n".join(m for m, _ in notices(app))
+        for name in ("sd", "tree"):
+            assert f"skipped {name}: strategy '{name}' needs a drafter model" in text
+        await pilot.press("ctrl+s")
         assert engine.strategy == preset("ar", temperature=0.7)
         assert "ar sample T=0.7" in status(app)
-        text = "\n".join(m for m, _ in notices(app))
-        for name in ("sd", "tree", "ersd"):
-            assert f"skipped {name}: strategy '{name}' needs a drafter model" in text
         await pilot.press("ctrl+s")
         assert engine.strategy == preset("pld", temperature=0.7)
 

@@ -1,0 +1,482 @@
+"""GGUF files -> an HF-style checkpoint: config dict, float32 state dict in transformers naming,
+and the tokenizer from the file's metadata.
+
+    ck = load_gguf("SmolLM2-135M-Instruct.Q4_1.gguf")
+    ck.config["num_hidden_layers"], ck.state_dict["model.layers.0.self_attn.q_proj.weight"].shape, ck.quant
+
+The header is parsed here (not with ``gguf.GGUFReader``) so that every length is checked against
+the file size before it is used: a truncated or corrupt file raises ``ModelLoadError`` with one
+line, and a garbage count cannot send the parser into a huge loop. Tensor data is memory-mapped
+and dequantised with ``gguf.quants.dequantize`` (vectorised numpy).
+
+Layout (GGUF v2/v3, little-endian): magic "GGUF", u32 version, u64 n_tensors, u64 n_kv, the
+key/value metadata, the tensor directory (name, n_dims, dims ne0..ne{n-1}, u32 type, u64 offset),
+then tensor data starting at the next multiple of ``general.alignment`` (default 32). ggml writes
+dims fastest-first, so numpy shape = reversed(dims): a [out, in] matrix has ne0 = in.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import struct
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .errors import ModelLoadError
+from .tokenizer import Tokenizer
+
+GGUF_MAGIC = b"GGUF"
+SUPPORTED_ARCHITECTURES = ("llama", "qwen2")
+
+_STRING, _ARRAY = 8, 9
+# GGUF value type -> (struct format, numpy dtype) for the fixed-size types.
+_SCALAR = {
+    0: ("<B", np.uint8), 1: ("<b", np.int8), 2: ("<H", np.dtype("<u2")), 3: ("<h", np.dtype("<i2")),
+    4: ("<I", np.dtype("<u4")), 5: ("<i", np.dtype("<i4")), 6: ("<f", np.dtype("<f4")), 7: ("<?", np.bool_),
+    10: ("<Q", np.dtype("<u8")), 11: ("<q", np.dtype("<i8")), 12: ("<d", np.dtype("<f8")),
+}
+_MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str
+    shape: tuple[int, ...]  # numpy / HF order: reversed ggml dims, e.g. (out, in)
+    qtype: Any  # gguf.GGMLQuantizationType
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+
+class GGUFFile:
+    """A parsed GGUF header (``metadata``, ``tensors``) over a memory map of the file.
+
+    Use as a context manager, or call ``close()``; ``read_tensor`` returns fresh float32 arrays
+    that do not keep the map alive.
+    """
+
+    def __init__(self, path: Path, mm: mmap.mmap, version: int, metadata: dict[str, Any],
+                 tensors: dict[str, GGUFTensorInfo]):
+        self.path, self._mm, self.version = path, mm, version
+        self.metadata, self.tensors = metadata, tensors
+
+    def __enter__(self) -> "GGUFFile":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:  # a caller still holds a view; the map goes when it does
+                pass
+            self._mm = None
+
+    def read_tensor(self, name: str) -> np.ndarray:
+        """The tensor dequantised to float32, in numpy order (``info.shape``)."""
+        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        info = self.tensors[name]
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        q = info.qtype
+        try:
+            if q == GGMLQuantizationType.F32:
+                out = raw.view("<f4").reshape(info.shape).copy()
+            elif q == GGMLQuantizationType.F16:
+                out = raw.view("<f2").astype(np.float32).reshape(info.shape)
+            elif q == GGMLQuantizationType.F64:
+                out = raw.view("<f8").astype(np.float32).reshape(info.shape)
+            else:
+                block, type_size = GGML_QUANT_SIZES[q]
+                ne0 = info.shape[-1]
+                rows = raw.reshape(-1, ne0 // block * type_size)  # (rows, bytes per row)
+                out = np.asarray(dequantize(rows, q), dtype=np.float32).reshape(info.shape)
+        except NotImplementedError:
+            raise ModelLoadError(f"tensor {name} has type {q.name}, which this gguf package cannot dequantise", path=self.path) from None
+        finally:
+            del raw
+        return out
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse the header of a GGUF file; tensor data stays on disk (memory-mapped)."""
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if size == 0:
+            raise ModelLoadError("file is empty (not a GGUF file)", path=p)
+        with open(p, "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    except OSError as e:
+        raise ModelLoadError(f"cannot open ({e.strerror or e})", path=p) from None
+    try:
+        version, metadata, tensors = _parse_header(mm, size, p)
+    except ModelLoadError:
+        mm.close()
+        raise
+    except Exception as e:  # parsing is bounds-checked; anything else still gets one line
+        mm.close()
+        raise ModelLoadError(f"corrupt GGUF header ({type(e).__name__}: {e})", path=p) from None
+    return GGUFFile(p, mm, version, metadata, tensors)
+
+
+class _Cursor:
+    """Bounds-checked little-endian reads from the header."""
+
+    def __init__(self, buf: mmap.mmap, size: int, path: Path):
+        self.buf, self.size, self.path, self.pos = buf, size, path, 0
+
+    def need(self, n: int, what: str) -> None:
+        if n < 0 or self.pos + n > self.size:
+            raise ModelLoadError(f"header is truncated or corrupt: {what} at byte {self.pos} needs {n} bytes, "
+                                 f"the file has {self.size - self.pos} left", path=self.path)
+
+    def scalar(self, fmt: str, what: str) -> Any:
+        n = struct.calcsize(fmt)
+        self.need(n, what)
+        (v,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += n
+        return v
+
+    def string(self, what: str) -> str:
+        n = self.scalar("<Q", what)
+        self.need(n, what)
+        s = self.buf[self.pos:self.pos + n].decode("utf-8", errors="replace")
+        self.pos += n
+        return s
+
+    def value(self, vtype: int, what: str) -> Any:
+        if vtype in _SCALAR:
+            v = self.scalar(_SCALAR[vtype][0], what)
+            return bool(v) if vtype == 7 else v
+        if vtype == _STRING:
+            return self.string(what)
+        if vtype == _ARRAY:
+            etype = self.scalar("<I", what)
+            n = self.scalar("<Q", what)
+            if etype in _SCALAR:
+                dt = np.dtype(_SCALAR[etype][1])
+                self.need(n * dt.itemsize, f"{what} ({n} items)")
+                arr = np.frombuffer(self.buf, dtype=dt, count=n, offset=self.pos)
+                self.pos += n * dt.itemsize
+                out = arr.tolist()
+                del arr
+                return out
+            if etype in (_STRING, _ARRAY):
+                self.need(n * 8, f"{what} ({n} items)")  # every item has at least a u64 length
+                return [self.value(etype, what) for _ in range(n)]
+            raise ModelLoadError(f"corrupt GGUF header: {what} has unknown array item type {etype}", path=self.path)
+        raise ModelLoadError(f"corrupt GGUF header: {what} has unknown value type {vtype}", path=self.path)
+
+
+def _parse_header(mm: mmap.mmap, size: int, path: Path) -> tuple[int, dict[str, Any], dict[str, GGUFTensorInfo]]:
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    c = _Cursor(mm, size, path)
+    magic = bytes(mm[:4])
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"not a GGUF file (starts with {magic!r}, expected {GGUF_MAGIC!r})", path=path)
+    c.pos = 4
+    version = c.scalar("<I", "version")
+    if version not in (2, 3):
+        if version & 0xFFFF == 0 and (version >> 16):
+            raise ModelLoadError("big-endian GGUF files are not supported", path=path)
+        raise ModelLoadError(f"GGUF version {version} is not supported (2 or 3)", path=path)
+    n_tensors = c.scalar("<Q", "tensor count")
+    n_kv = c.scalar("<Q", "metadata count")
+    # Each key/value takes at least 8 + 4 + 1 bytes and each tensor entry 8 + 4 + 4 + 8 bytes.
+    c.need(n_kv * 13 + n_tensors * 24, f"{n_kv} metadata entries and {n_tensors} tensor entries")
+
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = c.string("metadata key")
+        vtype = c.scalar("<I", f"type of {key!r}")
+        metadata[key] = c.value(vtype, repr(key))
+
+    alignment = metadata.get("general.alignment", 32)
+    if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+        raise ModelLoadError(f"corrupt GGUF header: general.alignment = {alignment!r} is not a power of two", path=path)
+
+    infos = []
+    for _ in range(n_tensors):
+        name = c.string("tensor name")
+        n_dims = c.scalar("<I", f"dims of {name}")
+        if not 1 <= n_dims <= _MAX_DIMS:
+            raise ModelLoadError(f"corrupt GGUF header: tensor {name!r} has {n_dims} dims", path=path)
+        dims = [c.scalar("<Q", f"dims of {name}") for _ in range(n_dims)]
+        raw_type = c.scalar("<I", f"type of {name}")
+        offset = c.scalar("<Q", f"offset of {name}")
+        try:
+            qtype = GGMLQuantizationType(raw_type)
+            block, type_size = GGML_QUANT_SIZES[qtype]
+        except (ValueError, KeyError):
+            raise ModelLoadError(f"tensor {name!r} has unknown ggml type {raw_type} (corrupt, or newer than this gguf package)", path=path) from None
+        if dims[0] % block:
+            raise ModelLoadError(f"corrupt GGUF header: tensor {name!r} row of {dims[0]} is not a multiple of the {qtype.name} block ({block})", path=path)
+        nbytes = math.prod(dims) // block * type_size
+        infos.append((name, tuple(reversed(dims)), qtype, offset, nbytes))
+
+    data_start = (c.pos + alignment - 1) // alignment * alignment
+    tensors: dict[str, GGUFTensorInfo] = {}
+    for name, shape, qtype, offset, nbytes in infos:
+        start = data_start + offset
+        if start + nbytes > size:
+            raise ModelLoadError(f"tensor data is truncated: {name} needs bytes {start}..{start + nbytes} but the file "
+                                 f"has {size} (incomplete download?)", path=path)
+        if name in tensors:
+            raise ModelLoadError(f"corrupt GGUF header: tensor {name!r} appears twice", path=path)
+        tensors[name] = GGUFTensorInfo(name, shape, qtype, start, nbytes)
+    return version, metadata, tensors
+
+
+# ---------------------------------------------------------------------------------------------
+# Checkpoint
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class GGUFCheckpoint:
+    config: dict[str, Any]  # HF config.json fields
+    state_dict: dict[str, torch.Tensor]  # float32, transformers names and [out, in] shapes
+    tokenizer: Tokenizer
+    quant: str  # "Q4_1", "Q8_0", "F16", ...
+    path: Path
+    metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+# (gguf tensor suffix, HF suffix) per layer; "q"/"k" mark the rows llama.cpp permuted for RoPE.
+_LAYER_TENSORS = (
+    ("attn_norm.weight", "input_layernorm.weight", None),
+    ("ffn_norm.weight", "post_attention_layernorm.weight", None),
+    ("attn_q.weight", "self_attn.q_proj.weight", "q"),
+    ("attn_k.weight", "self_attn.k_proj.weight", "k"),
+    ("attn_v.weight", "self_attn.v_proj.weight", None),
+    ("attn_output.weight", "self_attn.o_proj.weight", None),
+    ("ffn_gate.weight", "mlp.gate_proj.weight", None),
+    ("ffn_up.weight", "mlp.up_proj.weight", None),
+    ("ffn_down.weight", "mlp.down_proj.weight", None),
+)
+_BIASES = (
+    ("attn_q.bias", "self_attn.q_proj.bias", "q"),
+    ("attn_k.bias", "self_attn.k_proj.bias", "k"),
+    ("attn_v.bias", "self_attn.v_proj.bias", None),
+    ("attn_output.bias", "self_attn.o_proj.bias", None),
+)
+
+
+def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
+    """Load a llama- or qwen2-architecture GGUF as an HF-style float32 checkpoint."""
+    p = Path(path)
+    with read_gguf(p) as f:
+        md = f.metadata
+        arch = md.get("general.architecture")
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})", path=p)
+        try:
+            tokenizer = Tokenizer.from_gguf(f)
+            config = _hf_config(md, arch, p)
+            state_dict, rope_freqs = _state_dict(f, arch, config, p)
+            if rope_freqs is not None:
+                config["rope_scaling"] = _llama3_scaling_from_rope_freqs(rope_freqs, config, md, p)
+        except ModelLoadError:
+            raise
+        except (ValueError, TypeError, KeyError, IndexError, ArithmeticError, struct.error) as e:
+            # Metadata that parsed but makes no sense (a flipped byte in a count, a wrong type).
+            raise ModelLoadError(f"corrupt or inconsistent GGUF ({type(e).__name__}: {e})", path=p) from e
+        config["vocab_size"] = state_dict["model.embed_tokens.weight"].shape[0]
+        config["tie_word_embeddings"] = "lm_head.weight" not in state_dict
+        return GGUFCheckpoint(config, state_dict, tokenizer, _quant_name(f), p, md)
+
+
+def _hf_config(md: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
+    def get(key: str, default: Any = ...) -> Any:
+        v = md.get(f"{arch}.{key}", default)
+        if v is ...:
+            raise ModelLoadError(f"metadata lacks {arch}.{key}", path=path)
+        if isinstance(v, list):
+            raise ModelLoadError(f"{arch}.{key} varies per layer, which is not supported", path=path)
+        return v
+
+    def count(key: str, default: Any = ...) -> int:
+        v = get(key, default)
+        if not isinstance(v, int) or isinstance(v, bool) or not 0 < v < 1 << 24:
+            raise ModelLoadError(f"{arch}.{key} = {v!r} is not a plausible size (corrupt metadata?)", path=path)
+        return v
+
+    if md.get(f"{arch}.expert_count"):
+        raise ModelLoadError("mixture-of-experts GGUF files are not supported", path=path)
+    hidden, heads = count("embedding_length"), count("attention.head_count")
+    kv_heads = count("attention.head_count_kv", heads)
+    head_dim = count("attention.key_length", max(hidden // heads, 1))
+    if heads % kv_heads:
+        raise ModelLoadError(f"{heads} attention heads is not a multiple of {kv_heads} kv heads (corrupt metadata?)", path=path)
+    if count("attention.value_length", head_dim) != head_dim:
+        raise ModelLoadError("key and value head sizes differ, which is not supported", path=path)
+    cfg: dict[str, Any] = {
+        "architectures": ["LlamaForCausalLM" if arch == "llama" else "Qwen2ForCausalLM"],
+        "model_type": arch,
+        "hidden_size": hidden,
+        "intermediate_size": count("feed_forward_length"),
+        "num_hidden_layers": count("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-5 if arch == "llama" else 1e-6)),
+        "rope_theta": float(get("rope.freq_base", 10000.0)),
+        "max_position_embeddings": count("context_length", 2048),
+        "vocab_size": int(get("vocab_size", len(md.get("tokenizer.ggml.tokens") or []))),
+        "bos_token_id": md.get("tokenizer.ggml.bos_token_id"),
+        "eos_token_id": md.get("tokenizer.ggml.eos_token_id"),
+        "torch_dtype": "float32",
+    }
+    if md.get("tokenizer.ggml.padding_token_id") is not None:
+        cfg["pad_token_id"] = md["tokenizer.ggml.padding_token_id"]
+    rot = count("rope.dimension_count", head_dim)
+    if rot != head_dim:
+        cfg["partial_rotary_factor"] = rot / head_dim
+    kind = get("rope.scaling.type", None)
+    factor = get("rope.scaling.factor", None) or get("rope.scale_linear", None)
+    if kind in (None, "linear") and factor and float(factor) != 1.0:
+        cfg["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    elif kind == "yarn":
+        cfg["rope_scaling"] = {"rope_type": "yarn", "factor": float(factor or 1.0),
+                               "original_max_position_embeddings": int(get("rope.scaling.original_context_length", cfg["max_position_embeddings"]))}
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"), ("attn_factor", "attention_factor")):
+            if get(f"rope.scaling.{gguf_key}", None) is not None:
+                cfg["rope_scaling"][hf_key] = float(get(f"rope.scaling.{gguf_key}"))
+    elif kind not in (None, "none", "linear"):
+        raise ModelLoadError(f"rope scaling {kind!r} is not supported (linear, yarn)", path=path)
+    if arch == "qwen2" and get("attention.sliding_window", None):
+        cfg["sliding_window"] = int(get("attention.sliding_window"))
+    return cfg
+
+
+def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's RoPE row permutation of q/k (convert_hf_to_gguf.py ``LlamaModel.permute``).
+
+    HF's RoPE rotates half-dims (i, i + E/2) of each head; ggml's llama RoPE rotates adjacent
+    pairs (2i, 2i + 1). The converter therefore reorders each head's E rows from
+    [x0..x_{E/2-1}, y0..y_{E/2-1}] to [x0, y0, x1, y1, ...]: reshape (H, 2, E/2) -> swap -> (H, E/2, 2).
+    The inverse reads rows as (H, E/2, 2) and swaps back to (H, 2, E/2).
+    """
+    rows = w.shape[0]
+    return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+    heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    permuted = arch == "llama"  # qwen2 uses NeoX-style RoPE in ggml: stored as in HF
+    plan: dict[str, tuple[str, str | None]] = {  # gguf name -> (HF name, permutation)
+        "token_embd.weight": ("model.embed_tokens.weight", None),
+        "output_norm.weight": ("model.norm.weight", None),
+    }
+    required = set(plan)
+    for i in range(cfg["num_hidden_layers"]):
+        for g, h, perm in _LAYER_TENSORS:
+            plan[f"blk.{i}.{g}"] = (f"model.layers.{i}.{h}", perm if permuted else None)
+            required.add(f"blk.{i}.{g}")
+        for g, h, perm in _BIASES:
+            plan[f"blk.{i}.{g}"] = (f"model.layers.{i}.{h}", perm if permuted else None)
+            if arch == "qwen2" and g != "attn_output.bias":
+                required.add(f"blk.{i}.{g}")
+    if "output.weight" in f.tensors:
+        plan["output.weight"] = ("lm_head.weight", None)
+
+    missing = sorted(required - set(f.tensors), key=_natural)
+    if missing:
+        raise ModelLoadError(f"tensor {missing[0]!r} is missing ({len(missing)} missing: incomplete file, or not a {arch} checkpoint)", path=path)
+    ignored = {"rope_freqs.weight"} | {n for n in f.tensors if n.endswith(".attn_rot_embd")}
+    unknown = sorted(set(f.tensors) - set(plan) - ignored, key=_natural)
+    if unknown:
+        raise ModelLoadError(f"unexpected tensor {unknown[0]!r} ({len(unknown)} unknown): a {arch} variant this loader does not support", path=path)
+    if arch == "llama":
+        # HF llama has one attention_bias flag for q, k, v and o together.
+        biased = {g for g in (b[0] for b in _BIASES) if f"blk.0.{g}" in f.tensors}
+        if biased and len(biased) != len(_BIASES):
+            raise ModelLoadError(f"attention biases only on {sorted(biased)}: not representable as an HF llama (attention_bias covers q, k, v, o)", path=path)
+        if biased:
+            cfg["attention_bias"] = True
+
+    D, F, E = cfg["hidden_size"], cfg["intermediate_size"], head_dim
+    V = f.tensors["token_embd.weight"].shape[0]
+    want = {"token_embd": (V, D), "output": (V, D), "output_norm": (D,), "attn_norm": (D,), "ffn_norm": (D,),
+            "attn_q": (heads * E, D), "attn_k": (kv_heads * E, D), "attn_v": (kv_heads * E, D), "attn_output": (D, heads * E),
+            "ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F)}
+    sd: dict[str, torch.Tensor] = {}
+    for gname, (hname, perm) in plan.items():
+        if gname not in f.tensors:
+            continue
+        stem, kind = gname.rsplit(".", 1)[0].rsplit(".", 1)[-1], gname.rsplit(".", 1)[1]
+        shape = want[stem] if kind == "weight" else want[stem][:1]
+        if f.tensors[gname].shape != shape:
+            raise ModelLoadError(f"tensor {gname} has shape {list(f.tensors[gname].shape)}, the config implies {list(shape)}", path=path)
+        w = f.read_tensor(gname)
+        if perm is not None:
+            w = np.ascontiguousarray(_unpermute(w, heads if perm == "q" else kv_heads))
+        sd[hname] = torch.from_numpy(w)
+    rope_freqs = f.read_tensor("rope_freqs.weight") if "rope_freqs.weight" in f.tensors else None
+    return sd, rope_freqs
+
+
+def _llama3_scaling_from_rope_freqs(ff: np.ndarray, cfg: dict[str, Any], md: dict[str, Any], path: Path) -> dict[str, Any]:
+    """Recover Llama 3.1-style ``rope_scaling`` from the per-frequency divisors llama.cpp stores.
+
+    The converter writes ff[i] = 1 (short wavelengths), ``factor`` (long ones) or, in between,
+    1 / ((1 - s) / factor + s) with s = (orig / wavelen - low) / (high - low). s is linear in
+    1 / wavelen, so the in-between entries give orig / (high - low) and low / (high - low); only
+    those ratios matter, so orig is taken from the metadata (or 8192) and low/high follow.
+    The result is checked by regenerating the divisors.
+    """
+    ff = np.asarray(ff, dtype=np.float64).ravel()
+    dim = int(round(cfg["head_dim"] * cfg.get("partial_rotary_factor", 1.0)))
+    base = cfg["rope_theta"]
+    inv = 1.0 / base ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    if ff.shape[0] != inv.shape[0]:
+        raise ModelLoadError(f"rope_freqs has {ff.shape[0]} entries, expected {inv.shape[0]}", path=path)
+    factor = float(ff.max())
+    orig = float(md.get("llama.rope.scaling.original_context_length") or 8192)
+    wavelen = 2 * math.pi / inv
+    mid = (ff > 1 + 1e-6) & (ff < factor - 1e-6)
+    if factor <= 1.0 + 1e-6:
+        return {}
+    if mid.sum() >= 2:
+        s = (1 / ff[mid] - 1 / factor) / (1 - 1 / factor)
+        a, b = np.polyfit(1 / wavelen[mid], s, 1)  # s = a / wavelen + b
+        span = orig / a
+        low = -b * span
+        high = low + span
+    else:
+        low, high = 1.0, 4.0  # Llama 3.1's values; the check below decides if they fit
+    scaling = {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
+               "original_max_position_embeddings": int(orig)}
+    smooth = (orig / wavelen - low) / (high - low)
+    redo = np.where(wavelen < orig / high, 1.0, np.where(wavelen > orig / low, factor, 1 / ((1 - smooth) / factor + smooth)))
+    if not np.allclose(redo, ff, rtol=1e-4, atol=1e-5):
+        raise ModelLoadError("rope_freqs tensor does not match Llama 3 rope scaling; this RoPE variant is not supported", path=path)
+    return scaling
+
+
+def _quant_name(f: GGUFFile) -> str:
+    from gguf.constants import LlamaFileType
+
+    ft = f.metadata.get("general.file_type")
+    try:
+        name = LlamaFileType(ft).name
+        if name != "GUESSED":
+            return name.replace("MOSTLY_", "").replace("ALL_", "")
+    except (ValueError, TypeError):
+        pass
+    counts = Counter(t.qtype.name for t in f.tensors.values() if len(t.shape) >= 2)
+    return counts.most_common(1)[0][0] if counts else "F32"
+
+
+def _natural(name: str) -> tuple:
+    return tuple((0, int(x), "") if x.isdigit() else (1, 0, x) for x in name.split("."))

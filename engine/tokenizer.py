@@ -1,0 +1,653 @@
+"""Tokenizers: an HF ``tokenizer.json`` directory, a GGUF file's metadata, or plain bytes.
+
+One class, ``Tokenizer``, wraps a ``tokenizers.Tokenizer`` (the Rust backend does the encoding) and
+adds what the engine needs around it: stop ids, readable token strings, the raw bytes of a token,
+and chat templates rendered in Jinja's sandbox. ``StreamDecoder`` turns ids into text as they
+arrive without ever showing half a character. ``ByteTokenizer`` (256 bytes + 3 specials) serves
+tests and byte-level drafters.
+
+GGUF files carry no ``tokenizer.json``: ``from_gguf`` rebuilds one from ``tokenizer.ggml.*``. The
+pre-tokenizer split is chosen from ``tokenizer.ggml.pre`` the way llama.cpp does
+(``src/llama-vocab.cpp``), which for every name listed here is also what the model's original
+``tokenizer.json`` does. Note transformers' own GGUF loader differs for ``smollm`` (it omits the
+single-digit split, so e.g. ``"a  1"`` gets ``Ġ Ġ 1`` there and ``ĠĠ 1`` here and in the original).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import tokenizers
+from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
+
+from .errors import ModelLoadError
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character table that byte-level BPE vocabularies are spelled in."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, map(chr, cs)))
+
+
+_B2U = bytes_to_unicode()
+_U2B = {c: b for b, c in _B2U.items()}
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")  # sentencepiece byte-fallback pieces
+
+# Tokens that end a turn in common chat formats. They join eos_ids when the chat template writes them.
+END_OF_TURN_TOKENS = (
+    "<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+    "<|end_of_text|>", "<|return|>", "<|end_of_turn|>",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer
+# ---------------------------------------------------------------------------------------------
+class Tokenizer:
+    """A ``tokenizers.Tokenizer`` plus the special ids and chat template of its model.
+
+    ``encode``/``decode`` go straight to the backend, so special tokens written in the text (such
+    as ``<|im_start|>`` from a chat template) are matched whole, as in transformers.
+    """
+
+    def __init__(
+        self,
+        backend: tokenizers.Tokenizer,
+        *,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        extra_eos_ids: Iterable[int] = (),
+        unk_id: int | None = None,
+        pad_id: int | None = None,
+        add_bos: bool = False,
+        add_eos: bool = False,
+        chat_template: str | None = None,
+        name: str = "tokenizer",
+    ):
+        self.backend = backend
+        self.name = name
+        self.bos_id, self.eos_id, self.unk_id, self.pad_id = bos_id, eos_id, unk_id, pad_id
+        # add_bos/add_eos: added by encode(add_special_tokens=True) on top of whatever the
+        # backend's own post-processor adds (set only where the backend does not already).
+        self.add_bos, self.add_eos = add_bos, add_eos
+        self.chat_template = chat_template or None
+        added = backend.get_added_tokens_decoder()
+        self._special = {i for i, t in added.items() if t.special}
+        self._vocab_size = max(backend.get_vocab_size(with_added_tokens=True), max(added, default=-1) + 1)
+        self._bytes_cache: dict[int, bytes] = {}
+        self._byte_level, self._metaspace = _decoder_kind(backend)
+        self._template = None  # compiled lazily
+        eos = {eos_id} if eos_id is not None else set()
+        eos.update(int(i) for i in extra_eos_ids)
+        if self.chat_template:
+            for tok in END_OF_TURN_TOKENS:
+                tid = backend.token_to_id(tok)
+                if tid is not None and tok in self.chat_template:
+                    eos.add(tid)
+        self.eos_ids: set[int] = eos
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({self.name!r}, vocab_size={self.vocab_size}, bos_id={self.bos_id}, "
+                f"eos_ids={sorted(self.eos_ids)}, chat_template={'yes' if self.chat_template else 'no'})")
+
+    # -- basic mapping ------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce (max id + 1, added tokens included)."""
+        return self._vocab_size
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        if add_special_tokens:
+            if self.add_bos and self.bos_id is not None:
+                ids = [self.bos_id, *ids]
+            if self.add_eos and self.eos_id is not None:
+                ids = [*ids, self.eos_id]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
+        return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        """Id of a token as the vocabulary spells it (``"Ġthe"``, ``"<|im_end|>"``), or None."""
+        return self.backend.token_to_id(token)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        """The vocabulary's spelling of an id (byte-level markers kept), or None if unused."""
+        return self.backend.id_to_token(int(token_id))
+
+    def is_special(self, token_id: int) -> bool:
+        return int(token_id) in self._special
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes this token contributes to decoded text (special tokens: their text).
+
+        Exact for byte-level vocabularies (what ``decode`` of the whole sequence concatenates
+        before turning bytes into text); sentencepiece vocabularies map ``▁`` to a space and
+        ``<0xNN>`` pieces to their byte.
+        """
+        token_id = int(token_id)
+        b = self._bytes_cache.get(token_id)
+        if b is None:
+            tok = self.backend.id_to_token(token_id)
+            if tok is None:
+                b = b""
+            elif self._byte_level and all(c in _U2B for c in tok):
+                b = bytes(_U2B[c] for c in tok)
+            elif self._metaspace and token_id not in self._special and (m := _BYTE_TOKEN.match(tok)):
+                b = bytes([int(m.group(1), 16)])
+            elif self._metaspace and token_id not in self._special:
+                b = tok.replace("\u2581", " ").encode("utf-8")
+            else:
+                # tokenizers' ByteLevel decoder keeps a token with a character outside the byte
+                # alphabet (an added token like "<think> ") as its raw UTF-8: so do we.
+                b = tok.encode("utf-8")
+            self._bytes_cache[token_id] = b
+        return b
+
+    def token_str(self, token_id: int) -> str:
+        """A readable form of one token: ``"Ġthe"`` -> ``" the"``; a lone byte of a multibyte
+        character shows as ``"\\xe4"``; special tokens as written."""
+        if self.is_special(token_id):
+            return self.id_to_token(token_id) or ""
+        return self.token_bytes(token_id).decode("utf-8", errors="backslashreplace")
+
+    # -- chat ---------------------------------------------------------------------------------
+    def template_variables(self) -> dict[str, str]:
+        """The special-token strings a chat template may read (as transformers passes them)."""
+        out = {}
+        for key, tid in (("bos_token", self.bos_id), ("eos_token", self.eos_id), ("unk_token", self.unk_id), ("pad_token", self.pad_id)):
+            tok = self.id_to_token(tid) if tid is not None else None
+            if tok is not None:
+                out[key] = tok
+        return out
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> str:
+        """Render a conversation to the prompt text the model was trained on.
+
+        ``messages`` are ``{"role": ..., "content": ...}`` dicts. The model's Jinja template runs in
+        ``jinja2.sandbox.ImmutableSandboxedEnvironment`` with transformers' globals
+        (``raise_exception``, ``strftime_now``, a non-escaping ``tojson``, ``bos_token`` ...);
+        ``kwargs`` become extra template variables (``tools=...``, ``enable_thinking=...``).
+
+        Without a template the fallback is plain text, one ``Role: content`` line per message,
+        then ``Assistant:`` when ``add_generation_prompt``::
+
+            User: Hi there
+            Assistant:
+        """
+        msgs = [{k: _plain(v) for k, v in dict(m).items() if v is not None} for m in messages]
+        if not self.chat_template:
+            lines = [f"{str(m.get('role', 'user')).capitalize()}: {m.get('content', '')}" for m in msgs]
+            if add_generation_prompt:
+                lines.append("Assistant:")
+            return "\n".join(lines)
+        if self._template is None:
+            self._template = compile_chat_template(self.chat_template)
+        variables = {**self.template_variables(), **{k: _plain(v) for k, v in kwargs.items()}}
+        return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt, **variables)
+
+    # -- files --------------------------------------------------------------------------------
+    def save(self, directory: str | os.PathLike) -> Path:
+        """Write ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``generation_config.json`` for
+        extra stop ids) so that ``Tokenizer.from_hf_dir`` (and transformers) can load it back."""
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        self.backend.save(str(d / "tokenizer.json"))
+        cfg: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": self.add_bos,
+                               "add_eos_token": self.add_eos, "clean_up_tokenization_spaces": False}
+        cfg.update(self.template_variables())
+        if self.chat_template:
+            cfg["chat_template"] = self.chat_template
+        (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+        extra = sorted(self.eos_ids - {self.eos_id})
+        if extra:
+            gen = {"eos_token_id": ([self.eos_id] if self.eos_id is not None else []) + extra}
+            (d / "generation_config.json").write_text(json.dumps(gen, indent=2), encoding="utf-8")
+        return d
+
+    @classmethod
+    def from_hf_dir(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Load ``tokenizer.json`` with ``tokenizer_config.json`` and, when present,
+        ``special_tokens_map.json``, ``generation_config.json``, ``config.json`` (stop ids) and
+        ``chat_template.jinja`` (which wins over a template in ``tokenizer_config.json``)."""
+        d = Path(path)
+        tj = d / "tokenizer.json"
+        if not tj.is_file():
+            raise ModelLoadError("no tokenizer.json", path=d)
+        try:
+            backend = tokenizers.Tokenizer.from_file(str(tj))
+        except Exception as e:  # the Rust error text is long and multi-line
+            raise ModelLoadError(f"cannot parse tokenizer ({_first_line(e)})", path=tj) from None
+        tcfg = _read_json(d / "tokenizer_config.json")
+        smap = _read_json(d / "special_tokens_map.json")
+        gen = _read_json(d / "generation_config.json")
+        mcfg = _read_json(d / "config.json")
+
+        def special(key: str) -> int | None:
+            tok = _token_content(tcfg.get(key)) or _token_content(smap.get(key))
+            return backend.token_to_id(tok) if tok else None
+
+        bos_id, eos_id = special("bos_token"), special("eos_token")
+        if bos_id is None and isinstance(mcfg.get("bos_token_id"), int):
+            bos_id = mcfg["bos_token_id"]
+        extra_eos: list[int] = []
+        for src in (gen, mcfg):
+            e = src.get("eos_token_id")
+            extra_eos += [e] if isinstance(e, int) else [i for i in (e or []) if isinstance(i, int)]
+        if eos_id is None and extra_eos:
+            eos_id = extra_eos[0]
+
+        template = None
+        if (d / "chat_template.jinja").is_file():
+            template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+        else:
+            template = _pick_template(tcfg.get("chat_template"))
+
+        # tokenizer_config's add_bos_token/add_eos_token win over the backend's post-processor,
+        # as in transformers: add what is missing, drop a post-processor that adds unwanted ones.
+        probe_plain = backend.encode("a", add_special_tokens=False).ids
+        probe = backend.encode("a", add_special_tokens=True).ids
+        adds_bos = bos_id is not None and len(probe) > len(probe_plain) and probe[0] == bos_id
+        adds_eos = eos_id is not None and len(probe) > len(probe_plain) and probe[-1] == eos_id
+        want_bos, want_eos = tcfg.get("add_bos_token"), tcfg.get("add_eos_token")
+        if (want_bos is False and adds_bos) or (want_eos is False and adds_eos):
+            backend.post_processor = None
+            adds_bos = adds_eos = False
+        return Tokenizer(  # not cls: subclasses such as ByteTokenizer build their own backend
+            backend, bos_id=bos_id, eos_id=eos_id, extra_eos_ids=extra_eos,
+            unk_id=special("unk_token"), pad_id=special("pad_token"),
+            add_bos=bool(want_bos) and not adds_bos, add_eos=bool(want_eos) and not adds_eos,
+            chat_template=template, name=d.name,
+        )
+
+    @classmethod
+    def from_gguf(cls, source: Any) -> "Tokenizer":
+        """Build the tokenizer a GGUF file describes in its ``tokenizer.ggml.*`` metadata.
+
+        ``source``: a path, an ``engine.gguf.GGUFFile``, a ``gguf.GGUFReader``, or a metadata dict.
+        Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE) with the pre-tokenizers in
+        ``GGUF_PRE_TOKENIZERS``. Others raise ``ModelLoadError``.
+        """
+        if isinstance(source, (str, os.PathLike)):
+            from .gguf import read_gguf
+
+            with read_gguf(source) as f:
+                return cls.from_gguf(f)
+        where = getattr(source, "path", None)
+        if hasattr(source, "metadata"):
+            md = source.metadata
+        elif hasattr(source, "fields"):  # gguf.GGUFReader
+            md = {k: f.contents() for k, f in source.fields.items() if k.startswith(("tokenizer.", "general."))}
+        elif isinstance(source, Mapping):
+            md = source
+        else:
+            raise TypeError(f"from_gguf expects a path, GGUFFile, GGUFReader or metadata dict, got {type(source).__name__}")
+        return _tokenizer_from_gguf_metadata(md, where)
+
+
+# ---------------------------------------------------------------------------------------------
+# GGUF tokenizer metadata -> tokenizers backend
+# ---------------------------------------------------------------------------------------------
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_TEKKEN_SPLIT = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+                 r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+                 r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# llama.cpp's fallback for files with no (or "default") pre-tokenizer: four splits in a row.
+_DEFAULT_SPLITS = (r"[\p{P}\$\+<=>\^~\|]+", r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)",
+                   r"\p{N}+", r"[0-9][0-9][0-9]")
+
+# tokenizer.ggml.pre -> (split, ignore_merges, add_bos default, NFC), with llama.cpp's names and
+# groups (llama-vocab.cpp). split: "gpt2" = ByteLevel's built-in GPT-2 regex
+# 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ ; "digits+gpt2" = every
+# digit alone first (SmolLM/StarCoder: their tokenizer.json has Digits(individual_digits) before
+# ByteLevel); else a tuple of regexes applied in turn, each keeping matches and gaps ("isolated").
+# ignore_merges: a pre-token that is itself in the vocabulary is taken whole (Llama 3's
+# tokenizer.json sets the same flag). NFC: Qwen2's tokenizer.json normalises; llama.cpp does not.
+# llama.cpp falls back to "default" for names it does not know; we refuse them instead, since a
+# wrong split silently degrades every prompt.
+GGUF_PRE_TOKENIZERS: dict[str, tuple[Any, bool, bool, bool]] = {
+    **dict.fromkeys(("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4",
+                     "gigachat", "mellum", "a.x-4.0"), ("gpt2", False, False, False)),
+    **dict.fromkeys(("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"),
+                    ("digits+gpt2", False, False, False)),
+    **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"),
+                    ((_LLAMA3_SPLIT,), True, True, False)),
+    **dict.fromkeys(("dbrx", "smaug-bpe"), ((_LLAMA3_SPLIT,), False, False, False)),
+    **dict.fromkeys(("qwen2", "deepseek-r1-qwen", "kormo", "megrez"), ((_QWEN2_SPLIT,), False, False, True)),
+    "stablelm2": ((_QWEN2_SPLIT,), False, False, False),
+    "tekken": ((_TEKKEN_SPLIT,), True, True, False),
+    "default": (_DEFAULT_SPLITS, False, False, False),
+}
+
+_CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+
+
+def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenizer:
+    def fail(problem: str) -> ModelLoadError:
+        return ModelLoadError(problem, path=where)
+
+    kind = md.get("tokenizer.ggml.model")
+    if kind is None:
+        raise fail("has no tokenizer (no tokenizer.ggml.model in its metadata)")
+    if kind != "gpt2":
+        what = {"llama": "sentencepiece (llama)", "bert": "WordPiece (bert)", "t5": "unigram (t5)"}.get(kind, repr(kind))
+        raise fail(f"tokenizer model {what} is not supported (supported: gpt2 byte-level BPE)")
+    tokens = md.get("tokenizer.ggml.tokens")
+    merges = md.get("tokenizer.ggml.merges")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise fail("tokenizer.ggml.tokens is missing, empty or not a list of strings")
+    if not isinstance(merges, list) or not all(isinstance(m, str) for m in merges):
+        raise fail("tokenizer.ggml.merges is missing or not a list of strings (a gpt2 tokenizer needs its merges)")
+    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise fail(f"tokenizer.ggml.token_type does not have one entry per token ({len(tokens)})")
+    pre_name = md.get("tokenizer.ggml.pre") or "default"
+    if pre_name not in GGUF_PRE_TOKENIZERS:
+        raise fail(f"pre-tokenizer {pre_name!r} is not supported (supported: {', '.join(sorted(GGUF_PRE_TOKENIZERS))})")
+    split, ignore_merges, add_bos_default, nfc = GGUF_PRE_TOKENIZERS[pre_name]
+
+    # Byte-level vocabularies spell every byte as a printable character; the rare token stored
+    # otherwise gets respelled from its UTF-8 bytes (transformers' GGUF loader does the same).
+    alphabet = set(_U2B)
+    vocab: dict[str, int] = {}
+    for i, tok in enumerate(tokens):
+        spelled = tok if set(tok) <= alphabet else "".join(_B2U[b] for b in tok.encode("utf-8"))
+        vocab.setdefault(spelled, i)
+    pairs = []
+    for m in merges:
+        a, sep, b = m.partition(" ")
+        if not sep or not a or not b:
+            raise fail(f"tokenizer.ggml.merges has a malformed entry {m!r}")
+        pairs.append((a, b))
+    try:
+        bpe = models.BPE(vocab=vocab, merges=pairs, ignore_merges=ignore_merges)
+    except Exception as e:
+        raise fail(f"cannot build the BPE tokenizer from its metadata ({_first_line(e)})") from None
+    backend = tokenizers.Tokenizer(bpe)
+    if nfc:
+        backend.normalizer = normalizers.NFC()
+    if split == "gpt2":
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    elif split == "digits+gpt2":
+        backend.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    else:
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in split]
+            + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    backend.decoder = decoders.ByteLevel()
+
+    # Control tokens (<|im_start|>) become special added tokens so they are matched whole in text
+    # and skippable in decode; user-defined ones (<think>) are added but not special. A control
+    # token spelled outside the byte alphabet is a converter mislabel: leave it in the vocabulary.
+    special = [AddedToken(t, special=True, normalized=False)
+               for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+    user = [AddedToken(t, special=False, normalized=False)
+            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+    if special:
+        backend.add_special_tokens(special)
+    if user:
+        backend.add_tokens(user)
+
+    def tid(key: str) -> int | None:
+        v = md.get(key)
+        return int(v) if isinstance(v, int) and 0 <= v < len(tokens) else None
+
+    add_bos = md.get("tokenizer.ggml.add_bos_token", add_bos_default)
+    add_eos = md.get("tokenizer.ggml.add_eos_token", False)
+    extra = [t for t in (tid("tokenizer.ggml.eot_token_id"), tid("tokenizer.ggml.eom_token_id")) if t is not None]
+    name = md.get("general.name") or (Path(where).name if where else "gguf")
+    return Tokenizer(
+        backend, bos_id=tid("tokenizer.ggml.bos_token_id"), eos_id=tid("tokenizer.ggml.eos_token_id"),
+        extra_eos_ids=extra, unk_id=tid("tokenizer.ggml.unknown_token_id"), pad_id=tid("tokenizer.ggml.padding_token_id"),
+        add_bos=bool(add_bos), add_eos=bool(add_eos), chat_template=md.get("tokenizer.chat_template"), name=str(name),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Byte tokenizer
+# ---------------------------------------------------------------------------------------------
+class ByteTokenizer(Tokenizer):
+    """Ids 0..255 are the bytes of the UTF-8 text; 256 ``<|bos|>``, 257 ``<|eos|>``, 258 ``<|pad|>``.
+
+    Built as a byte-level BPE with no merges, so ``save`` writes a ``tokenizer.json`` that
+    ``Tokenizer.from_hf_dir`` (or transformers) loads back. Any text round-trips; specials written
+    in the text are matched as specials.
+    """
+
+    BOS, EOS, PAD = 256, 257, 258
+    SPECIALS = ("<|bos|>", "<|eos|>", "<|pad|>")
+
+    def __init__(self, chat_template: str | None = None):
+        backend = tokenizers.Tokenizer(models.BPE(vocab={_B2U[b]: b for b in range(256)}, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in self.SPECIALS])
+        super().__init__(backend, bos_id=self.BOS, eos_id=self.EOS, pad_id=self.PAD,
+                         chat_template=chat_template, name="bytes")
+
+
+# ---------------------------------------------------------------------------------------------
+# Streaming detokenisation
+# ---------------------------------------------------------------------------------------------
+class StreamDecoder:
+    """Ids in, text out, as a chat UI wants it: never half a UTF-8 character, never U+FFFD for a
+    character whose bytes are split across tokens (it is held until complete).
+
+    ``"".join(push(...) for each chunk) + flush() == tokenizer.decode(all ids)``.
+
+    Incremental detokenisation as in llama.cpp / vLLM: each ``push`` decodes a short window, a few
+    already-emitted tokens of context (so decoders that treat the first token specially, like
+    sentencepiece's leading space, see the same neighbours as in a full decode) plus the new ones,
+    and emits the difference. Both ends of that window sit on character boundaries, found from the
+    tokens' raw bytes: the end is the last point not inside an unfinished-but-valid UTF-8 sequence.
+    Invalid bytes are emitted at once as U+FFFD, as no later byte can make them valid. Cost per
+    call: O(new tokens + CONTEXT).
+
+    One inexactness, for invalid UTF-8 from sentencepiece byte-fallback vocabularies only:
+    tokenizers' ``ByteFallback`` turns every byte of a run of ``<0xNN>`` pieces into U+FFFD when
+    the run is invalid anywhere, which cannot be known before the run ends; the streamed text may
+    then hold fewer U+FFFD than a full decode. Byte-level (GPT-2 style) vocabularies are exact.
+    """
+
+    CONTEXT = 4  # tokens of already-emitted context kept in the window
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self._ids: list[int] = []  # window: ids[:read] emitted context, ids[read:] not yet emitted
+        self._read = 0
+
+    def push(self, ids: Iterable[int]) -> str:
+        self._ids.extend(int(i) for i in ids)
+        end = len(self._ids)
+        while end > self._read and not self._is_boundary(end):  # usually 0 or 1 step
+            end -= 1
+        if end == self._read:
+            return ""
+        return self._emit(end)
+
+    def flush(self) -> str:
+        """Emit whatever is held (an unfinished character becomes U+FFFD, as in a full decode)."""
+        out = self._emit(len(self._ids)) if len(self._ids) > self._read else ""
+        self._ids, self._read = [], 0
+        return out
+
+    def _bytes(self, i: int) -> bytes:
+        if self.skip_special_tokens and self.tokenizer.is_special(i):
+            return b""
+        return self.tokenizer.token_bytes(i)
+
+    def _is_boundary(self, pos: int) -> bool:
+        """Whether a UTF-8 decoder is back in its initial state between ids[pos-1] and ids[pos]
+        (ids[read] is known to be such a point): nothing is buffered there, or what is buffered
+        is rejected by the next byte (then it is one U+FFFD whatever comes later, exactly what
+        decoding the bytes cut at ``pos`` gives)."""
+        parts, n, i = [], 0, pos
+        while i > self._read and n < 4:  # an unfinished sequence is at most 3 bytes
+            i -= 1
+            parts.append(self._bytes(self._ids[i]))
+            n += len(parts[-1])
+        probe = _UTF8_PROBE(errors="replace")
+        probe.decode(b"".join(reversed(parts)), False)
+        held = probe.getstate()[0]
+        if not held:
+            return True
+        nxt = next((b for i in self._ids[pos:] if (b := self._bytes(i))), b"")
+        if not nxt:
+            return False  # the next bytes may still complete it: hold
+        return _UTF8_PROBE(errors="replace").decode(held + nxt[:1], False).startswith("\ufffd")
+
+    def _emit(self, end: int) -> str:
+        dec, skip = self.tokenizer.decode, self.skip_special_tokens
+        before = dec(self._ids[:self._read], skip_special_tokens=skip)
+        text = dec(self._ids[:end], skip_special_tokens=skip)
+        out = text[len(before):] if text.startswith(before) else text[_common_prefix(before, text):]
+        # Next context: the last CONTEXT emitted tokens, moved back to a character boundary.
+        start = max(self._read, end - self.CONTEXT)
+        while start > self._read and not self._is_boundary(start):
+            start -= 1
+        if not any(self._bytes(i) for i in self._ids[start:end]):
+            start = 0  # only skipped/empty tokens: keep the old context, which still shows text
+        del self._ids[:start]
+        self._read = end - start
+        return out
+
+
+_UTF8_PROBE = codecs.getincrementaldecoder("utf-8")
+
+
+def _common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat templates
+# ---------------------------------------------------------------------------------------------
+def compile_chat_template(source: str):
+    """Compile a chat template in Jinja's immutable sandbox with the globals transformers gives
+    templates. Templates come from model files, so nothing outside the sandbox is reachable."""
+    import jinja2
+    import jinja2.ext
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class _Generation(jinja2.ext.Extension):
+        # {% generation %}...{% endgeneration %} marks assistant text for training masks;
+        # rendering just keeps the body.
+        tags = {"generation"}
+
+        def parse(self, parser):
+            lineno = next(parser.stream).lineno
+            body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+            return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+        def _body(self, caller):
+            return caller()
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return time.strftime(fmt)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=[_Generation, jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    try:
+        return env.from_string(source)
+    except jinja2.exceptions.TemplateSyntaxError as e:
+        raise ModelLoadError(f"chat template does not compile (line {e.lineno}: {e.message})") from None
+
+
+def _plain(v: Any) -> Any:
+    """Only plain JSON-like data reaches a template (objects with methods could escape the sandbox)."""
+    if v is None or type(v) in (str, int, float, bool):
+        return v
+    if isinstance(v, Mapping):
+        return {str(k): _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    if isinstance(v, str):  # subclasses (enums, numpy scalars) carry extra methods: strip them
+        return str.__str__(v)
+    if isinstance(v, bool):
+        return bool(v)
+    if isinstance(v, int):
+        return int(v)
+    if isinstance(v, float):
+        return float(v)
+    return str(v)
+
+
+def _pick_template(t: Any) -> str | None:
+    if isinstance(t, str):
+        return t
+    if isinstance(t, list):  # [{"name": "default", "template": ...}, {"name": "tool_use", ...}]
+        named = {x.get("name"): x.get("template") for x in t if isinstance(x, dict)}
+        return named.get("default") or next(iter(named.values()), None)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def _decoder_kind(backend: tokenizers.Tokenizer) -> tuple[bool, bool]:
+    """(byte_level, sentencepiece-like) from the backend's decoder description."""
+    dec = backend.decoder
+    if dec is None:
+        return False, False
+    try:
+        desc = json.dumps(json.loads(dec.__getstate__()))
+    except Exception:
+        return False, False
+    byte_level = '"ByteLevel"' in desc
+    return byte_level, not byte_level and any(k in desc for k in ('"Metaspace"', '"ByteFallback"', "\u2581", "\\u2581"))
+
+
+def _read_json(p: Path) -> dict[str, Any]:
+    if not p.is_file():
+        return {}
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"invalid JSON ({e})", path=p) from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_content(v: Any) -> str | None:
+    if isinstance(v, str):
+        return v
+    if isinstance(v, dict) and isinstance(v.get("content"), str):  # serialized AddedToken
+        return v["content"]
+    return None
+
+
+def _first_line(e: BaseException) -> str:
+    s = str(e).strip().splitlines()
+    return (s[0] if s else type(e).__name__)[:200]
