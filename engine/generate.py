@@ -180,7 +180,7 @@ class Decoder:
         mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
-                           max_nodes=max_nodes)
+                           max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max)
         tree = drafter.propose(self.history, req)
         return tree, time.perf_counter() - t0
 

@@ -51,6 +51,7 @@ class Strategy:
     vocab: str = "auto"
     ssm_tree: str = "stree"
     backtrack: str = "replay"
+    ngram_min: int = 2
     ngram_max: int = 6
     ngram_branches: int = 3
 
@@ -124,6 +125,8 @@ class Strategy:
             raise StrategyError("top-p must be in (0, 1]")
         if self.draft_len < 1 or self.draft_len > 64:
             raise StrategyError("draft length must be between 1 and 64")
+        if not 1 <= self.ngram_min <= self.ngram_max <= 32:
+            raise StrategyError("n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 32")
         if self.drafter not in ("model", "ngram", "none"):
             raise StrategyError(f"unknown drafter kind {self.drafter!r}")
         v = self.resolved_verify()
@@ -151,7 +154,7 @@ class Strategy:
 # Named presets: what the TUI cycles through and what `--strategy NAME` starts from.
 PRESETS: dict[str, Strategy] = {
     "ar": Strategy(name="ar", drafter="none"),
-    "pld": Strategy(name="pld", drafter="ngram", draft_len=5),
+    "pld": Strategy(name="pld", drafter="ngram", draft_len=8),
     "sd": Strategy(name="sd", drafter="model", draft_len=5),
     "tree": Strategy(name="tree", drafter="model", tree=(3, 2, 2, 1, 1)),
     "ersd": Strategy(name="ersd", drafter="model", draft_len=5, verify="race"),

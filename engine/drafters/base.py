@@ -23,6 +23,7 @@ class DraftRequest:
             replacement, recorded in the tree) or "race" (first N arrivals of the exponential race)
     noise_at_depth(d)  Exp(1) noise for the output position at depth d+1 (race mode only)
     max_nodes          hard cap (context room)
+    ngram_min/max      n-gram lookup: shortest / longest suffix match tried (model-free drafters)
     """
 
     shape: tuple[int, ...]
@@ -32,6 +33,8 @@ class DraftRequest:
     generator: torch.Generator | None = None
     noise_at_depth: Callable[[int], torch.Tensor] | None = None
     max_nodes: int = 256
+    ngram_min: int = 2
+    ngram_max: int = 6
 
 
 class Drafter(Protocol):

@@ -29,6 +29,9 @@ class CausalLM(torch.nn.Module):
         super().__init__()
         self.cache: KVCache | None = None
         self.max_context = 2048
+        self._dtype = torch.float32
+        self.lm_head_t: torch.Tensor | None = None  # (D, V)
+        self.kv_dims: tuple[int, int, int] = (0, 0, 0)  # (layers, kv heads, head dim) of attention layers
 
     # ---- implemented by each family -------------------------------------------------------------
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -39,15 +42,15 @@ class CausalLM(torch.nn.Module):
         raise NotImplementedError
 
     def new_cache(self, capacity: int) -> KVCache:
-        raise NotImplementedError
+        return KVCache(*self.kv_dims, capacity, self._dtype)
 
     @property
     def vocab_size(self) -> int:
-        raise NotImplementedError
+        return self.lm_head_t.shape[1]
 
     @property
     def dtype(self) -> torch.dtype:
-        raise NotImplementedError
+        return self._dtype
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.family}

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..cache import KVCache
 from ..errors import ModelLoadError
 from .base import CausalLM
 from .common import Rope, as_t, cached_attention, require, rms_norm, rope_params
@@ -78,6 +77,7 @@ class Llama(CausalLM):
         super().__init__()
         self.cfg = cfg
         self._dtype = dtype
+        self.kv_dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
         self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
         self.scale = cfg.head_dim ** -0.5
         get = _getter(sd, "Llama")
@@ -113,18 +113,6 @@ class Llama(CausalLM):
             self.layers.append(layer)
         rot = int(E * float(cfg.rope.get("partial_rotary_factor", 1.0)))
         self.rope = Rope(rot, cfg.rope, self.max_context, dtype)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.lm_head_t.shape[1]
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self._dtype
-
-    def new_cache(self, capacity: int) -> KVCache:
-        c = self.cfg
-        return KVCache(c.num_layers, c.num_kv_heads, c.head_dim, capacity, self._dtype)
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg

@@ -1,0 +1,88 @@
+"""Drafters: n-gram lookup branches, and the model drafter's cache staying in step with the
+conversation (reusing accepted draft K/V) while producing trees of the requested shape."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.drafters.base import DraftRequest
+from engine.drafters.model import ModelDrafter
+from engine.drafters.ngram import NgramDrafter
+from engine.loading import load
+from engine.tree import shape_size
+
+from .tiny import saved
+
+
+def test_ngram_finds_most_recent_longest_match():
+    d = NgramDrafter()
+    hist = [1, 2, 3, 9, 9, 1, 2, 3, 7, 7, 5, 1, 2, 3]
+    tree = d.propose(hist, DraftRequest(shape=(1, 1, 1)))
+    assert tree.tokens == [7, 7, 5] and tree.parents == [-1, 0, 1]  # the most recent "1 2 3" continues "7 7 5"
+
+
+def test_ngram_several_matches_make_branches_merged_as_a_trie():
+    d = NgramDrafter()
+    hist = [1, 2, 8, 4, 0, 1, 2, 8, 5, 0, 1, 2, 9, 9, 0, 1, 2]
+    tree = d.propose(hist, DraftRequest(shape=(3, 1, 1)))
+    conts = {tuple(tree.path_tokens(tree.path_to(i))) for i in range(len(tree)) if not tree.children(i)}
+    assert conts == {(9, 9, 0), (8, 5, 0), (8, 4, 0)}
+    assert tree.tokens.count(8) == 1  # the shared first token "8" is one node with two children
+    assert tree.sampling == "deterministic" and tree.draft_probs is None
+
+
+def test_ngram_min_and_no_match():
+    d = NgramDrafter()
+    hist = [5, 6, 7, 1, 2, 3, 6]  # only a 1-token match ("6")
+    assert len(d.propose(hist, DraftRequest(shape=(1, 1), ngram_min=2))) == 0
+    assert d.propose(hist, DraftRequest(shape=(1, 1), ngram_min=1)).tokens == [7, 1]
+    assert len(d.propose([1, 2, 3], DraftRequest(shape=(1,)))) == 0
+
+
+@pytest.fixture(scope="module")
+def tiny_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 2, 2, 1, 1), (2, 2, 2)])
+def test_model_drafter_tree_shapes_and_greedy_children(shape, tiny_root):
+    m = load(str(saved("llama", tiny_root))).model
+    d = ModelDrafter(m, m.vocab_size)
+    hist = [3, 1, 4, 1, 5, 9, 2, 6]
+    tree = d.propose(hist, DraftRequest(shape=shape))
+    assert len(tree) == shape_size(shape)
+    ref = m.with_own_cache()
+    for i in range(len(tree)):  # each child set is the top-N of the drafter at its parent
+        parent_path = tree.path_tokens(tree.path_to(tree.parents[i])) if tree.parents[i] >= 0 else []
+        logits = ref.full_logits(hist + parent_path)[-1]
+        siblings = [j for j in range(len(tree)) if tree.parents[j] == tree.parents[i]]
+        assert set(tree.tokens[j] for j in siblings) == set(torch.topk(logits, len(siblings)).indices.tolist())
+
+
+def test_model_drafter_sampled_tree_records_q(tiny_root):
+    m = load(str(saved("llama", tiny_root))).model
+    d = ModelDrafter(m, m.vocab_size)
+    g = torch.Generator().manual_seed(0)
+    tree = d.propose([1, 2, 3], DraftRequest(shape=(2, 2), mode="sample", temperature=1.0, generator=g))
+    assert tree.sampling == "without_replacement" and tree.draft_probs.shape == (len(tree) + 1, m.vocab_size)
+    assert len(set(tree.tokens[:2])) == 2  # siblings drawn without replacement
+    for r in range(3):  # root and both depth-1 nodes were expanded: their rows are distributions
+        assert tree.draft_probs[r].sum().item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_model_drafter_keeps_in_step_and_reuses_accepted_kv(tiny_root):
+    m = load(str(saved("llama", tiny_root))).model
+    d = ModelDrafter(m, m.vocab_size)
+    hist = [7, 8, 9, 10]
+    tree = d.propose(hist, DraftRequest(shape=(1, 1, 1, 1)))
+    # the target accepted the first two drafts and emitted its own token 5
+    new_hist = hist + tree.tokens[:2] + [5]
+    tree2 = d.propose(new_hist, DraftRequest(shape=(1, 1)))
+    assert d.model.cache.length == len(new_hist) and d.seen == new_hist
+    ref = m.with_own_cache().full_logits(new_hist)[-1]
+    assert tree2.tokens[0] == int(ref.argmax())
+    # a different conversation (regenerate / new chat): the drafter rolls back to the common prefix
+    other = [7, 8, 1, 1, 1]
+    tree3 = d.propose(other, DraftRequest(shape=(1,)))
+    assert d.seen == other and tree3.tokens[0] == int(m.with_own_cache().full_logits(other)[-1].argmax())
