@@ -103,3 +103,11 @@ def test_bf16_runs_and_is_close(root):
     ids = list(range(1, 20))
     a, b = m32.full_logits(ids), m16.full_logits(ids).float()
     assert b.dtype == torch.float32 and (a - b).abs().max().item() < 0.5
+
+
+@pytest.mark.parametrize("kind, limit", [("dynamic_rope", 64), ("mistral_window", 48)])
+def test_context_capped_where_reference_semantics_change(kind, limit, root):
+    """Dynamic-NTK RoPE and sliding windows change the model past a length; we cap the context
+    there (and match transformers below it, see test_logits_match_transformers)."""
+    m = load(str(saved(kind, root))).model
+    assert m.max_context == limit

@@ -48,8 +48,8 @@ def require(cfg: dict[str, Any], key: str, where: str, positive: bool = True) ->
 def rope_inv_freq(rot_dim: int, rp: dict[str, Any], max_pos: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [rot_dim/2] and the attention scaling factor for a rope_type.
 
-    Supported: default, linear, dynamic (NTK, recomputed for the longest position we allocate),
-    llama3, yarn — the formulas of transformers' modeling_rope_utils, re-derived.
+    Supported: default, linear, dynamic (NTK; default frequencies within the original length,
+    see context_limit), llama3, yarn — the formulas of transformers' modeling_rope_utils, re-derived.
     """
     base = float(rp["rope_theta"])
     kind = rp.get("rope_type", "default")
@@ -61,11 +61,9 @@ def rope_inv_freq(rot_dim: int, rp: dict[str, Any], max_pos: int) -> tuple[torch
     elif kind == "linear":
         inv = inv / float(rp["factor"])
     elif kind == "dynamic":
-        orig = int(rp.get("original_max_position_embeddings", max_pos))
-        factor = float(rp["factor"])
-        if max_pos > orig:  # NTK-aware base stretch, as transformers does once seq_len > original
-            base = base * ((factor * max_pos / orig) - (factor - 1)) ** (rot_dim / (rot_dim - 2))
-            inv = 1.0 / (base ** (idx / rot_dim))
+        # transformers stretches the base only once a sequence outgrows the original length, so
+        # below it the frequencies are the default ones; context_limit() caps us there.
+        pass
     elif kind == "llama3":
         factor = float(rp["factor"])
         low, high = float(rp["low_freq_factor"]), float(rp["high_freq_factor"])
@@ -104,6 +102,18 @@ def rope_inv_freq(rot_dim: int, rp: dict[str, Any], max_pos: int) -> tuple[torch
     else:
         raise ModelLoadError(f"rope_type {kind!r} is not supported (default, linear, dynamic, llama3, yarn)")
     return inv.float(), attn_factor
+
+
+def context_limit(rp: dict[str, Any], max_pos: int, sliding_window: int | None = None) -> int:
+    """The longest context we reproduce exactly: dynamic-NTK RoPE changes with the sequence length
+    past its original length, and a sliding-window model attends to only the last W tokens; we
+    do neither, so the context stops where both still agree with the reference."""
+    limit = max_pos
+    if rp.get("rope_type") == "dynamic":
+        limit = min(limit, int(rp.get("original_max_position_embeddings", max_pos)))
+    if sliding_window:
+        limit = min(limit, int(sliding_window))
+    return limit
 
 
 class Rope:

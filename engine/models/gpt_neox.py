@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, require, rope_params
+from .common import Rope, as_t, cached_attention, context_limit, require, rope_params
 from .llama import _getter
 
 MODEL_TYPES = ("gpt_neox",)
@@ -75,7 +75,8 @@ class GPTNeoX(CausalLM):
         self.cfg = cfg
         self._dtype = dtype
         self.kv_dims = (cfg.num_layers, cfg.num_heads, cfg.head_dim)
-        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        limit = context_limit(cfg.rope, cfg.max_position_embeddings)
+        self.max_context = min(max_context or limit, limit)
         H, E, D = cfg.num_heads, cfg.head_dim, cfg.hidden_size
         self.scale = E ** -0.5
         self.act = ACTS[cfg.hidden_act]

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, require, rms_norm, rope_params
+from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -37,6 +37,7 @@ class LlamaConfig:
     mlp_bias: bool = False
     rope: dict[str, Any] = field(default_factory=dict)
     model_type: str = "llama"
+    sliding_window: int | None = None
 
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> "LlamaConfig":
@@ -67,6 +68,7 @@ class LlamaConfig:
             mlp_bias=bool(cfg.get("mlp_bias", False)),
             rope=rope_params(cfg),
             model_type=mt,
+            sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window", mt == "mistral") else None,
         )
 
 
@@ -78,7 +80,8 @@ class Llama(CausalLM):
         self.cfg = cfg
         self._dtype = dtype
         self.kv_dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
-        self.max_context = min(max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+        limit = context_limit(cfg.rope, cfg.max_position_embeddings, cfg.sliding_window)
+        self.max_context = min(max_context or limit, limit)
         self.scale = cfg.head_dim ** -0.5
         get = _getter(sd, "Llama")
         self.embed = get("model.embed_tokens.weight").to(dtype).contiguous()  # (V, D)
