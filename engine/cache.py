@@ -20,6 +20,8 @@ import torch
 class KVCache:
     """Preallocated K/V for every layer: k[layer] is (K, P, E) with P = capacity rows."""
 
+    prefix_rollback = True  # any committed prefix can be kept (an SSM state cannot: it resets)
+
     def __init__(self, n_layers: int, n_kv: int, head_dim: int, capacity: int, dtype: torch.dtype, max_scratch: int = 512):
         self.capacity = capacity
         self.k = torch.zeros(n_layers, n_kv, capacity, head_dim, dtype=dtype)

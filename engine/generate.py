@@ -89,6 +89,8 @@ class Decoder:
         limit = min(cache.length, len(prompt_ids) - 1)
         while n < limit and self.history[n] == prompt_ids[n]:
             n += 1
+        if n != cache.length and not getattr(cache, "prefix_rollback", False):
+            n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
         cache.rollback(n)
         t0 = time.perf_counter()
         self.target.prefill(prompt_ids[n:-1])

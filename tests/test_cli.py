@@ -115,3 +115,23 @@ def test_ctrl_c_flushes_partial_output_and_exits_130(tmp_path):
     assert b"interrupted" in err and b"Traceback" not in err
     res = json.loads(out.decode().strip().splitlines()[-1])  # the partial result is still reported
     assert res["finish_reason"] == "interrupted" and len(res["token_ids"]) > 0
+
+
+@pytest.mark.parametrize("extra", [["--strategy", "sd", "--draft-len", "3"],            # rs
+                                   ["--strategy", "tree", "--tree", "2,2"],             # mss
+                                   ["--strategy", "pld"],                               # membership
+                                   ["--strategy", "ersd"]],                             # race
+                         ids=["rs", "mss", "membership", "race"])
+def test_samples_distribution_matches_plain_sampling(extra, tiny, capsys):
+    """`--samples N` of a speculative strategy vs plain sampling: two-sample chi-square on the
+    first two tokens (the CLI path of the lossless-sampling oracle)."""
+    from .test_generate import _two_sample_p
+
+    target, drafter = tiny
+    common = ["--target", str(target), "--prompt-ids", "4,4,4,4", "--temperature", "1.0", "--max-new-tokens", "2",
+              "--samples", "1200", "--json"]
+    ref = run_json(capsys, "generate", "--strategy", "ar", "--seed", "0", *common)
+    got = run_json(capsys, "generate", "--drafter", str(drafter), "--seed", "5000", *extra, *common)
+    a = [tuple(s["token_ids"]) for s in ref["samples"]]
+    b = [tuple(s["token_ids"]) for s in got["samples"]]
+    assert _two_sample_p(a, b) > 1e-3
