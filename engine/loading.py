@@ -24,13 +24,13 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _families() -> dict[str, tuple[Any, Any]]:
-    from .models import gpt_neox, llama
+    from .models import gpt_neox, llama, mamba2
 
     fam: dict[str, tuple[Any, Any]] = {}
-    for mt in llama.MODEL_TYPES:
-        fam[mt] = (llama.LlamaConfig, llama.Llama)
-    for mt in gpt_neox.MODEL_TYPES:
-        fam[mt] = (gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX)
+    for mod, cfg_cls, model_cls in ((llama, llama.LlamaConfig, llama.Llama), (gpt_neox, gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX),
+                                    (mamba2, mamba2.Mamba2Config, mamba2.Mamba2)):
+        for mt in mod.MODEL_TYPES:
+            fam[mt] = (cfg_cls, model_cls)
     return fam
 
 
@@ -133,11 +133,25 @@ def read_config(path: Path) -> dict[str, Any]:
 
 def build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype, max_context: int | None, where: str) -> CausalLM:
     mt = cfg.get("model_type")
+    if mt is None and "d_model" in cfg and isinstance(cfg.get("ssm_cfg"), dict):
+        return _build_mamba_ssm(cfg, sd, dtype, max_context, where)
     fams = _families()
     if mt not in fams:
         raise ModelLoadError(f"{where}: unknown architecture model_type={mt!r} (supported: {', '.join(sorted(fams))})")
     cfg_cls, model_cls = fams[mt]
     return model_cls(cfg_cls.from_hf(cfg, where), sd, dtype=dtype, max_context=max_context)
+
+
+def _build_mamba_ssm(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype, max_context: int | None, where: str) -> CausalLM:
+    """Original state-spaces/mamba* checkpoints: config.json with d_model/n_layer/ssm_cfg, no model_type."""
+    layer = cfg["ssm_cfg"].get("layer", "Mamba1")
+    if layer == "Mamba2":
+        from .models import mamba2
+
+        return mamba2.Mamba2(mamba2.Mamba2Config.from_mamba_ssm(cfg, where), mamba2.remap_mamba_ssm_state_dict(sd),
+                             dtype=dtype, max_context=max_context)
+    raise ModelLoadError(f"{where}: original-format {layer} checkpoints are not supported; use the HF-format "
+                         "(state-spaces/mamba-*-hf) port")
 
 
 def read_state_dict(path: Path) -> dict[str, torch.Tensor]:

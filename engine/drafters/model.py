@@ -53,6 +53,8 @@ class ModelDrafter:
             return self._root_logits
         n = min(n, len(history) - 1)
         if n < len(self.seen):
+            if n != cache.length and not getattr(cache, "prefix_rollback", False):
+                n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
             cache.rollback(n)
             del self.seen[n:]
             self._scratch_tokens = []

@@ -1,0 +1,498 @@
+"""Mamba-2 family: HF-format `mamba2` checkpoints and the original mamba_ssm format. One page;
+generation logic lives in engine/generate.py.
+
+The target-side algorithms are the point of this page:
+  * verify = the STree tree scan (stree-hybrid-ssm-tree-decoding.txt §3; ALGORITHMS.md §5;
+    reference/models.md §5.3): Mamba-2's quadratic SSD form with the causal mask replaced by the
+    tree (ancestor) mask, cumulative log-decays summed along ancestors, conv windows gathered along
+    ancestors and the committed conv state past the root. One pass, one state, no repeated tokens.
+    A chain is the special case of a lower-triangular mask.
+  * commit = activation replay (snakes-and-ladders-ssm-sd.txt §3.1): verify caches every node's
+    post-conv x, B, dt (and pre-conv xBC); commit runs only the state recursion over the accepted
+    chain from the committed state and rolls the conv state along it. No projections recomputed.
+
+Shape letters: T new nodes this call, S all scratch nodes (S >= T, extend appends), D model width,
+H heads, P head dim, G groups (B/C shared by H/G heads), R = H/G, N state size, K conv kernel,
+C = conv channels (H·P + 2·G·N), I = H·P, V vocabulary, L layers. Batch is 1: trees are packed
+along T. Weights are stored transposed ([in, out]) for fast small-row GEMMs (common.as_t).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..errors import ModelLoadError
+from .base import CausalLM
+from .common import as_t, require, rms_norm
+
+MODEL_TYPES = ("mamba2",)
+DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
+
+
+# ---------------------------------------------------------------------------------------------
+# Config
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class Mamba2Config:
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+    n_groups: int = 1
+    conv_kernel: int = 4
+    use_bias: bool = False
+    use_conv_bias: bool = True
+    norm_eps: float = 1e-5  # the block norms and norm_f
+    gate_norm_eps: float = 1e-5  # the mixer's gated RMSNorm (mamba_ssm fixes it at 1e-5)
+    dt_limit: tuple[float, float] = (0.0, math.inf)
+    tie_word_embeddings: bool = False
+    model_type: str = "mamba2"
+
+    @property
+    def d_inner(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return self.d_inner + 2 * self.n_groups * self.state_size
+
+    @classmethod
+    def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> "Mamba2Config":
+        """transformers' Mamba2Config keys; missing optional keys take transformers' defaults."""
+        act = cfg.get("hidden_act", "silu")
+        if act not in ("silu", "swish"):
+            raise ModelLoadError(f"{where}: hidden_act {act!r} is not supported for mamba2 (silu)")
+        hidden = _int(cfg, "hidden_size", where)
+        heads, head_dim = _int(cfg, "num_heads", where), _int(cfg, "head_dim", where)
+        expand = _int(cfg, "expand", where, 2)
+        if hidden * expand != heads * head_dim:
+            raise ModelLoadError(f"{where}: hidden_size*expand ({hidden * expand}) must equal num_heads*head_dim ({heads * head_dim})")
+        eps = float(require(cfg, "layer_norm_epsilon", where)) if "layer_norm_epsilon" in cfg else 1e-5
+        return cls(
+            vocab_size=_int(cfg, "vocab_size", where),
+            hidden_size=hidden,
+            num_layers=_int(cfg, "num_hidden_layers", where),
+            num_heads=heads,
+            head_dim=head_dim,
+            state_size=_int(cfg, "state_size", where),
+            n_groups=_int(cfg, "n_groups", where, 8),
+            conv_kernel=_int(cfg, "conv_kernel", where, 4),
+            use_bias=bool(cfg.get("use_bias", False)),
+            use_conv_bias=bool(cfg.get("use_conv_bias", True)),
+            norm_eps=eps,
+            gate_norm_eps=eps,
+            dt_limit=_dt_limit(cfg.get("time_step_limit"), where),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        ).checked(where)
+
+    @classmethod
+    def from_mamba_ssm(cls, cfg: dict[str, Any], where: str = "config.json") -> "Mamba2Config":
+        """The original state-spaces/mamba2-* config (d_model, n_layer, ssm_cfg, ...;
+        reference/models.md §2.2). Defaults are mamba_ssm's Mamba2.__init__ ones. Pair with
+        ``remap_mamba_ssm_state_dict``; the model takes its vocabulary from the embedding's rows."""
+        ssm = cfg.get("ssm_cfg") or {}
+        if not isinstance(ssm, dict):
+            raise ModelLoadError(f"{where}: ssm_cfg must be an object")
+        if ssm.get("layer", "Mamba1") != "Mamba2":
+            raise ModelLoadError(f"{where}: ssm_cfg.layer is {ssm.get('layer', 'Mamba1')!r}; this is the Mamba-2 loader")
+        unsupported = [why for bad, why in [
+            (cfg.get("attn_layer_idx"), "attention layers (attn_layer_idx, e.g. mamba2attn)"),
+            (cfg.get("d_intermediate", 0), "MLP blocks (d_intermediate > 0)"),
+            (not cfg.get("rms_norm", True), "LayerNorm blocks (rms_norm false)"),
+            (not ssm.get("rmsnorm", True), "an ungated-norm mixer (ssm_cfg.rmsnorm false)"),
+            (ssm.get("norm_before_gate", False), "norm_before_gate"),
+        ] if bad]
+        if unsupported:
+            raise ModelLoadError(f"{where}: mamba_ssm checkpoint with {', '.join(unsupported)} is not supported")
+        d_model = _int(cfg, "d_model", where)
+        sw = f"{where} ssm_cfg"
+        d_inner = _int(ssm, "expand", sw, 2) * d_model
+        head_dim = _int(ssm, "headdim", sw, 64)
+        if d_inner % head_dim or ssm.get("d_ssm") not in (None, d_inner):
+            raise ModelLoadError(f"{where}: expand*d_model ({d_inner}) must be a multiple of headdim ({head_dim}) and equal d_ssm")
+        vocab, pad = _int(cfg, "vocab_size", where), _int(cfg, "pad_vocab_size_multiple", where, 8)
+        return cls(
+            vocab_size=-(-vocab // pad) * pad,  # MambaLMHeadModel pads the embedding rows
+            hidden_size=d_model,
+            num_layers=_int(cfg, "n_layer", where),
+            num_heads=d_inner // head_dim,
+            head_dim=head_dim,
+            state_size=_int(ssm, "d_state", sw, 128),
+            n_groups=_int(ssm, "ngroups", sw, 1),
+            conv_kernel=_int(ssm, "d_conv", sw, 4),
+            use_bias=bool(ssm.get("bias", False)),
+            use_conv_bias=bool(ssm.get("conv_bias", True)),
+            norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
+            gate_norm_eps=1e-5,
+            dt_limit=_dt_limit(ssm.get("dt_limit"), sw),
+            tie_word_embeddings=bool(cfg.get("tie_embeddings", True)),
+        ).checked(where)
+
+    def checked(self, where: str) -> "Mamba2Config":
+        if self.num_heads % self.n_groups:
+            raise ModelLoadError(f"{where}: num_heads {self.num_heads} is not a multiple of n_groups {self.n_groups}")
+        if not 0 < self.norm_eps < 1:
+            raise ModelLoadError(f"{where}: norm epsilon {self.norm_eps!r} is absurd")
+        return self
+
+
+def remap_mamba_ssm_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """mamba_ssm names -> transformers names: only the embedding differs (backbone.embedding ->
+    backbone.embeddings, as Mamba2Model.load_hook does); the mixer, norms and lm_head agree."""
+    old = "backbone.embedding."
+    return {("backbone.embeddings." + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
+
+
+def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+    if default is not None and cfg.get(key) is None:
+        return default
+    val = require(cfg, key, where)
+    if int(val) != val:
+        raise ModelLoadError(f"{where}: config field {key!r} must be an integer, not {val!r}")
+    return int(val)
+
+
+def _dt_limit(val: Any, where: str) -> tuple[float, float]:
+    if val is None:
+        return (0.0, math.inf)
+    try:
+        # transformers 5.x writes inf as {"__float__": "Infinity"}; older files use the JSON literal
+        lo, hi = (float(v["__float__"] if isinstance(v, dict) else v) for v in val)
+    except (TypeError, ValueError, KeyError):
+        raise ModelLoadError(f"{where}: time_step_limit/dt_limit {val!r} is not a pair of numbers") from None
+    if not 0 <= lo < hi:
+        raise ModelLoadError(f"{where}: time_step_limit/dt_limit {val!r} is absurd (need 0 <= min < max)")
+    return (lo, hi)
+
+
+# ---------------------------------------------------------------------------------------------
+# State cache: committed state + scratch activations for activation replay
+# ---------------------------------------------------------------------------------------------
+@dataclass
+class _Acts:
+    """Per-node activations of one layer cached during verify (rows = scratch nodes)."""
+
+    xbc: torch.Tensor  # (S, C) raw (pre-conv) xBC: rolls the conv state on commit
+    x: torch.Tensor  # (S, H, P) post-conv x
+    B: torch.Tensor  # (S, G, N)
+    dt: torch.Tensor  # (S, H) after softplus and clamp
+    la: torch.Tensor  # (S, H) log decay dt·A (< 0)
+
+    def take(self, rows: torch.Tensor) -> "_Acts":
+        return _Acts(*(t[rows] for t in (self.xbc, self.x, self.B, self.dt, self.la)))
+
+    def cat(self, new: "_Acts") -> "_Acts":
+        return _Acts(*(torch.cat([a, b]) for a, b in zip((self.xbc, self.x, self.B, self.dt, self.la),
+                                                          (new.xbc, new.x, new.B, new.dt, new.la))))
+
+
+class SSMCache:
+    """Committed (conv, ssm) state per layer plus the scratch tree being verified or drafted.
+
+    Verbs as KVCache (STYLE.md item 8): add_nodes · commit(rows) · rollback(n) · reset ·
+    clear_scratch. A recurrent state cannot return to an arbitrary earlier prefix: rollback(n)
+    accepts n == length, n == 0, and any n inside the last commit (the state before it is kept in a
+    spare buffer, swapped not copied, and the first n - start rows are replayed again).
+    The mutating verbs run under inference_mode: the buffers may have been made inside it
+    (CausalLM.full_logits allocates there), and in-place writes to those need it.
+    """
+
+    prefix_rollback = False  # only the cases above, not any committed prefix (see generate.Decoder.start)
+
+    def __init__(self, n_layers: int, conv_dim: int, kernel: int, heads: int, head_dim: int, state: int,
+                 capacity: int, dtype: torch.dtype, max_scratch: int = 512):
+        self.capacity = capacity
+        self.max_scratch = max_scratch
+        self.kernel = kernel
+        self.conv = torch.zeros(n_layers, conv_dim, kernel - 1, dtype=dtype)  # (L, C, K-1) raw xBC, newest last
+        self.ssm = torch.zeros(n_layers, heads, head_dim, state, dtype=torch.float32)  # (L, H, P, N), fp32 always
+        self._spare_conv = torch.zeros_like(self.conv)  # the state before the last commit
+        self._spare_ssm = torch.zeros_like(self.ssm)
+        self.length = 0  # committed tokens
+        self.scratch_parents: list[int] = []  # parent scratch index per scratch node, -1 = committed end
+        self.acts: list[_Acts | None] = [None] * n_layers
+        self._anc = torch.zeros(max_scratch, max_scratch, dtype=torch.bool)  # anc[i, j]: j is i or an ancestor
+        self._last: tuple[int, list[_Acts]] | None = None  # (length before, replayed rows) of the last commit
+
+    @property
+    def scratch(self) -> int:
+        return len(self.scratch_parents)
+
+    def room(self) -> int:
+        return self.capacity - self.length - self.scratch
+
+    def nbytes(self) -> int:
+        return 2 * (self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size())
+
+    # ---- placing new nodes ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def add_nodes(self, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append T scratch nodes (parent = scratch index, -1 = after the committed prefix).
+
+        Returns the ancestor mask over all S scratch nodes (S, S) and, for the T new nodes, the
+        conv window idx (T, K) into the bank cat(conv state (K-1 columns), scratch xBC (S rows)):
+        oldest first, walking up the tree and past the root into the committed columns.
+        """
+        T, s0 = len(parents), self.scratch
+        if T == 0:
+            raise ValueError("extend with no nodes")
+        if s0 + T > self.max_scratch:
+            raise ValueError(f"draft tree too large: {s0 + T} scratch nodes (limit {self.max_scratch})")
+        if self.length + s0 + T > self.capacity:
+            raise OverflowError("context full")
+        for i, p in enumerate(parents):
+            idx = s0 + i
+            if not -1 <= p < idx:
+                raise ValueError("scratch parents must precede their children")
+        for i, p in enumerate(parents):
+            idx = s0 + i
+            if p >= 0:
+                self._anc[idx] = self._anc[p]
+            else:
+                self._anc[idx].zero_()
+            self._anc[idx, idx] = True
+            self.scratch_parents.append(p)
+        S, k1 = s0 + T, self.kernel - 1
+        # parent bank row of every bank row: committed column c -> c-1, a root child -> the newest column
+        up = [max(c - 1, 0) for c in range(k1)] + [k1 + p if p >= 0 else k1 - 1 for p in self.scratch_parents]
+        up = torch.tensor(up, dtype=torch.long).clamp_(min=0)
+        idx = torch.empty(T, self.kernel, dtype=torch.long)
+        idx[:, -1] = torch.arange(k1 + s0, k1 + S)
+        for k in range(self.kernel - 2, -1, -1):
+            idx[:, k] = up[idx[:, k + 1]]
+        return self._anc[:S, :S], idx
+
+    def store(self, layer: int, new: _Acts) -> _Acts:
+        """Append the new nodes' activations of ``layer``; returns those of all scratch nodes."""
+        old = self.acts[layer]
+        self.acts[layer] = new if old is None else old.cat(new)
+        return self.acts[layer]
+
+    # ---- verbs ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def commit(self, rows: Sequence[int]) -> None:
+        """Activation replay (snakes-and-ladders §3.1): the scratch nodes ``rows`` (a chain from a
+        root child down, in order) become committed; every other scratch node is dropped."""
+        rows = [int(r) for r in rows]
+        if rows:
+            for k, r in enumerate(rows):
+                if not 0 <= r < self.scratch or self.scratch_parents[r] != (rows[k - 1] if k else -1):
+                    raise ValueError(f"commit rows {rows} are not a root-to-node chain of the scratch tree")
+            sel = torch.tensor(rows, dtype=torch.long)
+            self._advance([a.take(sel) for a in self.acts])
+        self.clear_scratch()
+
+    def _advance(self, path: list[_Acts]) -> None:
+        """New state = replay of ``path`` (per layer) from the committed state, written into the spare
+        buffers and swapped in, so the state before stays available to rollback."""
+        k1 = self.kernel - 1
+        for layer, a in enumerate(path):
+            self._spare_ssm[layer] = replay_state(self.ssm[layer], a.x, a.B, a.dt, a.la)
+            window = torch.cat([self.conv[layer], a.xbc.t().to(self.conv.dtype)], dim=1)  # (C, K-1+m)
+            self._spare_conv[layer] = window[:, window.shape[1] - k1:]
+        self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
+        self.conv, self._spare_conv = self._spare_conv, self.conv
+        self._last = (self.length, path)
+        self.length += path[0].x.shape[0]
+
+    def clear_scratch(self) -> None:
+        self.scratch_parents.clear()
+        self.acts = [None] * len(self.acts)
+
+    @torch.inference_mode()
+    def rollback(self, length: int) -> None:
+        """Keep the first ``length`` committed tokens: possible for length == self.length, 0, or
+        inside the last commit. Anything else raises ValueError: re-prefill from 0 instead."""
+        self.clear_scratch()
+        if length == self.length:
+            return
+        if length == 0:
+            return self.reset()
+        start = self._last[0] if self._last is not None else self.length
+        if not start <= length < self.length:
+            raise ValueError(
+                f"an SSM state cannot roll back to {length} of {self.length} committed tokens (only to 0, "
+                f"the current length, or within the last commit, >= {start}): reset and prefill again")
+        _, path = self._last
+        self.ssm, self._spare_ssm = self._spare_ssm, self.ssm  # back to the state before the last commit
+        self.conv, self._spare_conv = self._spare_conv, self.conv
+        self.length = start
+        keep = torch.arange(length - start)
+        if len(keep):
+            self._advance([a.take(keep) for a in path])
+        else:
+            self._last = (start, [a.take(keep) for a in path])
+
+    @torch.inference_mode()
+    def reset(self) -> None:
+        self.conv.zero_()
+        self.ssm.zero_()
+        self.length = 0
+        self._last = None
+        self.clear_scratch()
+
+
+# ---------------------------------------------------------------------------------------------
+# The two scans (pure functions)
+# ---------------------------------------------------------------------------------------------
+def tree_scan(C: torch.Tensor, x: torch.Tensor, B: torch.Tensor, dt: torch.Tensor, la: torch.Tensor,
+              anc: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
+    """SSM outputs (without the D skip) of the last T of S scratch nodes: STree §3 "tree decoding
+    with SSMs", written out in ALGORITHMS.md §5 / reference/models.md §5.3:
+
+        s_i = Σ_{k anc-or-self of i} dt_k·A        (cumulative log-decay along the root path)
+        y_i = Σ_{j anc-or-self of i} exp(s_i - s_j)·(C_i·B_j)·dt_j·x_j  +  exp(s_i)·(S0·C_i)
+
+    i.e. Mamba-2's SSD quadratic form (ssd_minimal_discrete's diagonal block) with the causal
+    mask replaced by the ancestor mask and a non-zero initial state S0.
+
+    C (T, G, N) of the query nodes; x (S, H, P), B (S, G, N), dt (S, H), la = dt·A (S, H) of all
+    scratch nodes; anc (S, S) bool; state (H, P, N) committed. Returns (T, H, P), fp32.
+    """
+    S, H, P = x.shape
+    T, G, N = C.shape
+    R = H // G
+    # Path sums in fp64: s_i - s_j of two nearby nodes is a small difference of two large sums
+    # (|s| grows with depth), which in fp32 costs ~|s|·6e-8 of relative error in the most recent,
+    # largest terms; transformers' segment_sum avoids the subtraction for the same reason.
+    cum = anc.double() @ la.double()  # (S, H)
+    q = cum[S - T:]  # (T, H)
+    seg = (q.t()[:, :, None] - cum.t()[:, None, :]).float()  # (H, T, S): s_i - s_j
+    # Mask with -inf before exp: off-tree differences can be large and positive.
+    decay = seg.masked_fill(~anc[S - T:], float("-inf")).exp()  # (H, T, S)
+    CB = torch.einsum("tgn,sgn->gts", C, B)  # (G, T, S)
+    M = decay.view(G, R, T, S) * CB[:, None] * dt.t().reshape(G, R, 1, S)  # (G, R, T, S)
+    y = M @ x.permute(1, 0, 2).reshape(G, R, S, P)  # (G, R, T, P)
+    y_state = C.permute(1, 0, 2)[:, None] @ state.view(G, R, P, N).transpose(-1, -2)  # (G, R, T, P)
+    y = y + y_state * q.t().float().exp().reshape(G, R, T, 1)
+    return y.reshape(H, T, P).transpose(0, 1)  # (T, H, P)
+
+
+def replay_state(state: torch.Tensor, x: torch.Tensor, B: torch.Tensor, dt: torch.Tensor, la: torch.Tensor) -> torch.Tensor:
+    """Activation replay (snakes-and-ladders §3.1): the recurrence S_t = exp(dt_t·A)·S_{t-1} +
+    dt_t·x_t⊗B_t over an accepted chain of m nodes, unrolled into one contraction:
+
+        S_m = exp(Σ_t la_t)·S_0 + Σ_t exp(Σ_{k>t} la_k)·dt_t·x_t⊗B_t
+
+    state (H, P, N) fp32; x (m, H, P); B (m, G, N); dt, la (m, H). Returns (H, P, N).
+    """
+    H = x.shape[1]
+    c = la.double().cumsum(0)  # (m, H), fp64 for the differences below (see tree_scan)
+    w = (c[-1] - c).float().exp() * dt  # (m, H): decay from node t to the chain's end, times dt_t
+    Bh = B.repeat_interleave(H // B.shape[1], dim=1)  # (m, H, N): head h reads group h // R
+    return c[-1].float().exp()[:, None, None] * state + torch.einsum("mh,mhp,mhn->hpn", w, x, Bh)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+# ---------------------------------------------------------------------------------------------
+class Mamba2(CausalLM):
+    family = "mamba2"
+
+    def __init__(self, cfg: Mamba2Config, sd: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, max_context: int | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self._dtype = dtype
+        self.max_context = max_context or DEFAULT_CAPACITY
+        Dm, H, P, I, Cd, K = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.d_inner, cfg.conv_dim, cfg.conv_kernel
+        get = _tensor_getter(sd)
+        emb = get("backbone.embeddings.weight")
+        V = emb.shape[0]  # the tensor, not the config: mamba_ssm pads the rows (reference/models.md §2.2)
+        if emb.dim() != 2 or emb.shape[1] != Dm or V < cfg.vocab_size:
+            raise ModelLoadError(f"tensor backbone.embeddings.weight has shape {tuple(emb.shape)}, config implies ({cfg.vocab_size}, {Dm})")
+        self.embed = emb.to(dtype).contiguous()  # (V, D)
+        lm = None if cfg.tie_word_embeddings else sd.get("lm_head.weight")
+        self.lm_head_t = as_t(emb if lm is None else get("lm_head.weight", (V, Dm)), dtype)  # (D, V)
+        self.norm_f = get("backbone.norm_f.weight", (Dm,)).to(dtype)
+        self.layers = []
+        for i in range(cfg.num_layers):
+            m = f"backbone.layers.{i}.mixer."
+            D = get(m + "D").float()
+            if D.numel() not in (H, I):  # (H,) or mamba_ssm's D_has_hdim (H*P,)
+                raise ModelLoadError(f"tensor {m}D has shape {tuple(D.shape)}, config implies ({H},)")
+            layer = {
+                "norm": get(f"backbone.layers.{i}.norm.weight", (Dm,)).to(dtype),
+                "w_in": as_t(get(m + "in_proj.weight", (I + Cd + H, Dm)), dtype),  # (D, I + C + H): z | xBC | dt
+                "b_in": get(m + "in_proj.bias", (I + Cd + H,)).to(dtype) if cfg.use_bias else None,
+                "conv_w": get(m + "conv1d.weight", (Cd, 1, K))[:, 0].t().to(dtype).contiguous(),  # (K, C), oldest tap first
+                "conv_b": get(m + "conv1d.bias", (Cd,)).to(dtype) if cfg.use_conv_bias else None,
+                "dt_bias": get(m + "dt_bias", (H,)).float(),
+                "A": -torch.exp(get(m + "A_log", (H,)).float()),  # (H,) scalar per head, < 0
+                "D": D.reshape(H, -1).expand(H, P).contiguous(),  # (H, P)
+                "gate_norm": get(m + "norm.weight", (I,)).float(),
+                "w_out": as_t(get(m + "out_proj.weight", (Dm, I)), dtype),
+                "b_out": get(m + "out_proj.bias", (Dm,)).to(dtype) if cfg.use_bias else None,
+            }
+            self.layers.append(layer)
+
+    def describe(self) -> dict[str, Any]:
+        c = self.cfg
+        return {"family": c.model_type, "layers": c.num_layers, "hidden": c.hidden_size, "heads": c.num_heads,
+                "state": c.state_size, "groups": c.n_groups, "vocab": self.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
+
+    def new_cache(self, capacity: int) -> SSMCache:
+        c = self.cfg
+        return SSMCache(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, self._dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden.to(self._dtype) @ self.lm_head_t  # (T, V)
+
+    # verify / extend / prefill / commit / rollback come from CausalLM and SSMCache; this is the forward.
+    def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
+        cache = self.cache
+        anc, conv_idx = cache.add_nodes(parents)
+        try:
+            x = self.embed[torch.as_tensor(tokens, dtype=torch.long)].float()  # (T, D) residual stream, fp32
+            for i, L in enumerate(self.layers):
+                h = rms_norm(x.to(self._dtype), L["norm"], self.cfg.norm_eps)
+                x = x + self._mixer(i, L, h, anc, conv_idx)
+        except BaseException:
+            cache.clear_scratch()  # never leave half-stored activations behind
+            raise
+        if not want_logits:
+            return None
+        return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+
+    def _mixer(self, i: int, L: dict[str, Any], h: torch.Tensor, anc: torch.Tensor, conv_idx: torch.Tensor) -> torch.Tensor:
+        c, cache = self.cfg, self.cache
+        T = h.shape[0]
+        H, P, G, N, I = c.num_heads, c.head_dim, c.n_groups, c.state_size, c.d_inner
+        zxbcdt = h @ L["w_in"]
+        if L["b_in"] is not None:
+            zxbcdt = zxbcdt + L["b_in"]
+        z, xbc, dt = zxbcdt.split([I, c.conv_dim, H], dim=-1)
+        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
+        old = cache.acts[i]
+        bank = torch.cat([cache.conv[i].t(), xbc] if old is None else [cache.conv[i].t(), old.xbc, xbc])  # (K-1+S, C)
+        conv = (bank[conv_idx] * L["conv_w"]).sum(1)  # (T, K, C) -> (T, C)
+        if L["conv_b"] is not None:
+            conv = conv + L["conv_b"]
+        xs, B, C = F.silu(conv).float().split([I, G * N, G * N], dim=-1)
+        xs, B, C = xs.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        dt = F.softplus(dt.float() + L["dt_bias"]).clamp(*c.dt_limit)  # (T, H)
+        a = cache.store(i, _Acts(xbc, xs, B, dt, dt * L["A"]))
+        y = tree_scan(C, a.x, a.B, a.dt, a.la, anc, cache.ssm[i]) + L["D"] * xs  # (T, H, P)
+        # Gated RMSNorm (gate before norm, per group of I/G channels), fp32 as transformers does.
+        y = y.reshape(T, I) * F.silu(z.float())
+        yg = y.view(T, G, I // G)
+        y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + c.gate_norm_eps)).view(T, I) * L["gate_norm"]
+        out = y.to(self._dtype) @ L["w_out"]
+        return out if L["b_out"] is None else out + L["b_out"]
+
+
+def _tensor_getter(sd: dict[str, torch.Tensor]):
+    def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        t = sd.get(name)
+        if t is None:
+            raise ModelLoadError(f"Mamba-2 checkpoint lacks tensor {name!r} (not a mamba2 checkpoint, or incomplete)")
+        if shape is not None and tuple(t.shape) != shape:
+            raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")
+        return t
+    return get

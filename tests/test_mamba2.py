@@ -1,0 +1,355 @@
+"""Mamba-2 (engine/models/mamba2.py) against transformers' Mamba2ForCausalLM on tiny random
+checkpoints: full forward, cached decoding, the STree tree scan, activation-replay commit,
+rollback, the mamba_ssm checkpoint format, and config validation (STYLE.md item 6)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import random
+
+import pytest
+import torch
+
+from engine.errors import ModelLoadError
+from engine.generate import Decoder, run_generation
+from engine.loading import read_config, read_state_dict
+from engine.models.mamba2 import Mamba2, Mamba2Config, remap_mamba_ssm_state_dict
+from engine.strategy import preset
+
+SPECS = {
+    # one group, untied head; transformers chunk_size 8 so its reference also crosses chunks
+    "g1": dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16, expand=2, state_size=16,
+               n_groups=1, conv_kernel=4, chunk_size=8, tie_word_embeddings=False),
+    # two groups (B/C shared by 2 heads each), tied head, projection biases
+    "g2": dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, num_heads=4, head_dim=32, expand=2, state_size=16,
+               n_groups=2, conv_kernel=4, chunk_size=8, tie_word_embeddings=True, use_bias=True),
+}
+TOL = 1e-4  # logits, fp32
+# States: 1e-5 relative to the state's scale. The scaled test weights give |S| up to ~120, where one
+# fp32 ulp is ~8e-6, and transformers' own step-by-step and chunked states differ by ~4e-5.
+STATE_TOL = 1e-5
+IDS = [(7 * i * i + 3 * i + 1) % 96 for i in range(40)]
+
+
+def hf_mamba2(kind: str, seed: int = 0):
+    from transformers import Mamba2Config as HFConfig, Mamba2ForCausalLM
+
+    torch.manual_seed(seed)
+    m = Mamba2ForCausalLM(HFConfig(**SPECS[kind])).eval()
+    # Random init gives near-uniform logits and near-1 decays; give the test power: sharper
+    # weights, per-step decays exp(dt·A) spread over ~[0.1, 0.98], non-trivial D and norms.
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if name.endswith("A_log"):
+                p.copy_(torch.empty_like(p).uniform_(0.5, 4.0).log())
+            elif name.endswith("dt_bias"):
+                dt = torch.empty_like(p).uniform_(0.05, 0.6)
+                p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1
+            elif name.endswith(".D"):
+                p.copy_(torch.randn_like(p))
+            elif "norm" in name:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+            else:
+                p.mul_(2.5)
+    return m
+
+
+@pytest.fixture(scope="module", params=sorted(SPECS))
+def pair(request, tmp_path_factory):
+    """(transformers model, its save_pretrained directory, our model loaded from that directory)."""
+    path = tmp_path_factory.mktemp(f"mamba2-{request.param}")
+    hf = hf_mamba2(request.param)
+    hf.save_pretrained(path)
+    ours = Mamba2(Mamba2Config.from_hf(read_config(path), str(path)), read_state_dict(path))
+    ours.allocate()
+    return hf, path, ours
+
+
+@torch.no_grad()
+def hf_logits(hf, ids):
+    return hf(torch.tensor([ids]), use_cache=False).logits[0]
+
+
+@torch.no_grad()
+def hf_states(hf, ids):
+    """Per layer (conv state (C, K-1), ssm state (H, P, N)) after running ``ids`` from scratch."""
+    cache = hf(torch.tensor([ids]), use_cache=True).cache_params
+    k1 = hf.config.conv_kernel - 1
+    return [(cache.get_conv_state(i)[0, :, -k1:], cache.get_recurrent_state(i)[0]) for i in range(hf.config.num_hidden_layers)]
+
+
+def our_states(model):
+    c = model.cache
+    return [(c.conv[i].clone(), c.ssm[i].clone()) for i in range(model.cfg.num_layers)]
+
+
+def state_err(a, b) -> float:
+    """Max |difference| over layers and (conv, ssm), relative to max(1, max |state|)."""
+    return max(((x - y).abs().max() / max(1.0, y.abs().max().item())).item() for sa, sb in zip(a, b) for x, y in zip(sa, sb))
+
+
+def fresh(model, prefix):
+    model.cache.reset()
+    model.prefill(prefix)
+    return model
+
+
+def random_tree(rng: random.Random, n: int) -> tuple[list[int], list[int]]:
+    """A packed tree: row 0 is the root (parent -1), row i hangs off any earlier row."""
+    parents = [-1] + [rng.choice([i - 1, i - 1, rng.randrange(i)]) for i in range(1, n)]
+    return [rng.randrange(96) for _ in range(n)], parents
+
+
+def path_rows(parents, i):
+    rows = []
+    while i >= 0:
+        rows.append(i)
+        i = parents[i]
+    return rows[::-1]
+
+
+# ---- (1) full forward -------------------------------------------------------------------------------
+def test_full_forward_matches_transformers(pair):
+    hf, _, ours = pair
+    ref = hf_logits(hf, IDS)
+    got = ours.full_logits(IDS)
+    err = (got - ref).abs().max().item()
+    print(f"full forward max |dlogit| {err:.2e} (logit scale {ref.abs().max().item():.1f})")
+    assert ref.std() > 1.0  # the test has power: logits are not near-uniform
+    assert err <= TOL
+
+
+# ---- (2) cached decoding ------------------------------------------------------------------------------
+def test_prefill_then_one_token_at_a_time_equals_full_forward(pair):
+    hf, _, ours = pair
+    ref = hf_logits(hf, IDS)
+    ours.cache.reset()
+    ours.prefill(IDS[:11], chunk=4)  # chunk boundaries inside the prompt: non-zero initial states
+    assert ours.cache.length == 11
+    err = 0.0
+    for t in range(11, len(IDS)):
+        lg = ours.verify([IDS[t]], [-1])
+        ours.commit([0])
+        err = max(err, (lg[0] - ref[t]).abs().max().item())
+    assert err <= TOL
+    assert state_err(our_states(ours), hf_states(hf, IDS)) <= STATE_TOL
+    assert ours.cache.length == len(IDS)
+
+
+# ---- (3) chain verify from a non-empty committed state ---------------------------------------------
+def test_chain_verify_from_committed_state_leaves_it_unchanged(pair):
+    hf, _, ours = pair
+    ref = hf_logits(hf, IDS)
+    fresh(ours, IDS[:15])
+    before = our_states(ours)
+    chain = IDS[15:30]
+    got = ours.verify(chain, list(range(-1, len(chain) - 1)))
+    assert (got - ref[15:30]).abs().max().item() <= TOL
+    assert ours.cache.length == 15
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(before, our_states(ours)))
+    again = ours.verify(chain, list(range(-1, len(chain) - 1)))  # verify is repeatable: nothing leaked
+    assert torch.equal(got, again)
+
+
+# ---- (4) commit = activation replay ------------------------------------------------------------------
+def test_commit_replay_equals_step_by_step(pair):
+    hf, _, ours = pair
+    fresh(ours, IDS[:12])
+    ours.verify(IDS[12:20], list(range(-1, 7)))
+    ours.commit(range(5))  # accept 5 of 8
+    replayed = our_states(ours)
+    assert ours.cache.length == 17 and ours.cache.scratch == 0
+    fresh(ours, IDS[:12])
+    for t in IDS[12:17]:
+        ours.verify([t], [-1])
+        ours.commit([0])
+    stepped = our_states(ours)
+    err_step, err_hf = state_err(replayed, stepped), state_err(replayed, hf_states(hf, IDS[:17]))
+    print(f"replay vs step-by-step {err_step:.2e}, vs transformers {err_hf:.2e}")
+    assert err_step <= STATE_TOL and err_hf <= STATE_TOL
+    # and decoding continues correctly from the replayed state
+    nxt = ours.verify([IDS[17]], [-1])[0]
+    assert (nxt - hf_logits(hf, IDS[:18])[-1]).abs().max().item() <= TOL
+
+
+# ---- (5) trees: STree scan and replay along any path ---------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1])
+def test_tree_verify_and_commit_equal_each_path(pair, seed):
+    hf, _, ours = pair
+    rng = random.Random(seed)
+    prefix = IDS[:13]
+    tokens, parents = random_tree(rng, 14)
+    fresh(ours, prefix)
+    got = ours.verify(tokens, parents)
+    err = 0.0
+    for i in range(len(tokens)):
+        seq = prefix + [tokens[r] for r in path_rows(parents, i)]
+        err = max(err, (got[i] - hf_logits(hf, seq)[-1]).abs().max().item())
+    print(f"tree ({len(tokens)} nodes, depth {max(len(path_rows(parents, i)) for i in range(len(tokens)))}) max |dlogit| {err:.2e}")
+    assert err <= TOL
+    leaves = [i for i in range(len(tokens)) if i not in parents]
+    for node in leaves + [parents[leaves[0]]]:
+        rows = path_rows(parents, node)
+        fresh(ours, prefix)
+        ours.verify(tokens, parents)
+        ours.commit(rows)
+        seq = prefix + [tokens[r] for r in rows]
+        assert ours.cache.length == len(seq)
+        assert state_err(our_states(ours), hf_states(hf, seq)) <= STATE_TOL
+
+
+def test_extend_adds_nodes_to_the_scratch_tree(pair):
+    _, _, ours = pair
+    tokens, parents = random_tree(random.Random(5), 12)
+    fresh(ours, IDS[:9])
+    whole = ours.verify(tokens, parents)
+    ours.verify(tokens[:5], parents[:5])
+    part = ours.extend(tokens[5:], parents[5:])
+    assert (part - whole[5:]).abs().max().item() <= 1e-5
+    assert ours.cache.scratch == len(tokens)
+    rows = path_rows(parents, len(tokens) - 1)
+    ours.commit(rows)
+    committed = our_states(ours)
+    fresh(ours, IDS[:9] + [tokens[r] for r in rows])
+    assert state_err(committed, our_states(ours)) <= STATE_TOL
+
+
+def test_commit_rejects_rows_that_are_not_a_chain(pair):
+    _, _, ours = pair
+    fresh(ours, IDS[:5])
+    ours.verify([1, 2, 3], [-1, 0, 0])  # a fork: rows 1 and 2 are siblings
+    with pytest.raises(ValueError, match="chain"):
+        ours.commit([0, 1, 2])
+
+
+# ---- rollback ---------------------------------------------------------------------------------------------
+def test_rollback_only_where_a_recurrent_state_can_go(pair):
+    hf, _, ours = pair
+    fresh(ours, IDS[:12])
+    ours.verify(IDS[12:20], list(range(-1, 7)))
+    ours.commit(range(6))  # 12 -> 18
+    ours.rollback(18)  # no-op
+    assert ours.cache.length == 18
+    ours.rollback(15)  # inside the last commit: the kept previous state + 3 replayed rows
+    assert ours.cache.length == 15
+    assert state_err(our_states(ours), hf_states(hf, IDS[:15])) <= STATE_TOL
+    with pytest.raises(ValueError, match="cannot roll back"):
+        ours.rollback(11)  # before the last commit: gone
+    ours.rollback(12)
+    assert state_err(our_states(ours), hf_states(hf, IDS[:12])) <= STATE_TOL
+    ours.rollback(0)
+    assert ours.cache.length == 0 and not ours.cache.ssm.any() and not ours.cache.conv.any()
+    assert ours.cache.prefix_rollback is False
+
+
+def test_with_own_cache_shares_weights_not_state(pair):
+    hf, _, ours = pair
+    fresh(ours, IDS[:10])
+    twin = ours.with_own_cache()
+    assert twin.cache is not ours.cache and twin.embed is ours.embed and twin.length == 0
+    twin.prefill(IDS[:20])
+    assert ours.cache.length == 10
+    assert state_err(our_states(ours), hf_states(hf, IDS[:10])) <= STATE_TOL
+
+
+# ---- the decode loop ---------------------------------------------------------------------------------
+@torch.no_grad()
+def hf_greedy(hf, prompt, n):
+    ids = list(prompt)
+    for _ in range(n):
+        ids.append(int(hf_logits(hf, ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_decoder_greedy_strategies_equal_plain_greedy(pair):
+    hf, _, ours = pair
+    prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9]
+    ref = hf_greedy(hf, prompt, 24)
+    dec = Decoder(ours, ours)  # the model drafts for itself through its own cache
+    for s in [preset("ar"), preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1))]:
+        evs, summ = run_generation(dec, prompt, s, 24)
+        assert [t for e in evs for t in e.emitted] == ref, s.label()
+        if s.name == "sd":  # a model drafting for itself is always right
+            assert all(e.accepted == 4 for e in evs[:-1])
+        dec.reset()
+
+
+# ---- (6) the mamba_ssm checkpoint format ---------------------------------------------------------------
+def test_mamba_ssm_format_loads_and_equals_hf_format(pair, tmp_path):
+    hf, path, ours = pair
+    c = hf.config
+    cfg = {"d_model": c.hidden_size, "d_intermediate": 0, "n_layer": c.num_hidden_layers, "vocab_size": c.vocab_size - 5,
+           "ssm_cfg": {"layer": "Mamba2", "d_state": c.state_size, "d_conv": c.conv_kernel, "expand": c.expand,
+                       "headdim": c.head_dim, "ngroups": c.n_groups, "bias": c.use_bias},
+           "attn_layer_idx": [], "attn_cfg": {}, "rms_norm": True, "residual_in_fp32": True, "fused_add_norm": True,
+           "pad_vocab_size_multiple": 16, "tie_embeddings": bool(c.tie_word_embeddings)}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    sd = {k.replace("backbone.embeddings.", "backbone.embedding."): v for k, v in hf.state_dict().items()}
+    torch.save(sd, tmp_path / "pytorch_model.bin")
+    mcfg = Mamba2Config.from_mamba_ssm(read_config(tmp_path), str(tmp_path))
+    assert mcfg.vocab_size == 96 and mcfg.num_heads == c.num_heads  # 91 padded to a multiple of 16
+    model = Mamba2(mcfg, remap_mamba_ssm_state_dict(read_state_dict(tmp_path)))
+    assert model.vocab_size == 96
+    assert (model.full_logits(IDS) - ours.full_logits(IDS)).abs().max().item() <= 1e-6
+
+
+def test_mamba_ssm_unsupported_variants_are_refused():
+    base = {"d_model": 64, "n_layer": 2, "vocab_size": 90, "ssm_cfg": {"layer": "Mamba2"}}
+    for change in [{"attn_layer_idx": [1]}, {"d_intermediate": 128}, {"rms_norm": False},
+                   {"ssm_cfg": {"layer": "Mamba1"}}, {"ssm_cfg": {"layer": "Mamba2", "headdim": 48}},
+                   {"ssm_cfg": {"layer": "Mamba2", "norm_before_gate": True}}, {"n_layer": 0}]:
+        with pytest.raises(ModelLoadError):
+            Mamba2Config.from_mamba_ssm({**base, **change})
+
+
+# ---- (7) config and checkpoint validation ----------------------------------------------------------------
+BAD_FIELDS = [("hidden_size", None), ("num_heads", None), ("state_size", None), ("num_heads", 0), ("num_heads", -8),
+              ("head_dim", 3), ("n_groups", 3), ("state_size", 1.5), ("vocab_size", "lots"), ("hidden_act", "gelu"),
+              ("time_step_limit", [1.0, 0.0]), ("time_step_limit", "fast"), ("layer_norm_epsilon", 0), ("num_hidden_layers", 10 ** 9)]
+
+
+@pytest.mark.parametrize("key,value", BAD_FIELDS)
+def test_missing_or_absurd_config_fields_raise(pair, key, value):
+    _, path, _ = pair
+    cfg = read_config(path)
+    if value is None:
+        del cfg[key]
+    else:
+        cfg[key] = value
+    with pytest.raises(ModelLoadError):
+        Mamba2Config.from_hf(cfg, str(path))
+
+
+def test_missing_or_misshapen_tensors_raise(pair):
+    _, path, _ = pair
+    cfg = Mamba2Config.from_hf(read_config(path), str(path))
+    sd = read_state_dict(path)
+    gone = dict(sd)
+    del gone["backbone.layers.1.mixer.A_log"]
+    with pytest.raises(ModelLoadError, match="A_log"):
+        Mamba2(cfg, gone)
+    cut = dict(sd)
+    cut["backbone.layers.0.mixer.in_proj.weight"] = sd["backbone.layers.0.mixer.in_proj.weight"][:-1]
+    with pytest.raises(ModelLoadError, match="in_proj"):
+        Mamba2(cfg, cut)
+
+
+def test_config_reads_transformers_fields(pair):
+    hf, path, ours = pair
+    cfg = read_config(path)
+    assert math.isinf(ours.cfg.dt_limit[1]) and ours.cfg.n_groups == hf.config.n_groups
+    assert ours.describe()["family"] == "mamba2" and ours.max_context == 1 << 20
+    no_groups = {k: v for k, v in cfg.items() if k != "n_groups"} | {"num_heads": 8, "head_dim": 16}
+    assert Mamba2Config.from_hf(no_groups).n_groups == 8  # transformers' default
+
+
+def test_bf16_error_is_that_of_transformers_in_bf16(pair):
+    hf, path, ours = pair
+    low = Mamba2(Mamba2Config.from_hf(read_config(path), str(path)), read_state_dict(path), dtype=torch.bfloat16)
+    ref, got = hf_logits(hf, IDS), low.full_logits(IDS).float()
+    hf_err = (hf_logits(copy.deepcopy(hf).to(torch.bfloat16), IDS).float() - ref).abs().max().item()
+    err = (got - ref).abs().max().item()
+    print(f"bf16 max |dlogit| ours {err:.3f}, transformers {hf_err:.3f}")
+    assert got.isfinite().all() and err <= 2 * hf_err
