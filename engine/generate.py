@@ -49,6 +49,7 @@ class Decoder:
     def __post_init__(self) -> None:
         self.target.allocate()
         self.history: list[int] = []  # committed tokens + the pending root
+        self._pending: list[int] = []  # accepted tokens not yet in the target's state (--backtrack joint)
         self.drafters = {"ngram": NgramDrafter()}
         if self.drafter_model is not None:
             dm = self.drafter_model
@@ -67,6 +68,7 @@ class Decoder:
     def reset(self) -> None:
         self.target.cache.reset()
         self.history = []
+        self._pending = []
         for d in self.drafters.values():
             d.reset()
 
@@ -89,6 +91,7 @@ class Decoder:
         limit = min(cache.length, len(prompt_ids) - 1)
         while n < limit and self.history[n] == prompt_ids[n]:
             n += 1
+        self._pending = []
         if n != cache.length and not getattr(cache, "prefix_rollback", False):
             n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
         cache.rollback(n)
@@ -123,11 +126,9 @@ class Decoder:
             t0 = time.perf_counter()
             tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
-            root = self.history[-1]
-            tokens, parents = tree.packed(root)
-            logits = self.target.verify(tokens, parents)
+            logits, commit = self._verify_pass(s, tree, self.history[-1])
             path, bonus = self._verify(s, tree, logits, gen)
-            self.target.commit([0] + [i + 1 for i in path])
+            commit([0] + [i + 1 for i in path])
             t2 = time.perf_counter()
             emitted = tree.path_tokens(path) + [bonus]
             reason = None
@@ -143,6 +144,8 @@ class Decoder:
             self.history.extend(emitted)
             if self.target.cache.length > len(self.history) - 1:  # tokens cut after EOS/limit
                 self.target.cache.rollback(len(self.history) - 1)
+            if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
+                self._pending = self._pending[: len(self.history) - 1 - self.target.cache.length]
             text = decoder.push([t for t in emitted if t not in self.eos_ids]) if decoder else ""
             if reason and decoder:
                 text += decoder.flush()
@@ -158,6 +161,46 @@ class Decoder:
             )
             if reason is not None:
                 return
+
+    def _verify_pass(self, s: Strategy, tree: TokenTree, root: int):
+        """One target forward over ``[root] + tree`` in the strategy's SSM modes; returns the
+        logits (T + 1, V) and the commit to call with the accepted packed rows.
+
+        --ssm-tree stree     the packed tree as is: one pass, shared prefixes computed once (STree).
+        --ssm-tree unrolled  every root-to-leaf path as its own chain (repeated tokens): the
+                             baseline of STree Table 1, in the same single pass.
+        --backtrack replay   the model's commit (activation replay for SSM layers, KV compaction).
+                   recompute re-run the accepted tokens through the model from the committed state.
+                   joint     commit nothing now; prepend the accepted chain to the next pass, whose
+                             commit then advances past it (Snakes and Ladders §3).
+        """
+        tokens, parents = tree.packed(root)
+        rowmap = None
+        if s.ssm_tree == "unrolled" and len(tree):
+            tokens, parents, rowmap = unroll(tokens, parents)
+        pre = self._pending  # a joint step's chain, even if the strategy has switched since
+        m = len(pre)
+        if m:
+            tokens = pre + tokens
+            parents = list(range(-1, m - 1)) + [p + m if p >= 0 else m - 1 for p in parents]
+        logits = self.target.verify(tokens, parents)
+        rows_of = (lambda rows: rows) if rowmap is None else rowmap
+        logits = logits[m:] if rowmap is None else logits[m:][rowmap(None)]
+
+        def commit(rows: list[int]) -> None:
+            new = [r + m for r in rows_of(rows)]
+            if s.backtrack == "joint":
+                self.target.commit(list(range(m)))  # the previous step's chain, advanced in this pass
+                self._pending = [tokens[r] for r in new]
+            elif s.backtrack == "recompute":
+                done = [tokens[r] for r in range(m)] + [tokens[r] for r in new]
+                self.target.cache.clear_scratch()
+                self.target.prefill(done)
+                self._pending = []
+            else:
+                self.target.commit(list(range(m)) + new)
+                self._pending = []
+        return logits, commit
 
     def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
         text = decoder.flush() if decoder else ""
@@ -199,6 +242,45 @@ class Decoder:
             method = "membership"
         return accept(tree, logits, method=method, temperature=s.temperature, top_p=s.top_p, generator=gen,
                       noise_at_depth=self._noise(s, len(self.history)) if method == "race" else None)
+
+
+def unroll(tokens: list[int], parents: list[int]):
+    """Rewrite a packed tree (row 0 = root) as one chain per root-to-leaf path hanging off the
+    root. Returns (tokens, parents, rowmap): rowmap(None) lists, for each original row, a row of
+    the unrolled pass with the same ancestors (same logits); rowmap(rows) maps an accepted
+    root-to-node chain of original rows onto one unrolled chain."""
+    n = len(tokens)
+    has_child = [False] * n
+    for p in parents[1:]:
+        has_child[p] = True
+    out_t, out_p = [tokens[0]], [-1]
+    first = [0] * n
+    chains: list[dict[int, int]] = []  # per leaf: original row -> unrolled row
+    for leaf in range(1, n):
+        if has_child[leaf]:
+            continue
+        path = []
+        r = leaf
+        while r > 0:
+            path.append(r)
+            r = parents[r]
+        prev, copy = 0, {0: 0}
+        for r in reversed(path):
+            out_t.append(tokens[r])
+            out_p.append(prev)
+            prev = len(out_t) - 1
+            copy[r] = prev
+            if not first[r]:
+                first[r] = prev
+        chains.append(copy)
+
+    def rowmap(rows):
+        if rows is None:
+            return first
+        chain = next(c for c in chains if rows[-1] in c)
+        return [chain[r] for r in rows]
+
+    return out_t, out_p, rowmap
 
 
 def run_generation(decoder: Decoder, prompt_ids: Sequence[int], strategy, max_new_tokens: int,

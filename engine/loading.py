@@ -24,11 +24,11 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _families() -> dict[str, tuple[Any, Any]]:
-    from .models import gpt_neox, llama, mamba2
+    from .models import gpt_neox, llama, mamba, mamba2
 
     fam: dict[str, tuple[Any, Any]] = {}
     for mod, cfg_cls, model_cls in ((llama, llama.LlamaConfig, llama.Llama), (gpt_neox, gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX),
-                                    (mamba2, mamba2.Mamba2Config, mamba2.Mamba2)):
+                                    (mamba, mamba.MambaConfig, mamba.Mamba), (mamba2, mamba2.Mamba2Config, mamba2.Mamba2)):
         for mt in mod.MODEL_TYPES:
             fam[mt] = (cfg_cls, model_cls)
     return fam

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+import engine  # noqa: F401  (first: sets the engine's OpenMP wait policy before torch loads)
+
 
 # ---------------------------------------------------------------------------------------------
 # GGUF: the shipped default model, and tiny GGUF files written on the spot

@@ -39,7 +39,7 @@ def greedy_strategies():
             preset("pld", ngram_branches=3)]
 
 
-@pytest.mark.parametrize("kind", ["llama", "gpt_neox"])
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox", "mamba2"])
 @pytest.mark.parametrize("drafter", ["other", "self"])
 def test_greedy_strategies_equal_plain_greedy(kind, drafter, root):
     path = saved(kind, root)
@@ -178,3 +178,42 @@ def test_ersd_equals_seeded_race_ar_token_for_token(root):
             ar = tokens_of(run_generation(dec, prompt, preset("ar", verify="race", temperature=0.8, seed=seed), 25)[0])
             for s in (preset("ersd", temperature=0.8, seed=seed), preset("ersd", temperature=0.8, seed=seed, drafter="ngram")):
                 assert tokens_of(run_generation(dec, prompt, s, 25)[0]) == ar
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox", "mamba", "mamba2"])
+def test_ssm_tree_and_backtrack_modes_are_lossless_on_any_model(kind, root):
+    """--ssm-tree unrolled and --backtrack recompute/joint transform the verify pass and the commit;
+    on attention models too they must leave greedy output unchanged (SSM models: test_mamba*)."""
+    path = saved(kind, root)
+    dec = Decoder(load(str(path)).model, load(str(saved("draft", root))).model)
+    prompt = PROMPTS[0]
+    ref = hf_greedy(path, prompt, 30)
+    for ssm_tree in ("stree", "unrolled"):
+        for backtrack in ("replay", "recompute", "joint"):
+            for s in (preset("tree", tree=(2, 2, 1)), preset("sd", draft_len=3), preset("pld")):
+                s = s.replace(ssm_tree=ssm_tree, backtrack=backtrack)
+                assert tokens_of(run_generation(dec, prompt, s, 30)[0]) == ref, s
+
+
+def test_joint_backtrack_survives_live_switches(root):
+    path = saved("llama", root)
+    dec = Decoder(load(str(path)).model, load(str(saved("draft", root))).model)
+    modes = itertools.cycle(["joint", "joint", "replay", "joint", "recompute", "unrolled"])
+
+    def current():
+        m = next(modes)
+        return preset("tree", tree=(2, 1, 1), ssm_tree="unrolled") if m == "unrolled" else preset("sd", draft_len=3, backtrack=m)
+
+    prompt = PROMPTS[3]
+    assert tokens_of(run_generation(dec, prompt, current, 40)[0]) == hf_greedy(path, prompt, 40)
+
+
+def test_unroll_maps_rows_and_chains():
+    from engine.generate import unroll
+
+    # root(0) -> a(1) -> b(2), a -> c(3); root -> d(4)
+    tokens, parents = [9, 1, 2, 3, 4], [-1, 0, 1, 1, 0]
+    t, p, rowmap = unroll(tokens, parents)
+    assert t == [9, 1, 2, 1, 3, 4] and p == [-1, 0, 1, 0, 3, 0]  # a repeated once per leaf below it
+    assert [t[r] for r in rowmap(None)] == tokens
+    assert rowmap([0, 1, 3]) == [0, 3, 4] and rowmap([0, 4]) == [0, 5]

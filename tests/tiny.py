@@ -37,6 +37,10 @@ TINY = {
                      num_attention_heads=4, rotary_pct=0.25, max_position_embeddings=512, use_parallel_residual=True),
     "gpt_neox_seq": dict(model_type="gpt_neox", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, rotary_pct=0.5, max_position_embeddings=512, use_parallel_residual=False),
+    "mamba2": dict(model_type="mamba2", vocab_size=96, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+                   state_size=16, n_groups=1, expand=2, conv_kernel=4, tie_word_embeddings=False),
+    "mamba": dict(model_type="mamba", vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
+                  conv_kernel=4, tie_word_embeddings=False),
     # a long context, for tests that must not run out of room (Ctrl-C mid-generation)
     "long": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1_000_000),
@@ -54,10 +58,12 @@ def hf_model(kind: str, seed: int = 0):
     cfg = AutoConfig.for_model(mt, **spec)
     torch.manual_seed(seed)
     m = AutoModelForCausalLM.from_config(cfg)
-    # random init gives near-uniform logits; sharpen them so greedy paths are not ties
+    # random init gives near-uniform logits; sharpen them so greedy paths are not ties (SSM decay
+    # and skip parameters keep their init: scaling them makes the recurrences degenerate)
     with torch.no_grad():
-        for p in m.parameters():
-            p.mul_(3.0)
+        for name, p in m.named_parameters():
+            if not name.endswith(("A_log", "dt_bias", ".D")):
+                p.mul_(3.0)
     return m.eval()
 
 
@@ -71,13 +77,23 @@ def saved(kind: str, root: str, seed: int = 0) -> Path:
 
 
 def hf_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
+    return list(_hf_greedy(Path(path), tuple(prompt), n))
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_model(path: Path):
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(path).eval()
+    return AutoModelForCausalLM.from_pretrained(path).eval()
+
+
+@functools.lru_cache(maxsize=None)
+def _hf_greedy(path: Path, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
+    m = _hf_model(path)
     with torch.no_grad():
         out = m.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                          max_new_tokens=n, min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return tuple(out[0, len(prompt):].tolist())
 
 
 def config_of(path: Path) -> dict:

@@ -69,26 +69,26 @@ class Mamba2Config:
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
             raise ModelLoadError(f"{where}: hidden_act {act!r} is not supported for mamba2 (silu)")
-        hidden = _int(cfg, "hidden_size", where)
-        heads, head_dim = _int(cfg, "num_heads", where), _int(cfg, "head_dim", where)
-        expand = _int(cfg, "expand", where, 2)
+        hidden = config_int(cfg, "hidden_size", where)
+        heads, head_dim = config_int(cfg, "num_heads", where), config_int(cfg, "head_dim", where)
+        expand = config_int(cfg, "expand", where, 2)
         if hidden * expand != heads * head_dim:
             raise ModelLoadError(f"{where}: hidden_size*expand ({hidden * expand}) must equal num_heads*head_dim ({heads * head_dim})")
         eps = float(require(cfg, "layer_norm_epsilon", where)) if "layer_norm_epsilon" in cfg else 1e-5
         return cls(
-            vocab_size=_int(cfg, "vocab_size", where),
+            vocab_size=config_int(cfg, "vocab_size", where),
             hidden_size=hidden,
-            num_layers=_int(cfg, "num_hidden_layers", where),
+            num_layers=config_int(cfg, "num_hidden_layers", where),
             num_heads=heads,
             head_dim=head_dim,
-            state_size=_int(cfg, "state_size", where),
-            n_groups=_int(cfg, "n_groups", where, 8),
-            conv_kernel=_int(cfg, "conv_kernel", where, 4),
+            state_size=config_int(cfg, "state_size", where),
+            n_groups=config_int(cfg, "n_groups", where, 8),
+            conv_kernel=config_int(cfg, "conv_kernel", where, 4),
             use_bias=bool(cfg.get("use_bias", False)),
             use_conv_bias=bool(cfg.get("use_conv_bias", True)),
             norm_eps=eps,
             gate_norm_eps=eps,
-            dt_limit=_dt_limit(cfg.get("time_step_limit"), where),
+            dt_limit=parse_dt_limit(cfg.get("time_step_limit"), where),
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         ).checked(where)
 
@@ -111,27 +111,27 @@ class Mamba2Config:
         ] if bad]
         if unsupported:
             raise ModelLoadError(f"{where}: mamba_ssm checkpoint with {', '.join(unsupported)} is not supported")
-        d_model = _int(cfg, "d_model", where)
+        d_model = config_int(cfg, "d_model", where)
         sw = f"{where} ssm_cfg"
-        d_inner = _int(ssm, "expand", sw, 2) * d_model
-        head_dim = _int(ssm, "headdim", sw, 64)
+        d_inner = config_int(ssm, "expand", sw, 2) * d_model
+        head_dim = config_int(ssm, "headdim", sw, 64)
         if d_inner % head_dim or ssm.get("d_ssm") not in (None, d_inner):
             raise ModelLoadError(f"{where}: expand*d_model ({d_inner}) must be a multiple of headdim ({head_dim}) and equal d_ssm")
-        vocab, pad = _int(cfg, "vocab_size", where), _int(cfg, "pad_vocab_size_multiple", where, 8)
+        vocab, pad = config_int(cfg, "vocab_size", where), config_int(cfg, "pad_vocab_size_multiple", where, 8)
         return cls(
             vocab_size=-(-vocab // pad) * pad,  # MambaLMHeadModel pads the embedding rows
             hidden_size=d_model,
-            num_layers=_int(cfg, "n_layer", where),
+            num_layers=config_int(cfg, "n_layer", where),
             num_heads=d_inner // head_dim,
             head_dim=head_dim,
-            state_size=_int(ssm, "d_state", sw, 128),
-            n_groups=_int(ssm, "ngroups", sw, 1),
-            conv_kernel=_int(ssm, "d_conv", sw, 4),
+            state_size=config_int(ssm, "d_state", sw, 128),
+            n_groups=config_int(ssm, "ngroups", sw, 1),
+            conv_kernel=config_int(ssm, "d_conv", sw, 4),
             use_bias=bool(ssm.get("bias", False)),
             use_conv_bias=bool(ssm.get("conv_bias", True)),
             norm_eps=float(cfg.get("norm_epsilon", 1e-5)),
             gate_norm_eps=1e-5,
-            dt_limit=_dt_limit(ssm.get("dt_limit"), sw),
+            dt_limit=parse_dt_limit(ssm.get("dt_limit"), sw),
             tie_word_embeddings=bool(cfg.get("tie_embeddings", True)),
         ).checked(where)
 
@@ -150,7 +150,7 @@ def remap_mamba_ssm_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.T
     return {("backbone.embeddings." + k[len(old):] if k.startswith(old) else k): v for k, v in sd.items()}
 
 
-def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
+def config_int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) -> int:
     if default is not None and cfg.get(key) is None:
         return default
     val = require(cfg, key, where)
@@ -159,7 +159,7 @@ def _int(cfg: dict[str, Any], key: str, where: str, default: int | None = None) 
     return int(val)
 
 
-def _dt_limit(val: Any, where: str) -> tuple[float, float]:
+def parse_dt_limit(val: Any, where: str) -> tuple[float, float]:
     if val is None:
         return (0.0, math.inf)
     try:
@@ -220,6 +220,11 @@ class SSMCache:
         self.acts: list[_Acts | None] = [None] * n_layers
         self._anc = torch.zeros(max_scratch, max_scratch, dtype=torch.bool)  # anc[i, j]: j is i or an ancestor
         self._last: tuple[int, list[_Acts]] | None = None  # (length before, replayed rows) of the last commit
+
+    @classmethod
+    def for_config(cls, c: Mamba2Config, capacity: int, dtype: torch.dtype) -> "SSMCache":
+        """One state per mixer layer of ``c`` (c.num_layers of them)."""
+        return cls(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, dtype)
 
     @property
     def scratch(self) -> int:
@@ -286,12 +291,12 @@ class SSMCache:
                 if not 0 <= r < self.scratch or self.scratch_parents[r] != (rows[k - 1] if k else -1):
                     raise ValueError(f"commit rows {rows} are not a root-to-node chain of the scratch tree")
             sel = torch.tensor(rows, dtype=torch.long)
-            self._advance([a.take(sel) for a in self.acts])
+            self._advance([a.take(sel) for a in self.acts], len(rows))
         self.clear_scratch()
 
-    def _advance(self, path: list[_Acts]) -> None:
-        """New state = replay of ``path`` (per layer) from the committed state, written into the spare
-        buffers and swapped in, so the state before stays available to rollback."""
+    def _advance(self, path: list[_Acts], m: int) -> None:
+        """New state = replay of the m-node ``path`` (per layer) from the committed state, written
+        into the spare buffers and swapped in, so the state before stays available to rollback."""
         k1 = self.kernel - 1
         for layer, a in enumerate(path):
             self._spare_ssm[layer] = replay_state(self.ssm[layer], a.x, a.B, a.dt, a.la)
@@ -300,7 +305,7 @@ class SSMCache:
         self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
         self.conv, self._spare_conv = self._spare_conv, self.conv
         self._last = (self.length, path)
-        self.length += path[0].x.shape[0]
+        self.length += m
 
     def clear_scratch(self) -> None:
         self.scratch_parents.clear()
@@ -326,7 +331,7 @@ class SSMCache:
         self.length = start
         keep = torch.arange(length - start)
         if len(keep):
-            self._advance([a.take(keep) for a in path])
+            self._advance([a.take(keep) for a in path], len(keep))
         else:
             self._last = (start, [a.take(keep) for a in path])
 
@@ -391,8 +396,59 @@ def replay_state(state: torch.Tensor, x: torch.Tensor, B: torch.Tensor, dt: torc
 
 
 # ---------------------------------------------------------------------------------------------
-# The model
+# The mixer (one layer's SSM block) and the model
 # ---------------------------------------------------------------------------------------------
+class Mamba2Mixer:
+    """One Mamba-2 mixer over a packed tree: in_proj -> tree conv -> STree scan -> gated RMSNorm ->
+    out_proj. Mamba2 stacks them; so does the Granite-4.0-H hybrid (granite_hybrid.py), whose
+    ``mamba.*`` tensors have the same names under another prefix."""
+
+    def __init__(self, c: Mamba2Config, get, prefix: str, dtype: torch.dtype):
+        Dm, H, P, I, Cd, K = c.hidden_size, c.num_heads, c.head_dim, c.d_inner, c.conv_dim, c.conv_kernel
+        self.c, self.dtype = c, dtype
+        D = get(prefix + "D").float()
+        if D.numel() not in (H, I):  # (H,) or mamba_ssm's D_has_hdim (H*P,)
+            raise ModelLoadError(f"tensor {prefix}D has shape {tuple(D.shape)}, config implies ({H},)")
+        self.w_in = as_t(get(prefix + "in_proj.weight", (I + Cd + H, Dm)), dtype)  # (D, I + C + H): z | xBC | dt
+        self.b_in = get(prefix + "in_proj.bias", (I + Cd + H,)).to(dtype) if c.use_bias else None
+        self.conv_w = get(prefix + "conv1d.weight", (Cd, 1, K))[:, 0].t().to(dtype).contiguous()  # (K, C), oldest tap first
+        self.conv_b = get(prefix + "conv1d.bias", (Cd,)).to(dtype) if c.use_conv_bias else None
+        self.dt_bias = get(prefix + "dt_bias", (H,)).float()
+        self.A = -torch.exp(get(prefix + "A_log", (H,)).float())  # (H,) scalar per head, < 0
+        self.D = D.reshape(H, -1).expand(H, P).contiguous()  # (H, P)
+        self.gate_norm = get(prefix + "norm.weight", (I,)).float()
+        self.w_out = as_t(get(prefix + "out_proj.weight", (Dm, I)), dtype)
+        self.b_out = get(prefix + "out_proj.bias", (Dm,)).to(dtype) if c.use_bias else None
+
+    def __call__(self, h: torch.Tensor, cache: SSMCache, layer: int, anc: torch.Tensor, conv_idx: torch.Tensor) -> torch.Tensor:
+        """h (T, D) normed input of the T new nodes -> (T, D); stores their activations in
+        ``cache`` slot ``layer``. anc, conv_idx: from cache.add_nodes for this call."""
+        c = self.c
+        T = h.shape[0]
+        H, P, G, N, I = c.num_heads, c.head_dim, c.n_groups, c.state_size, c.d_inner
+        zxbcdt = h @ self.w_in
+        if self.b_in is not None:
+            zxbcdt = zxbcdt + self.b_in
+        z, xbc, dt = zxbcdt.split([I, c.conv_dim, H], dim=-1)
+        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
+        old = cache.acts[layer]
+        bank = torch.cat([cache.conv[layer].t(), xbc] if old is None else [cache.conv[layer].t(), old.xbc, xbc])  # (K-1+S, C)
+        conv = (bank[conv_idx] * self.conv_w).sum(1)  # (T, K, C) -> (T, C)
+        if self.conv_b is not None:
+            conv = conv + self.conv_b
+        xs, B, C = F.silu(conv).float().split([I, G * N, G * N], dim=-1)
+        xs, B, C = xs.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        dt = F.softplus(dt.float() + self.dt_bias).clamp(*c.dt_limit)  # (T, H)
+        a = cache.store(layer, _Acts(xbc, xs, B, dt, dt * self.A))
+        y = tree_scan(C, a.x, a.B, a.dt, a.la, anc, cache.ssm[layer]) + self.D * xs  # (T, H, P)
+        # Gated RMSNorm (gate before norm, per group of I/G channels), fp32 as transformers does.
+        y = y.reshape(T, I) * F.silu(z.float())
+        yg = y.view(T, G, I // G)
+        y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + c.gate_norm_eps)).view(T, I) * self.gate_norm
+        out = y.to(self.dtype) @ self.w_out
+        return out if self.b_out is None else out + self.b_out
+
+
 class Mamba2(CausalLM):
     family = "mamba2"
 
@@ -401,8 +457,8 @@ class Mamba2(CausalLM):
         self.cfg = cfg
         self._dtype = dtype
         self.max_context = max_context or DEFAULT_CAPACITY
-        Dm, H, P, I, Cd, K = cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.d_inner, cfg.conv_dim, cfg.conv_kernel
-        get = _tensor_getter(sd)
+        Dm = cfg.hidden_size
+        get = tensor_getter(sd, "Mamba-2")
         emb = get("backbone.embeddings.weight")
         V = emb.shape[0]  # the tensor, not the config: mamba_ssm pads the rows (reference/models.md §2.2)
         if emb.dim() != 2 or emb.shape[1] != Dm or V < cfg.vocab_size:
@@ -411,26 +467,8 @@ class Mamba2(CausalLM):
         lm = None if cfg.tie_word_embeddings else sd.get("lm_head.weight")
         self.lm_head_t = as_t(emb if lm is None else get("lm_head.weight", (V, Dm)), dtype)  # (D, V)
         self.norm_f = get("backbone.norm_f.weight", (Dm,)).to(dtype)
-        self.layers = []
-        for i in range(cfg.num_layers):
-            m = f"backbone.layers.{i}.mixer."
-            D = get(m + "D").float()
-            if D.numel() not in (H, I):  # (H,) or mamba_ssm's D_has_hdim (H*P,)
-                raise ModelLoadError(f"tensor {m}D has shape {tuple(D.shape)}, config implies ({H},)")
-            layer = {
-                "norm": get(f"backbone.layers.{i}.norm.weight", (Dm,)).to(dtype),
-                "w_in": as_t(get(m + "in_proj.weight", (I + Cd + H, Dm)), dtype),  # (D, I + C + H): z | xBC | dt
-                "b_in": get(m + "in_proj.bias", (I + Cd + H,)).to(dtype) if cfg.use_bias else None,
-                "conv_w": get(m + "conv1d.weight", (Cd, 1, K))[:, 0].t().to(dtype).contiguous(),  # (K, C), oldest tap first
-                "conv_b": get(m + "conv1d.bias", (Cd,)).to(dtype) if cfg.use_conv_bias else None,
-                "dt_bias": get(m + "dt_bias", (H,)).float(),
-                "A": -torch.exp(get(m + "A_log", (H,)).float()),  # (H,) scalar per head, < 0
-                "D": D.reshape(H, -1).expand(H, P).contiguous(),  # (H, P)
-                "gate_norm": get(m + "norm.weight", (I,)).float(),
-                "w_out": as_t(get(m + "out_proj.weight", (Dm, I)), dtype),
-                "b_out": get(m + "out_proj.bias", (Dm,)).to(dtype) if cfg.use_bias else None,
-            }
-            self.layers.append(layer)
+        self.layers = [(get(f"backbone.layers.{i}.norm.weight", (Dm,)).to(dtype), Mamba2Mixer(cfg, get, f"backbone.layers.{i}.mixer.", dtype))
+                       for i in range(cfg.num_layers)]
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg
@@ -438,8 +476,7 @@ class Mamba2(CausalLM):
                 "state": c.state_size, "groups": c.n_groups, "vocab": self.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
 
     def new_cache(self, capacity: int) -> SSMCache:
-        c = self.cfg
-        return SSMCache(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, self._dtype)
+        return SSMCache.for_config(self.cfg, capacity, self._dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden.to(self._dtype) @ self.lm_head_t  # (T, V)
@@ -450,9 +487,8 @@ class Mamba2(CausalLM):
         anc, conv_idx = cache.add_nodes(parents)
         try:
             x = self.embed[torch.as_tensor(tokens, dtype=torch.long)].float()  # (T, D) residual stream, fp32
-            for i, L in enumerate(self.layers):
-                h = rms_norm(x.to(self._dtype), L["norm"], self.cfg.norm_eps)
-                x = x + self._mixer(i, L, h, anc, conv_idx)
+            for i, (norm, mixer) in enumerate(self.layers):
+                x = x + mixer(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache, i, anc, conv_idx)
         except BaseException:
             cache.clear_scratch()  # never leave half-stored activations behind
             raise
@@ -460,38 +496,13 @@ class Mamba2(CausalLM):
             return None
         return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
 
-    def _mixer(self, i: int, L: dict[str, Any], h: torch.Tensor, anc: torch.Tensor, conv_idx: torch.Tensor) -> torch.Tensor:
-        c, cache = self.cfg, self.cache
-        T = h.shape[0]
-        H, P, G, N, I = c.num_heads, c.head_dim, c.n_groups, c.state_size, c.d_inner
-        zxbcdt = h @ L["w_in"]
-        if L["b_in"] is not None:
-            zxbcdt = zxbcdt + L["b_in"]
-        z, xbc, dt = zxbcdt.split([I, c.conv_dim, H], dim=-1)
-        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
-        old = cache.acts[i]
-        bank = torch.cat([cache.conv[i].t(), xbc] if old is None else [cache.conv[i].t(), old.xbc, xbc])  # (K-1+S, C)
-        conv = (bank[conv_idx] * L["conv_w"]).sum(1)  # (T, K, C) -> (T, C)
-        if L["conv_b"] is not None:
-            conv = conv + L["conv_b"]
-        xs, B, C = F.silu(conv).float().split([I, G * N, G * N], dim=-1)
-        xs, B, C = xs.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
-        dt = F.softplus(dt.float() + L["dt_bias"]).clamp(*c.dt_limit)  # (T, H)
-        a = cache.store(i, _Acts(xbc, xs, B, dt, dt * L["A"]))
-        y = tree_scan(C, a.x, a.B, a.dt, a.la, anc, cache.ssm[i]) + L["D"] * xs  # (T, H, P)
-        # Gated RMSNorm (gate before norm, per group of I/G channels), fp32 as transformers does.
-        y = y.reshape(T, I) * F.silu(z.float())
-        yg = y.view(T, G, I // G)
-        y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + c.gate_norm_eps)).view(T, I) * L["gate_norm"]
-        out = y.to(self._dtype) @ L["w_out"]
-        return out if L["b_out"] is None else out + L["b_out"]
 
-
-def _tensor_getter(sd: dict[str, torch.Tensor]):
+def tensor_getter(sd: dict[str, torch.Tensor], family: str):
+    """get(name, shape=None): the tensor, or a ModelLoadError naming what is missing or misshapen."""
     def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
         t = sd.get(name)
         if t is None:
-            raise ModelLoadError(f"Mamba-2 checkpoint lacks tensor {name!r} (not a mamba2 checkpoint, or incomplete)")
+            raise ModelLoadError(f"{family} checkpoint lacks tensor {name!r} (not a {family} checkpoint, or incomplete)")
         if shape is not None and tuple(t.shape) != shape:
             raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")
         return t
