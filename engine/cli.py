@@ -73,6 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--compare", default=None, metavar="PEERS", help="transformers (plain generate() and prompt lookup)")
     bench.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up generations excluded from timing")
     bench.add_argument("--json", action="store_true")
+    bench.add_argument("--tree-scaling", action="store_true",
+                       help="verify time/memory of stree vs unrolled on binary trees, and per-step cost of the backtrack modes; "
+                            "--target may be a config.json (random weights, timing only)")
 
     models = sub.add_parser("models", help="registry entries and whether each is available locally")
     models.add_argument("--models", metavar="FILE")
@@ -92,6 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_chat(args)
         if args.cmd == "generate":
             return cmd_generate(args)
+        if args.cmd == "bench" and args.tree_scaling:
+            from .bench_ssm import cmd_tree_scaling
+
+            return cmd_tree_scaling(args)
         if args.cmd == "bench":
             from .bench import cmd_bench
 

@@ -135,3 +135,18 @@ def test_samples_distribution_matches_plain_sampling(extra, tiny, capsys):
     a = [tuple(s["token_ids"]) for s in ref["samples"]]
     b = [tuple(s["token_ids"]) for s in got["samples"]]
     assert _two_sample_p(a, b) > 1e-3
+
+
+def test_bench_tree_scaling_json_contract(tmp_path, capsys):
+    """`bench --tree-scaling` on a config.json alone (random weights): the issue-3 JSON shape."""
+    cfg = tmp_path / "tiny-mamba2.json"
+    cfg.write_text(json.dumps({"model_type": "mamba2", "vocab_size": 96, "hidden_size": 32, "num_hidden_layers": 1, "num_heads": 4,
+                               "head_dim": 16, "state_size": 8, "n_groups": 1, "expand": 2, "conv_kernel": 4}))
+    res = run_json(capsys, "bench", "--tree-scaling", "--target", str(cfg), "--json")
+    assert "random weights" in res["target"]
+    got = {(r["mode"], r["nodes"]) for r in res["rows"]}
+    assert got == {(m, n) for m in ("stree", "unrolled") for n in (15, 31, 63)}
+    assert all(r["ms"] > 0 and r["peak_mem_mb"] >= 0 for r in res["rows"])
+    unrolled63 = next(r for r in res["rows"] if r["mode"] == "unrolled" and r["nodes"] == 63)
+    assert unrolled63["rows"] == 1 + 32 * 6  # 32 leaves x 6-node paths, tokens repeated
+    assert [r["mode"] for r in res["backtrack"]] == ["ar", "replay", "joint", "recompute"]

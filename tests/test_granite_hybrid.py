@@ -5,6 +5,7 @@ compaction), rollback, the decode loop, and config validation (STYLE.md item 6).
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
@@ -285,3 +286,13 @@ def test_missing_or_misshapen_tensors_raise(pair):
     cut[f"model.layers.{a}.shared_mlp.input_linear.weight"] = sd[f"model.layers.{a}.shared_mlp.input_linear.weight"][:-1]
     with pytest.raises(ModelLoadError, match="input_linear"):
         GraniteHybrid(ours.cfg, cut)
+
+
+def test_bf16_error_is_that_of_transformers_in_bf16(pair):
+    hf, path, ours = pair
+    low = GraniteHybrid(ours.cfg, read_state_dict(path), dtype=torch.bfloat16)
+    ref, got = hf_logits(hf, IDS), low.full_logits(IDS).float()
+    hf_err = (hf_logits(copy.deepcopy(hf).to(torch.bfloat16), IDS).float() - ref).abs().max().item()
+    err = (got - ref).abs().max().item()
+    print(f"bf16 max |dlogit| ours {err:.3f}, transformers {hf_err:.3f}")
+    assert got.isfinite().all() and err <= 2 * hf_err

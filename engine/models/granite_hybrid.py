@@ -66,8 +66,8 @@ class GraniteHybridConfig:
     @classmethod
     def from_hf(cls, cfg: dict[str, Any], where: str = "config.json") -> "GraniteHybridConfig":
         """transformers' GraniteMoeHybridConfig keys; a missing optional key takes its default there."""
-        experts = cfg.get("num_local_experts", 8) or 0  # transformers' default is 8 experts
-        if experts > 0:
+        experts = cfg.get("num_local_experts", 8)  # absent = transformers' default, 8 experts
+        if experts:
             raise ModelLoadError(f"{where}: num_local_experts is {experts}: MoE variants are not supported (dense granite-4.0-h only)")
         act = cfg.get("hidden_act", "silu")
         if act not in ("silu", "swish"):
@@ -80,6 +80,9 @@ class GraniteHybridConfig:
         pos = cfg.get("position_embedding_type")
         if pos not in (None, "nope", "rope"):
             raise ModelLoadError(f"{where}: position_embedding_type {pos!r} is not supported (nope or rope)")
+        rope = rope_params(cfg) if pos == "rope" else None
+        if rope is not None and float(rope["partial_rotary_factor"]) != 1.0:
+            raise ModelLoadError(f"{where}: partial rotary embeddings are not supported for granitemoehybrid")
         hidden = config_int(cfg, "hidden_size", where)
         heads = config_int(cfg, "num_attention_heads", where)
         kv = config_int(cfg, "num_key_value_heads", where, heads)
@@ -87,7 +90,7 @@ class GraniteHybridConfig:
             raise ModelLoadError(f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
         m_heads = config_int(cfg, "mamba_n_heads", where, 128)
         m_inner = config_int(cfg, "mamba_expand", where, 2) * hidden
-        m_head_dim = m_inner // m_heads if cfg.get("mamba_d_head", "auto") == "auto" else config_int(cfg, "mamba_d_head", where)
+        m_head_dim = m_inner // m_heads if cfg.get("mamba_d_head") in (None, "auto") else config_int(cfg, "mamba_d_head", where)
         if m_heads * m_head_dim != m_inner:
             raise ModelLoadError(f"{where}: mamba_expand*hidden_size ({m_inner}) must equal mamba_n_heads*mamba_d_head ({m_heads * m_head_dim})")
         eps = float(require(cfg, "rms_norm_eps", where)) if "rms_norm_eps" in cfg else 1e-6
@@ -117,7 +120,7 @@ class GraniteHybridConfig:
             attention_bias=bool(cfg.get("attention_bias", False)),
             tie_word_embeddings=tie,
             max_position_embeddings=config_int(cfg, "max_position_embeddings", where, 2048),
-            rope=rope_params(cfg) if pos == "rope" else None,
+            rope=rope,
         )
 
 

@@ -1,0 +1,164 @@
+"""`specchat bench --tree-scaling`: the verify-side measurements of STree Table 1 and Snakes and
+Ladders Table 3 on this machine.
+
+1. Full binary trees of 15, 31 and 63 nodes: time and peak memory of one verify pass in
+   ``stree`` mode (the packed tree, shared prefixes computed once) vs ``unrolled`` (every
+   root-to-leaf path as its own chain, tokens repeated).
+2. One draft of 6 tokens, all accepted: ms per step of ``ar`` (one token per step) and of the
+   backtrack modes ``replay`` / ``joint`` / ``recompute`` (verify 7 rows + advancing the state).
+
+Timings do not depend on weight values, so ``--target`` may be a bare config.json (or a directory
+with only config.json): the model then gets random weights (built through transformers'
+``from_config`` so names and shapes are exactly a checkpoint's), labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import SpecchatError
+from .generate import unroll
+
+SIZES = (15, 31, 63)
+
+
+def binary_tree(nodes: int) -> list[int]:
+    """Parents of a full binary tree of ``nodes`` draft nodes in BFS order (-1 = child of the root
+    token); with the root it is the STree paper's 2^d - 1 node layout."""
+    parents = []
+    for i in range(nodes):
+        parents.append(-1 if i < 2 else (i - 2) // 2)
+    return parents
+
+
+def random_model(config_path: Path, dtype: torch.dtype):
+    """A model of our own from a config.json with random weights (timing only)."""
+    from .loading import build, read_config
+
+    cfg_dir = config_path if config_path.is_dir() else config_path.parent
+    cfg = read_config(cfg_dir) if config_path.is_dir() else json.loads(config_path.read_text())
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError:
+        raise SpecchatError("random-weight timing models need transformers (pip install transformers)") from None
+    hf_cfg = AutoConfig.for_model(**cfg) if "model_type" in cfg else None
+    if hf_cfg is None:
+        raise SpecchatError(f"{config_path}: config needs a model_type for random weights")
+    torch.manual_seed(0)
+    sd = AutoModelForCausalLM.from_config(hf_cfg).state_dict()
+    return build(cfg, sd, dtype, 4096, str(config_path))
+
+
+def peak_alloc_mb(fn) -> float:
+    """Peak bytes live at once among the tensors ``fn`` allocates (torch profiler allocation events,
+    replayed in time order). RSS cannot show this: the CPU allocator reuses pages it already has."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+    live = peak = 0
+    for e in events:  # an op's figure includes its children's: count each allocation once
+        live += e.cpu_memory_usage - sum(c.cpu_memory_usage for c in e.cpu_children)
+        peak = max(peak, live)
+    return peak / 2**20
+
+
+def _time(fn, repeats: int) -> float:
+    fn()  # warm-up
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+    return statistics.median(samples)
+
+
+def tree_scaling(model, repeats: int = 5, prefix: int = 64) -> list[dict[str, Any]]:
+    """STree Table 1 analogue: one verify pass over full binary trees, stree vs unrolled."""
+    g = torch.Generator().manual_seed(0)
+    V = model.vocab_size
+    model.allocate()
+    model.prefill(torch.randint(0, V, (prefix,), generator=g).tolist())
+    rows = []
+    for n in SIZES:
+        parents = [-1] + [p + 1 for p in binary_tree(n)]
+        tokens = torch.randint(0, V, (n + 1,), generator=g).tolist()
+        u_tokens, u_parents, _ = unroll(tokens, parents)
+        for mode, (tk, pa) in (("stree", (tokens, parents)), ("unrolled", (u_tokens, u_parents))):
+            ms = _time(lambda: model.verify(tk, pa), repeats)
+            mem = peak_alloc_mb(lambda: model.verify(tk, pa))
+            rows.append({"mode": mode, "nodes": n, "rows": len(tk), "ms": round(ms, 2), "peak_mem_mb": round(mem, 1)})
+    model.cache.clear_scratch()
+    return rows
+
+
+def backtrack_steps(model, draft: int = 6, repeats: int = 7, prefix: int = 64) -> list[dict[str, Any]]:
+    """Snakes and Ladders Table 3 analogue: steady-state ms per step with one fully accepted draft
+    of ``draft`` tokens, for each way of advancing the state, against one plain decoding step."""
+    from .generate import Decoder
+    from .strategy import preset
+    from .tree import TokenTree
+
+    g = torch.Generator().manual_seed(1)
+    V = model.vocab_size
+    base = torch.randint(0, V, (prefix,), generator=g).tolist()
+    chain = torch.randint(0, V, (draft + 1,), generator=g).tolist()
+    tree = TokenTree.chain(chain[:draft])
+    dec = Decoder(model)
+    rows = []
+    for name in ("ar", "replay", "joint", "recompute"):
+        s = preset("sd", draft_len=draft, backtrack=name if name != "ar" else "replay")
+        dec.start(base)
+        times = []
+        for _ in range(repeats + 1):  # the first step is warm-up (and, for joint, has nothing to prepend)
+            t0 = time.perf_counter()
+            if name == "ar":
+                model.verify([dec.history[-1]], [-1])
+                model.commit([0])
+                dec.history.append(chain[0])
+            else:
+                _, commit = dec._verify_pass(s, tree, dec.history[-1])
+                commit(list(range(draft + 1)))  # every draft token accepted
+                dec.history.extend(chain)
+            times.append((time.perf_counter() - t0) * 1000.0)
+        ms = statistics.median(times[1:])
+        tokens = 1 if name == "ar" else draft + 1
+        rows.append({"mode": name, "draft": 0 if name == "ar" else draft, "tokens_per_step": tokens, "ms_per_step": round(ms, 2)})
+    return rows
+
+
+def cmd_tree_scaling(args: argparse.Namespace) -> int:
+    from .loading import load, parse_dtype
+
+    dtype = parse_dtype(args.dtype)
+    ref = Path(args.target) if args.target else None
+    if ref is not None and (ref.suffix == ".json" or (ref.is_dir() and not any(ref.glob("*.safetensors")) and not any(ref.glob("*.bin")))):
+        model, label = random_model(ref, dtype), f"{ref} (random weights, timing only)"
+    else:
+        loaded = load(args.target or "smollm2-135m-instruct", dtype=dtype, max_context=4096)
+        model, label = loaded.model, loaded.description
+    scaling = tree_scaling(model)
+    steps = backtrack_steps(model)
+    if args.json:
+        print(json.dumps({"target": label, "rows": scaling, "backtrack": steps}))
+        return 0
+    print(f"target: {label}; {torch.get_num_threads()} threads, dtype {str(dtype).replace('torch.', '')}")
+    print(f"{'mode':<10} {'nodes':>5} {'rows':>5} {'ms':>9} {'peak MB':>8}")
+    for r in scaling:
+        print(f"{r['mode']:<10} {r['nodes']:>5} {r['rows']:>5} {r['ms']:>9.2f} {r['peak_mem_mb']:>8.1f}")
+    for n in SIZES:
+        a = next(r for r in scaling if r["mode"] == "stree" and r["nodes"] == n)
+        b = next(r for r in scaling if r["mode"] == "unrolled" and r["nodes"] == n)
+        print(f"  {n} nodes: stree is {b['ms'] / a['ms']:.2f}x faster than unrolled")
+    print(f"\n{'backtrack':<10} {'tokens/step':>11} {'ms/step':>9} {'ms/token':>9}")
+    for r in steps:
+        print(f"{r['mode']:<10} {r['tokens_per_step']:>11} {r['ms_per_step']:>9.2f} {r['ms_per_step'] / r['tokens_per_step']:>9.2f}")
+    return 0
