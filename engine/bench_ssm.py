@@ -30,10 +30,10 @@ SIZES = (15, 31, 63)
 
 
 def binary_tree(nodes: int) -> list[int]:
-    """Parents of a full binary tree of ``nodes`` draft nodes in BFS order (-1 = child of the root
-    token); with the root it is the STree paper's 2^d - 1 node layout."""
+    """Parents of the draft nodes of a full binary tree of ``nodes`` nodes counting the root token
+    (STree Table 1's 2^d - 1 layout), in BFS order; -1 = child of the root."""
     parents = []
-    for i in range(nodes):
+    for i in range(nodes - 1):
         parents.append(-1 if i < 2 else (i - 2) // 2)
     return parents
 
@@ -90,7 +90,7 @@ def tree_scaling(model, repeats: int = 5, prefix: int = 64) -> list[dict[str, An
     rows = []
     for n in SIZES:
         parents = [-1] + [p + 1 for p in binary_tree(n)]
-        tokens = torch.randint(0, V, (n + 1,), generator=g).tolist()
+        tokens = torch.randint(0, V, (n,), generator=g).tolist()
         u_tokens, u_parents, _ = unroll(tokens, parents)
         for mode, (tk, pa) in (("stree", (tokens, parents)), ("unrolled", (u_tokens, u_parents))):
             ms = _time(lambda: model.verify(tk, pa), repeats)

@@ -148,5 +148,7 @@ def test_bench_tree_scaling_json_contract(tmp_path, capsys):
     assert got == {(m, n) for m in ("stree", "unrolled") for n in (15, 31, 63)}
     assert all(r["ms"] > 0 and r["peak_mem_mb"] >= 0 for r in res["rows"])
     unrolled63 = next(r for r in res["rows"] if r["mode"] == "unrolled" and r["nodes"] == 63)
-    assert unrolled63["rows"] == 1 + 32 * 6  # 32 leaves x 6-node paths, tokens repeated
+    assert unrolled63["rows"] == 1 + 32 * 5  # root + 32 leaves x 5-node paths, tokens repeated
+    stree63 = next(r for r in res["rows"] if r["mode"] == "stree" and r["nodes"] == 63)
+    assert stree63["rows"] == 63
     assert [r["mode"] for r in res["backtrack"]] == ["ar", "replay", "joint", "recompute"]

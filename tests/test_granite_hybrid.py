@@ -184,6 +184,27 @@ def test_commit_rejects_rows_that_are_not_a_chain(pair):
     assert ours.cache.ssm.length == ours.cache.kv.length == 5  # neither side moved
 
 
+@pytest.mark.parametrize("kind", ["mamba", "attention"])
+def test_layouts_of_one_kind(kind, tmp_path):
+    """transformers' default layout is all Mamba; all attention leaves the SSM cache with no layers."""
+    SPECS[kind] = dict(SPECS["nope"], layer_types=[kind] * 4)
+    try:
+        hf = hf_granite(kind)
+    finally:
+        del SPECS[kind]
+    hf.save_pretrained(tmp_path)
+    ours = GraniteHybrid(GraniteHybridConfig.from_hf(read_config(tmp_path), str(tmp_path)), read_state_dict(tmp_path))
+    assert (ours.full_logits(IDS) - hf_logits(hf, IDS)).abs().max().item() <= TOL
+    ours.allocate()
+    tokens, parents = random_tree(random.Random(3), 10)
+    got = fresh(ours, IDS[:10]).verify(tokens, parents)
+    rows = path_rows(parents, len(tokens) - 1)
+    ours.commit(rows)
+    seq = IDS[:10] + [tokens[r] for r in rows]
+    assert (got[rows[-1]] - hf_logits(hf, seq)[-1]).abs().max().item() <= TOL
+    assert (ours.verify([5], [-1])[0] - hf_logits(hf, seq + [5])[-1]).abs().max().item() <= TOL
+
+
 # ---- rollback ---------------------------------------------------------------------------------------------
 def test_rollback_only_where_the_recurrent_state_can_go(pair):
     hf, _, ours = pair
