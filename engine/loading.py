@@ -24,11 +24,12 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def _families() -> dict[str, tuple[Any, Any]]:
-    from .models import gpt_neox, llama, mamba, mamba2
+    from .models import gpt_neox, granite_hybrid, llama, mamba, mamba2
 
     fam: dict[str, tuple[Any, Any]] = {}
     for mod, cfg_cls, model_cls in ((llama, llama.LlamaConfig, llama.Llama), (gpt_neox, gpt_neox.GPTNeoXConfig, gpt_neox.GPTNeoX),
-                                    (mamba, mamba.MambaConfig, mamba.Mamba), (mamba2, mamba2.Mamba2Config, mamba2.Mamba2)):
+                                    (mamba, mamba.MambaConfig, mamba.Mamba), (mamba2, mamba2.Mamba2Config, mamba2.Mamba2),
+                                    (granite_hybrid, granite_hybrid.GraniteHybridConfig, granite_hybrid.GraniteHybrid)):
         for mt in mod.MODEL_TYPES:
             fam[mt] = (cfg_cls, model_cls)
     return fam
@@ -99,8 +100,14 @@ def _hub_cached(repo_id: str, revision: str | None) -> Path | None:
     return p if (p / "config.json").exists() or list(p.glob("*.gguf")) else None
 
 
+DEFAULT_CONTEXT = 8192  # KV rows are allocated up front: a 128k-context model would take GBs
+
+
 def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry | None = None,
          max_context: int | None = None, need_tokenizer: bool = False) -> Loaded:
+    """Load REF. The context is the model's own limit, capped at DEFAULT_CONTEXT unless
+    ``max_context`` asks for more (or less)."""
+    max_context = max_context or DEFAULT_CONTEXT
     name, path = resolve(ref, registry)
     dt = parse_dtype(dtype)
     if path.is_file():

@@ -36,11 +36,11 @@ SPECS = {
 }
 
 
-def hf_granite(kind: str, seed: int = 0):
+def hf_granite(spec: dict, seed: int = 0):
     from transformers import GraniteMoeHybridConfig, GraniteMoeHybridForCausalLM
 
     torch.manual_seed(seed)
-    m = GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**SPECS[kind])).eval()
+    m = GraniteMoeHybridForCausalLM(GraniteMoeHybridConfig(**spec)).eval()
     # Random init gives near-uniform logits, near-uniform attention and near-1 decays; give the
     # tests power: sharper weights (q/k more so, or attention would just average), per-step decays
     # exp(dt·A) over ~[0.1, 0.98], non-trivial D and norms, a final norm that undoes logits_scaling.
@@ -66,7 +66,7 @@ def hf_granite(kind: str, seed: int = 0):
 def pair(request, tmp_path_factory):
     """(transformers model, its save_pretrained directory, our model loaded from that directory)."""
     path = tmp_path_factory.mktemp(f"granite-{request.param}")
-    hf = hf_granite(request.param)
+    hf = hf_granite(SPECS[request.param])
     hf.save_pretrained(path)
     ours = GraniteHybrid(GraniteHybridConfig.from_hf(read_config(path), str(path)), read_state_dict(path))
     ours.allocate()
@@ -187,11 +187,7 @@ def test_commit_rejects_rows_that_are_not_a_chain(pair):
 @pytest.mark.parametrize("kind", ["mamba", "attention"])
 def test_layouts_of_one_kind(kind, tmp_path):
     """transformers' default layout is all Mamba; all attention leaves the SSM cache with no layers."""
-    SPECS[kind] = dict(SPECS["nope"], layer_types=[kind] * 4)
-    try:
-        hf = hf_granite(kind)
-    finally:
-        del SPECS[kind]
+    hf = hf_granite(dict(SPECS["nope"], layer_types=[kind] * 4))
     hf.save_pretrained(tmp_path)
     ours = GraniteHybrid(GraniteHybridConfig.from_hf(read_config(tmp_path), str(tmp_path)), read_state_dict(tmp_path))
     assert (ours.full_logits(IDS) - hf_logits(hf, IDS)).abs().max().item() <= TOL
