@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -127,7 +128,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-            "prompts": n_prompts, "dtype": args.dtype or "fp32", "warmup": args.warmup}
+            "prompts": n_prompts, "dtype": args.dtype or "fp32", "warmup": args.warmup,
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads()}
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def _progress(msg: str) -> None:
@@ -135,7 +143,8 @@ def _progress(msg: str) -> None:
 
 
 def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
-    print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}")
+    print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}; "
+          f"{_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     print(f"{'strategy':<10} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'peak MB':>8} {'same as ar':>10}")
     for r in rows:
         same = "" if r.identical is None else ("yes" if r.identical else "NO")

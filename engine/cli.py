@@ -88,7 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["chat"] + argv
     args = build_parser().parse_args(argv)
+    from . import USER_OMP_WAIT_POLICY
     from .errors import SpecchatError
+
+    if args.cmd in ("generate", "bench") and USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules:
+        os.environ["OMP_WAIT_POLICY"] = "ACTIVE"  # headless: nothing competes for the cores (engine/__init__.py)
 
     try:
         if args.cmd == "chat":
