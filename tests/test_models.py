@@ -11,7 +11,7 @@ from engine.tree import TokenTree
 
 from .tiny import TINY, hf_model, saved
 
-FAMILIES = [k for k in TINY if k not in ("draft", "long", "mamba", "mamba2")]  # SSMs: tests/test_mamba*.py
+FAMILIES = [k for k in TINY if k not in ("draft", "long", "mamba", "mamba2", "granite")]  # SSMs: tests/test_mamba*.py
 
 
 @pytest.fixture(scope="module")

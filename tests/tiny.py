@@ -41,6 +41,12 @@ TINY = {
                    state_size=16, n_groups=1, expand=2, conv_kernel=4, tie_word_embeddings=False),
     "mamba": dict(model_type="mamba", vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                   conv_kernel=4, tie_word_embeddings=False),
+    "granite": dict(model_type="granitemoehybrid", vocab_size=96, hidden_size=64, intermediate_size=128,
+                    shared_intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                    num_local_experts=0, mamba_n_heads=8, mamba_d_head=16, mamba_d_state=16, mamba_n_groups=1,
+                    mamba_d_conv=4, mamba_expand=2, layer_types=["mamba", "attention", "mamba", "attention"],
+                    embedding_multiplier=12.0, attention_multiplier=1 / 16, residual_multiplier=0.3, logits_scaling=0.4,
+                    position_embedding_type="nope", tie_word_embeddings=False, max_position_embeddings=512),
     # a long context, for tests that must not run out of room (Ctrl-C mid-generation)
     "long": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1_000_000),
