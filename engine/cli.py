@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="verify time/memory of stree vs unrolled on binary trees, and per-step cost of the backtrack modes; "
                             "--target may be a config.json (random weights, timing only)")
 
+    from .distill import add_parser as add_distill
+
+    add_distill(sub)
+
     models = sub.add_parser("models", help="registry entries and whether each is available locally")
     models.add_argument("--models", metavar="FILE")
     models.add_argument("--json", action="store_true")
@@ -91,7 +95,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import USER_OMP_WAIT_POLICY
     from .errors import SpecchatError
 
-    if args.cmd in ("generate", "bench") and USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules:
+    if args.cmd in ("generate", "bench", "distill") and USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules:
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"  # headless: nothing competes for the cores (engine/__init__.py)
 
     try:
@@ -109,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args)
         if args.cmd == "models":
             return cmd_models(args)
+        if args.cmd == "distill":
+            from .distill import cmd_distill
+
+            return cmd_distill(args)
         build_parser().print_help()
         return EXIT_ERROR
     except (SpecchatError, ValueError, OverflowError) as e:

@@ -1,0 +1,102 @@
+"""`specchat distill`: sequence-level distillation data from a target (mamba-drafters §3, App. A.3:
+drafters trained on the target's own responses).
+
+    specchat distill data --target REF --out DIR [--n N] [--max-new-tokens N] [--threads K]
+
+writes DIR/prompts.jsonl (the project's own prompt set, engine/distill_prompts.py) and appends one
+line per finished prompt to DIR/responses.jsonl — {"id", "kind", "prompt_ids", "response_ids",
+"text"} — so an interrupted run resumes where it stopped (finished ids are skipped). Replies are
+the target's greedy output, produced with a lossless speculative strategy (pld), so they are
+exactly what plain greedy decoding would give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(sub) -> None:
+    d = sub.add_parser("distill", help="distillation data (and, later, drafter training) from a target")
+    dsub = d.add_subparsers(dest="distill_cmd", required=True)
+    data = dsub.add_parser("data", help="sample the target's replies over the project's prompt set (resumable)")
+    data.add_argument("--target", default=None, metavar="REF")
+    data.add_argument("--models", default=None, metavar="FILE")
+    data.add_argument("--out", required=True, metavar="DIR")
+    data.add_argument("--n", type=int, default=3000, help="prompts in the set")
+    data.add_argument("--seed", type=int, default=0, help="prompt-set seed")
+    data.add_argument("--max-new-tokens", type=int, default=192)
+    data.add_argument("--threads", type=int, default=None, help="torch threads (leave a core free for other work)")
+    data.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
+    data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
+
+
+def cmd_distill(args: argparse.Namespace) -> int:
+    if args.distill_cmd == "data":
+        return cmd_data(args)
+    raise SystemExit(2)
+
+
+def _drop_partial_tail(path: Path) -> None:
+    """A kill mid-write leaves a last line without its newline: cut it so appends stay valid."""
+    if not path.exists():
+        return
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as f:
+            f.truncate(data.rfind(b"\n") + 1)
+
+
+def cmd_data(args: argparse.Namespace) -> int:
+    import torch
+
+    from .distill_prompts import make_prompts
+    from .generate import run_generation
+    from .session import ChatSession
+    from .strategy import preset
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts_path, resp_path = out / "prompts.jsonl", out / "responses.jsonl"
+    prompts = make_prompts(args.n, args.seed)
+    if not prompts_path.exists():
+        prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
+    done = set()
+    _drop_partial_tail(resp_path)
+    if resp_path.exists():
+        for line in resp_path.read_text().splitlines():
+            try:
+                done.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                pass  # a line cut by a kill: its prompt is simply redone
+    todo = [p for p in prompts if p["id"] not in done]
+    session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
+    tok = session.tokenizer
+    strategy = preset("pld")
+    t0, new_tokens, made = time.perf_counter(), 0, 0
+    with resp_path.open("a", encoding="utf-8") as f:
+        for i, p in enumerate(todo):
+            ids = session.encode_chat([{"role": "user", "content": p["text"]}])
+            session.decoder.reset()
+            events, summ = run_generation(session.decoder, ids, strategy, args.max_new_tokens)
+            resp = [t for e in events for t in e.emitted]
+            f.write(json.dumps({"id": p["id"], "kind": p["kind"], "prompt_ids": ids, "response_ids": resp,
+                                "text": tok.decode([t for t in resp if t not in tok.eos_ids])}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())  # a kill loses at most the reply being generated
+            new_tokens += len(resp)
+            made += 1
+            el = time.perf_counter() - t0
+            left = (len(todo) - i - 1) * el / made
+            print(f"\r[{len(done) + made}/{len(prompts)}] {new_tokens / el:5.1f} tok/s, ETA {left / 3600:4.1f} h ",
+                  end="", file=sys.stderr, flush=True)
+            if args.limit and made >= args.limit:
+                break
+    print(file=sys.stderr)
+    return 0
