@@ -33,11 +33,18 @@ def add_parser(sub) -> None:
     data.add_argument("--threads", type=int, default=None, help="torch threads (leave a core free for other work)")
     data.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
+    from .distill_train import add_parser as add_train
+
+    add_train(dsub)
 
 
 def cmd_distill(args: argparse.Namespace) -> int:
     if args.distill_cmd == "data":
         return cmd_data(args)
+    if args.distill_cmd == "train":
+        from .distill_train import cmd_train
+
+        return cmd_train(args)
     raise SystemExit(2)
 
 

@@ -28,3 +28,23 @@ def test_distill_data_resumes_without_duplicates(tmp_path, smollm2_gguf_path):
     assert main(["distill", "data", "--out", str(out), "--n", "6", "--max-new-tokens", "6"]) == 0
     ids = [json.loads(x)["id"] for x in (out / "responses.jsonl").read_text().splitlines()]
     assert sorted(ids) == [f"p0000{i}" for i in range(6)]
+
+
+def test_distill_train_resumes_and_saves_a_loadable_drafter(tmp_path, smollm2_gguf_path):
+    from engine.loading import load
+    from engine.models.mamba2 import Mamba2
+
+    data = tmp_path / "d"
+    assert main(["distill", "data", "--out", str(data), "--n", "4", "--max-new-tokens", "8"]) == 0
+    out = tmp_path / "drafter"
+    common = ["distill", "train", "--data", str(data), "--out", str(out), "--d-model", "64", "--layers", "1",
+              "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "64", "--save-every", "1", "--holdout", "0.25"]
+    assert main(common + ["--steps", "2"]) == 0
+    import torch
+
+    assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 2
+    assert main(common + ["--steps", "3"]) == 0  # resumes: one more step
+    assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 3
+    drafter = load(str(out))
+    assert isinstance(drafter.model, Mamba2) and drafter.tokenizer.vocab_size == 49152
+    assert json.loads((out / "distill.json").read_text())["steps"] == 3

@@ -1,0 +1,191 @@
+"""`specchat distill train`: train a small Mamba-2 drafter on a target's replies (mamba-drafters §3,
+App. A.3: external Mamba drafters trained on target-generated data).
+
+Training runs transformers' Mamba2ForCausalLM (its differentiable torch path; our model pages
+are inference-only) and saves an HF-format directory (config.json, model.safetensors,
+tokenizer) that `--drafter` loads through our own Mamba-2 page. The tied embedding starts as the
+target's embedding projected onto its top principal directions (PCA to ``d_model``), so the
+drafter begins in the target's token geometry instead of at random.
+
+Resumable: every ``--save-every`` steps (and on Ctrl-C) DIR/train_state.pt holds model,
+optimiser, step and data order; a new run with the same DIR continues. Tensors only, loaded with
+``torch.load(weights_only=True)``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+
+def add_parser(dsub) -> None:
+    t = dsub.add_parser("train", help="train a Mamba-2 drafter on distillation data (resumable)")
+    t.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
+    t.add_argument("--out", required=True, metavar="DIR")
+    t.add_argument("--target", default=None, metavar="REF", help="the target (embedding init, tokenizer)")
+    t.add_argument("--models", default=None, metavar="FILE")
+    t.add_argument("--d-model", type=int, default=384)
+    t.add_argument("--layers", type=int, default=4)
+    t.add_argument("--d-state", type=int, default=64)
+    t.add_argument("--head-dim", type=int, default=64)
+    t.add_argument("--seq-len", type=int, default=512, help="tokens per packed training row")
+    t.add_argument("--batch", type=int, default=8, help="rows per step")
+    t.add_argument("--steps", type=int, default=1000)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--save-every", type=int, default=50)
+    t.add_argument("--threads", type=int, default=None)
+    t.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    t.add_argument("--holdout", type=float, default=0.05, help="fraction of replies held out for the loss report")
+
+
+def load_sequences(data_dir: Path) -> list[tuple[list[int], int]]:
+    """(prompt + reply ids, index where the reply starts) per finished reply."""
+    seqs = []
+    for line in (data_dir / "responses.jsonl").read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut by a kill
+        if r.get("response_ids"):
+            seqs.append((r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"])))
+    return seqs
+
+
+def pack(seqs: list[tuple[list[int], int]], seq_len: int, pad: int):
+    """Pack sequences into rows of ``seq_len`` tokens; the loss covers reply tokens only (and the
+    last prompt token's prediction of the first reply token)."""
+    import torch
+
+    ids, mask = [], []
+    for toks, start in seqs:
+        ids.extend(toks)
+        mask.extend([0] * (start - 1) + [1] * (len(toks) - start + 1))
+    n = max(1, math.ceil(len(ids) / seq_len))
+    ids += [pad] * (n * seq_len - len(ids))
+    mask += [0] * (n * seq_len - len(mask))
+    return torch.tensor(ids).view(n, seq_len), torch.tensor(mask, dtype=torch.bool).view(n, seq_len)
+
+
+def pca_embedding(embed, d: int):
+    """Project the target's (V, D) embedding onto its top-``d`` principal directions, rescaled to
+    the initialiser's usual magnitude."""
+    import torch
+
+    E = embed.float()
+    E = E - E.mean(0, keepdim=True)
+    _, _, Vt = torch.linalg.svd(E[:: max(1, E.shape[0] // 8192)], full_matrices=False)  # directions from a subsample
+    P = E @ Vt[:d].T
+    return P * (0.02 / P.std())
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from .errors import SpecchatError
+    from .loading import load
+    from .registry import load_registry
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    data_dir, out = Path(args.data), Path(args.out)
+    if not (data_dir / "responses.jsonl").exists():
+        raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
+    out.mkdir(parents=True, exist_ok=True)
+    seqs = load_sequences(data_dir)
+    if len(seqs) < 2:
+        raise SpecchatError(f"{data_dir}: only {len(seqs)} replies; generate more data first")
+    n_hold = max(1, int(len(seqs) * args.holdout))
+    held, train = seqs[:n_hold], seqs[n_hold:]
+
+    target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
+    tok = target.tokenizer
+    V = target.model.vocab_size
+    heads = 2 * args.d_model // args.head_dim
+    cfg = Mamba2Config(vocab_size=V, hidden_size=args.d_model, num_hidden_layers=args.layers, state_size=args.d_state,
+                       head_dim=args.head_dim, num_heads=heads, n_groups=1, expand=2, conv_kernel=4, chunk_size=128,
+                       tie_word_embeddings=True, bos_token_id=tok.bos_id, eos_token_id=sorted(tok.eos_ids)[0] if tok.eos_ids else None,
+                       pad_token_id=tok.pad_id)
+    torch.manual_seed(0)
+    model = Mamba2ForCausalLM(cfg)
+    state_path = out / "train_state.pt"
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
+    step, order_seed = 0, 0
+    if state_path.exists():
+        st = torch.load(state_path, map_location="cpu", weights_only=True)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, order_seed = int(st["step"]), int(st["order_seed"])
+        print(f"resuming at step {step}", file=sys.stderr)
+    else:
+        with torch.no_grad():
+            model.get_input_embeddings().weight.copy_(pca_embedding(target.model.embed, args.d_model))
+    del target
+    model.to(device).train()
+    pad = tok.pad_id if tok.pad_id is not None else 0
+    X, M = pack(train, args.seq_len, pad)
+    Xh, Mh = pack(held, args.seq_len, pad)
+    g = torch.Generator().manual_seed(order_seed)
+    perm = torch.randperm(X.shape[0], generator=g)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"drafter: {n_params / 1e6:.1f}M params; {X.shape[0]} train rows x {args.seq_len} tokens, {Xh.shape[0]} held out; "
+          f"device {device}", file=sys.stderr)
+
+    def lr_at(s: int) -> float:
+        warm = max(1, args.steps // 20)
+        if s < warm:
+            return args.lr * (s + 1) / warm
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
+
+    def loss_of(x, m):
+        logits = model(x.to(device)).logits[:, :-1].float()
+        y = x[:, 1:].to(device)
+        keep = m[:, 1:].to(device)
+        return torch.nn.functional.cross_entropy(logits[keep], y[keep])
+
+    def save_state() -> None:
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "order_seed": order_seed},
+                   state_path.with_suffix(".tmp"))
+        state_path.with_suffix(".tmp").replace(state_path)
+
+    t0 = time.perf_counter()
+    try:
+        while step < args.steps:
+            i0 = (step * args.batch) % X.shape[0]
+            idx = perm[i0:i0 + args.batch]
+            if len(idx) < args.batch:  # next epoch: a new order
+                order_seed += 1
+                perm = torch.randperm(X.shape[0], generator=torch.Generator().manual_seed(order_seed))
+                idx = perm[: args.batch]
+            for group in opt.param_groups:
+                group["lr"] = lr_at(step)
+            loss = loss_of(X[idx], M[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            step += 1
+            el = time.perf_counter() - t0
+            print(f"\rstep {step}/{args.steps} loss {loss.item():.3f} lr {lr_at(step):.2e} {el / 60:.1f} min", end="", file=sys.stderr, flush=True)
+            if step % args.save_every == 0:
+                save_state()
+    except KeyboardInterrupt:
+        save_state()
+        print(f"\ninterrupted at step {step}; state saved to {state_path}", file=sys.stderr)
+        return 130
+    save_state()
+    model.eval()
+    with torch.no_grad():
+        held_loss = loss_of(Xh[:16], Mh[:16]).item()
+    print(f"\nheld-out loss {held_loss:.3f} (perplexity {math.exp(held_loss):.1f})", file=sys.stderr)
+    model.to("cpu").save_pretrained(out, safe_serialization=True)
+    tok.save(out)
+    (out / "distill.json").write_text(json.dumps({"data": str(data_dir), "replies": len(seqs), "steps": step, "held_out_loss": held_loss,
+                                                  "params": n_params, "args": {k: v for k, v in vars(args).items() if k != "func"}}, indent=1))
+    print(f"saved drafter to {out} (load it with --drafter {out})", file=sys.stderr)
+    return 0
