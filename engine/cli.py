@@ -81,6 +81,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_distill(sub)
 
+    dl = sub.add_parser("download", help="download a model (models.toml name or Hub id) into the Hugging Face cache")
+    dl.add_argument("ref", metavar="REF")
+    dl.add_argument("--models", metavar="FILE")
+    dl.add_argument("--revision", default=None)
+
     models = sub.add_parser("models", help="registry entries and whether each is available locally")
     models.add_argument("--models", metavar="FILE")
     models.add_argument("--json", action="store_true")
@@ -113,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_bench(args)
         if args.cmd == "models":
             return cmd_models(args)
+        if args.cmd == "download":
+            return cmd_download(args)
         if args.cmd == "distill":
             from .distill import cmd_distill
 
@@ -270,6 +277,21 @@ def cmd_chat(args: argparse.Namespace) -> int:
                                 dtype=args.dtype, max_context=args.max_context)
 
     run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens)
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    from .errors import SpecchatError
+    from .hub import download
+    from .loading import HUB_ID
+    from .registry import load_registry
+
+    entry = load_registry(args.models).get(args.ref)
+    repo = entry.hub_id if entry is not None else args.ref
+    if not repo or not HUB_ID.match(repo):
+        raise SpecchatError(f"{args.ref!r} is neither a models.toml name with a hub_id nor a Hub id (owner/name)")
+    path = download(repo, args.revision or (entry.revision if entry else None))
+    print(f"{repo} -> {path}")
     return 0
 
 

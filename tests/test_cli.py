@@ -152,3 +152,10 @@ def test_bench_tree_scaling_json_contract(tmp_path, capsys):
     stree63 = next(r for r in res["rows"] if r["mode"] == "stree" and r["nodes"] == 63)
     assert stree63["rows"] == 63
     assert [r["mode"] for r in res["backtrack"]] == ["ar", "replay", "joint", "recompute"]
+
+
+def test_download_offline_is_one_line_and_exit_2(tmp_path):
+    env = dict(os.environ, HF_ENDPOINT="http://127.0.0.1:9", HF_HOME=str(tmp_path), HF_HUB_ETAG_TIMEOUT="2", HF_HUB_DOWNLOAD_TIMEOUT="2")
+    r = subprocess.run([sys.executable, "-m", "engine.cli", "download", "some/model"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "cannot reach the Hugging Face Hub" in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
