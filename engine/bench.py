@@ -67,6 +67,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .cli import load_session, strategy_from_args
 
     session = load_session(args)
+    if args.ignore_eos:
+        session.decoder.eos_ids = set()
     prompts = load_prompts(args.prompts)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     if "ar" not in names:
@@ -165,7 +167,7 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
     else:
         model = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=dtype)
     model.eval()
-    eos = sorted(session.tokenizer.eos_ids) if session.tokenizer else None
+    eos = sorted(session.decoder.eos_ids) or None  # empty with --ignore-eos: same stopping rule as ours
     variants = [("ar", {}), ("pld", {"prompt_lookup_num_tokens": 10})]
     rows = []
 
@@ -174,7 +176,7 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=eos[0] if eos else None, **extra)
+                                 eos_token_id=eos, pad_token_id=eos[0] if eos else 0, **extra)
         return time.perf_counter() - t0, out[0, len(ids):].tolist()
 
     timed(encoded[0][1], 8, {})  # warm-up

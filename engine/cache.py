@@ -7,7 +7,8 @@ the committed state until ``commit(rows)`` moves the accepted nodes' K/V down in
 slots after the prefix; everything else is dropped.
 
 Verbs:  allocate (constructor) · extend_plan (place new scratch nodes) · commit(rows) ·
-        rollback(n) · reset()
+        rollback(n) · reset(). The scratch-tree bookkeeping (ScratchCache) is shared with the
+        recurrent-state caches of engine/ssm_cache.py.
 """
 
 from __future__ import annotations
@@ -17,23 +18,24 @@ from typing import Sequence
 import torch
 
 
-class KVCache:
-    """Preallocated K/V for every layer: k[layer] is (K, P, E) with P = capacity rows."""
+class ScratchCache:
+    """What every cache shares: the committed length and the scratch tree on top of it.
 
-    prefix_rollback = True  # any committed prefix can be kept (an SSM state cannot: it resets)
+    Scratch node i hangs off ``scratch_parents[i]`` (a scratch index; -1 = the end of the committed
+    prefix) at ``scratch_depth[i]`` (1 for children of the prefix); ``anc[i, j]`` says that node j
+    is node i or one of its ancestors (the tree mask, ALGORITHMS.md §1). KVCache and the recurrent
+    caches of engine/ssm_cache.py add their state and their commit/rollback rules.
+    """
 
-    def __init__(self, n_layers: int, n_kv: int, head_dim: int, capacity: int, dtype: torch.dtype, max_scratch: int = 512):
+    prefix_rollback = True  # any committed prefix can be kept (an SSM state cannot: see ssm_cache)
+
+    def __init__(self, capacity: int, max_scratch: int = 512):
         self.capacity = capacity
-        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim, dtype=dtype)
-        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim, dtype=dtype)
-        self.length = 0  # committed rows
         self.max_scratch = max_scratch
+        self.length = 0  # committed rows
         self.scratch_parents: list[int] = []  # parent scratch index per scratch node, -1 = prefix end
         self.scratch_depth: list[int] = []
-        # anc[i, j]: scratch node j is node i or an ancestor of it.
         self._anc = torch.zeros(max_scratch, max_scratch, dtype=torch.bool)
-        # Mask rows are cut from this buffer: True over the committed prefix, tree mask after it.
-        self._mask = torch.ones(max_scratch, capacity, dtype=torch.bool)
 
     # ---- sizes ----------------------------------------------------------------------------------
     @property
@@ -45,25 +47,23 @@ class KVCache:
         return self.capacity - self.length - self.scratch
 
     # ---- placing new nodes --------------------------------------------------------------------------
-    def extend_plan(self, parents: Sequence[int]) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+    @torch.inference_mode()  # the buffers may have been made inside it (CausalLM.full_logits allocates there)
+    def place(self, parents: Sequence[int]) -> int:
         """Append T scratch nodes with the given parents (scratch indices; -1 = after the prefix,
-        and a parent may be one of the nodes added in this same call, given in order).
-
-        Returns (start row, positions (T,), mask (T, start + T) or None when every new row may see
-        every row — the plain decoding case). Positions are length + depth - 1.
-        """
-        T = len(parents)
-        s0 = self.scratch
+        and a parent may be one of the nodes added in this same call, given in order): their
+        parents, depths and ancestor rows. Checks everything before changing anything; returns
+        the index of the first new node."""
+        T, s0 = len(parents), self.scratch
         if T == 0:
             raise ValueError("extend with no nodes")
         if s0 + T > self.max_scratch:
             raise ValueError(f"draft tree too large: {s0 + T} scratch nodes (limit {self.max_scratch})")
         if self.length + s0 + T > self.capacity:
             raise OverflowError("context full")
+        if any(not -1 <= p < s0 + i for i, p in enumerate(parents)):
+            raise ValueError("scratch parents must precede their children")
         for i, p in enumerate(parents):
             idx = s0 + i
-            if p >= idx:
-                raise ValueError("scratch parents must precede their children")
             if p >= 0:
                 self._anc[idx] = self._anc[p]
                 self.scratch_depth.append(self.scratch_depth[p] + 1)
@@ -71,7 +71,32 @@ class KVCache:
                 self._anc[idx].zero_()
                 self.scratch_depth.append(1)
             self._anc[idx, idx] = True
-            self.scratch_parents.append(p)
+            self.scratch_parents.append(int(p))
+        return s0
+
+    def clear_scratch(self) -> None:
+        self.scratch_parents.clear()
+        self.scratch_depth.clear()
+
+
+class KVCache(ScratchCache):
+    """Preallocated K/V for every layer: k[layer] is (K, P, E) with P = capacity rows."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, capacity: int, dtype: torch.dtype, max_scratch: int = 512):
+        super().__init__(capacity, max_scratch)
+        self.k = torch.zeros(n_layers, n_kv, capacity, head_dim, dtype=dtype)
+        self.v = torch.zeros(n_layers, n_kv, capacity, head_dim, dtype=dtype)
+        # Mask rows are cut from this buffer: True over the committed prefix, tree mask after it.
+        self._mask = torch.ones(max_scratch, capacity, dtype=torch.bool)
+
+    def extend_plan(self, parents: Sequence[int]) -> tuple[int, torch.Tensor, torch.Tensor | None]:
+        """Place T scratch nodes (``place``) and plan their forward.
+
+        Returns (start row, positions (T,), mask (T, start + T) or None when every new row may see
+        every row — the plain decoding case). Positions are length + depth - 1.
+        """
+        T = len(parents)
+        s0 = self.place(parents)
         start = self.length + s0
         depth = self.scratch_depth[s0:]
         positions = torch.tensor(depth, dtype=torch.long) + (self.length - 1)
@@ -99,10 +124,6 @@ class KVCache:
                 self.v[:, :, self.length:self.length + m] = self.v[:, :, src]
             self.length += m
         self.clear_scratch()
-
-    def clear_scratch(self) -> None:
-        self.scratch_parents.clear()
-        self.scratch_depth.clear()
 
     def rollback(self, length: int) -> None:
         """Forget committed tokens after ``length`` (e.g. regenerate, or a new prompt that shares

@@ -46,6 +46,7 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
+    p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (fixed-length runs)")
     p.add_argument("--prompt-ids", default=None, metavar="1,2,3", help="token ids in (checkpoints without a tokenizer)")
 
 
@@ -196,6 +197,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         raise ValueError("--samples must be >= 1")
     session = load_session(args)
+    if args.ignore_eos:
+        session.decoder.eos_ids = set()
     strategy = strategy_from_args(args, session.has_drafter)
     session.strategy = strategy
     ids = prompt_ids_from_args(args, session)

@@ -48,7 +48,7 @@ TINY = {
                     embedding_multiplier=12.0, attention_multiplier=1 / 16, residual_multiplier=0.3, logits_scaling=0.4,
                     position_embedding_type="nope", tie_word_embeddings=False, max_position_embeddings=512),
     # a long context, for tests that must not run out of room (Ctrl-C mid-generation)
-    "long": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    "long": dict(model_type="llama", vocab_size=260, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=1_000_000),
     # a different, smaller model with the same vocabulary: a drafter that is often wrong
     "draft": dict(model_type="llama", vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

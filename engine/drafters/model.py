@@ -1,12 +1,16 @@
-"""Model drafter: any engine model (same tokenizer as the target) drafts chains or static trees.
+"""Model drafter: any engine model (same tokenizer as the target) drafts chains or static trees,
+depth by depth, one forward per depth:
 
-Transformer drafters grow the tree depth by depth in one forward per depth, every node attending
-to the committed prefix and its ancestors (tree attention, ALGORITHMS.md §1; mamba-drafters §4.1
-describes the same per-depth batching for recurrent drafters, which [ssm] adds via fork/step).
+* transformer drafters extend a scratch tree in their cache, every node attending to the
+  committed prefix and its ancestors (tree attention, ALGORITHMS.md §1);
+* recurrent drafters (models with ``fork``: Mamba-1, Mamba-2, Granite-4.0-H) fork the committed
+  state into one row per node and step all rows of a depth in one batched pass, children copying
+  their parent's row (mamba-drafters §4.1, ALGORITHMS.md §4; engine/ssm_cache.DraftBatch).
 
 The drafter keeps its own cache in step with the conversation: on each ``propose`` it commits what
-the target accepted, reusing the K/V of draft nodes it already computed on the accepted path, and
-only runs the tokens it has not seen (usually just the target's correction/bonus token).
+the target accepted — a transformer reuses the K/V of draft nodes it already computed on the
+accepted path — and only runs the tokens it has not seen (usually just the target's
+correction/bonus token).
 """
 
 from __future__ import annotations
@@ -39,6 +43,11 @@ class ModelDrafter:
         self._scratch_tokens = []
         self._root_logits = None
 
+    @property
+    def recurrent(self) -> bool:
+        """Drafts by fork/step (a recurrent state) rather than by extending a scratch tree."""
+        return hasattr(self.model, "fork")
+
     # ---- keeping in step with the conversation --------------------------------------------------------
     @torch.inference_mode()
     def _sync(self, history: Sequence[int]) -> torch.Tensor:
@@ -54,11 +63,11 @@ class ModelDrafter:
         n = min(n, len(history) - 1)
         if n < len(self.seen):
             if n != cache.length and not getattr(cache, "prefix_rollback", False):
-                n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
-            cache.rollback(n)
+                n = _recurrent_rollback(cache, n)
+            else:
+                cache.rollback(n)
             del self.seen[n:]
-            self._scratch_tokens = []
-        else:
+        elif not self.recurrent:
             # Reuse draft nodes on the accepted path: their K/V are in scratch already.
             rows = _match_chain(cache.scratch_parents, self._scratch_tokens, history[n:len(history) - 1])
             cache.commit(rows)
@@ -70,7 +79,7 @@ class ModelDrafter:
             raise OverflowError("drafter context full")
         if len(rest) > 1:
             self.model.prefill(rest[:-1])
-        logits = self.model.extend([rest[-1]], [-1])[-1]
+        logits = self.model.verify([rest[-1]], [-1])[-1]
         cache.commit([0])
         self.seen = history
         self._root_logits = self._fit_vocab(logits)
@@ -90,34 +99,43 @@ class ModelDrafter:
     # ---- drafting ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
+        """A tree of ``req.shape`` grown depth by depth: every node of depth d gets up to N_(d+1)
+        children chosen from its logits, then one forward over all new nodes gives theirs."""
         root_logits = self._sync(history)
         cache = self.model.cache
         tokens: list[int] = []
         parents: list[int] = []
         q_rows: dict[int, torch.Tensor] = {}
-        # frontier: (tree node index or -1 for the root, logits predicting its children, scratch row)
-        frontier: list[tuple[int, torch.Tensor, int]] = [(-1, root_logits, -1)]
+        frontier: list[int] = [-1]  # tree nodes of the current depth (-1 = the root)
+        logits = root_logits[None]  # (F, V): row f predicts the children of frontier[f]
         budget = min(req.max_nodes, cache.capacity - cache.length - 1)
+        batch = None  # recurrent drafters: the DraftBatch whose row f is frontier[f]'s state
+        srows: list[int] = [-1]  # transformer drafters: the scratch row of each frontier node
         for d, width in enumerate(req.shape):
-            new: list[tuple[int, int]] = []  # (tree node, parent's scratch row)
-            for node, logits, srow in frontier:
+            new: list[int] = []  # the frontier index of each new node's parent
+            for f, node in enumerate(frontier):
                 n = min(width, budget - len(tokens))
                 if n <= 0:
                     break
-                toks, q = self._choose(logits, n, d, req)
+                toks, q = self._choose(logits[f], n, d, req)
                 if q is not None:
                     q_rows[node + 1] = q
-                for t in toks:
-                    tokens.append(t)
-                    parents.append(node)
-                    new.append((len(tokens) - 1, srow))
+                tokens.extend(toks)
+                parents.extend([node] * len(toks))
+                new.extend([f] * len(toks))
             if not new or d == len(req.shape) - 1 or len(tokens) >= budget:
                 break
-            s0 = cache.scratch
-            out = self.model.extend([tokens[i] for i, _ in new], [p for _, p in new])
-            self._scratch_tokens.extend(tokens[i] for i, _ in new)
-            out = self._fit_vocab(out)
-            frontier = [(i, out[j], s0 + j) for j, (i, _) in enumerate(new)]
+            new_tokens = tokens[len(tokens) - len(new):]
+            if self.recurrent:
+                batch = self._fork(batch, new)
+                out = batch.step(torch.tensor(new_tokens, dtype=torch.long))
+            else:
+                s0 = cache.scratch
+                out = self.model.extend(new_tokens, [srows[f] for f in new])
+                self._scratch_tokens.extend(new_tokens)
+                srows = list(range(s0, s0 + len(new)))
+            logits = self._fit_vocab(out)
+            frontier = list(range(len(tokens) - len(new), len(tokens)))
         kind = "deterministic"
         probs = None
         if req.mode == "sample":
@@ -129,6 +147,16 @@ class ModelDrafter:
             kind = "race"
         return TokenTree(tokens, parents, probs, kind)
 
+    def _fork(self, batch, parent_rows: list[int]):
+        """The next depth's DraftBatch (mamba-drafters §4.1): one row per new node, a copy of its
+        parent's row; depth 1 forks the committed state. A row with exactly one child in place
+        needs no copy: the batch steps on."""
+        if batch is None:
+            return self.model.fork(len(parent_rows))
+        if parent_rows == list(range(batch.rows)):
+            return batch
+        return batch.fork(torch.tensor(parent_rows, dtype=torch.long))
+
     def _choose(self, logits: torch.Tensor, n: int, depth: int, req: DraftRequest) -> tuple[list[int], torch.Tensor | None]:
         if req.mode == "greedy" or req.temperature <= 0:
             return torch.topk(logits, n).indices.tolist(), None
@@ -136,6 +164,17 @@ class ModelDrafter:
         if req.mode == "race":
             return race_topk(q, req.noise_at_depth(depth), n), None
         return draft_sample(q, n, req.generator, without_replacement=True), q
+
+
+def _recurrent_rollback(cache, n: int) -> int:
+    """Roll a recurrent state back to ``n`` tokens where it can (inside its last commit), else
+    to 0 (it is rebuilt by prefill); returns the length kept."""
+    try:
+        cache.rollback(n)
+    except ValueError:
+        cache.rollback(0)
+        return 0
+    return n
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -6,6 +6,9 @@
     extend(tokens, parents)      add more scratch nodes (drafters grow trees depth by depth)
     commit(rows)                 scratch rows of the accepted chain become committed, compacted
     rollback(n)                  truncate the committed prefix
+    fork(n) -> DraftBatch        recurrent families only: n copies of the committed state that
+                                 draft by batched ``step(tokens) -> logits`` and ``fork(rows)``
+                                 (mamba-drafters §4.1; engine/ssm_cache.py)
 
 Row convention of verify: tokens[0] is the pending root token (parent -1); tokens[i] hangs off
 parents[i] (a row index). Positions are committed_length + depth - 1 with the root at depth 1.

@@ -42,6 +42,19 @@ def require(cfg: dict[str, Any], key: str, where: str, positive: bool = True) ->
     return val
 
 
+def tensor_getter(sd: dict[str, torch.Tensor], family: str):
+    """get(name, shape=None): the checkpoint tensor ``name``, or a ModelLoadError naming what is
+    missing or misshapen (every family loads its weights through one of these)."""
+    def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
+        t = sd.get(name)
+        if t is None:
+            raise ModelLoadError(f"{family} checkpoint lacks tensor {name!r} (not a {family} checkpoint, or incomplete)")
+        if shape is not None and tuple(t.shape) != tuple(shape):
+            raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {tuple(shape)}")
+        return t
+    return get
+
+
 # ---------------------------------------------------------------------------------------------
 # RoPE
 # ---------------------------------------------------------------------------------------------

@@ -12,8 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rope_params
-from .llama import _getter
+from .common import Rope, as_t, cached_attention, context_limit, require, rope_params, tensor_getter
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -80,7 +79,7 @@ class GPTNeoX(CausalLM):
         H, E, D = cfg.num_heads, cfg.head_dim, cfg.hidden_size
         self.scale = E ** -0.5
         self.act = ACTS[cfg.hidden_act]
-        get = _getter(sd, "GPT-NeoX")
+        get = tensor_getter(sd, "GPT-NeoX")
         self.embed = get("gpt_neox.embed_in.weight").to(dtype).contiguous()
         out = sd.get("embed_out.weight", sd.get("lm_head.weight"))  # on-disk name / in-memory name
         if cfg.tie_word_embeddings or out is None:

@@ -14,6 +14,9 @@ from engine/cache.py. verify is one pass over the packed tree (ALGORITHMS.md §5
 layers scan the tree-masked SSD form from the committed state, attention layers use the tree mask
 over [committed K/V ; tree nodes]); commit replays the accepted chain in the Mamba layers and
 compacts its K/V rows in the attention layers.
+As a drafter (mamba-drafters §4.1) it forks like a Mamba: n rows copy the Mamba layers' state,
+and in the attention layers every row reads the committed K/V prefix in place and keeps its own
+small K/V tail of the tokens it stepped (engine/ssm_cache.DraftBatch).
 
 Shape letters: T new nodes, D model width, H query heads, K kv heads, E head dim, F MLP width,
 V vocabulary (the Mamba-side letters are mamba2.py's). Batch is 1: trees are packed along T.
@@ -30,9 +33,10 @@ import torch.nn.functional as F
 
 from ..cache import KVCache
 from ..errors import ModelLoadError
+from ..ssm_cache import DraftBatch, DraftPool
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params
-from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, config_int, parse_dt_limit, tensor_getter
+from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, tensor_getter
+from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, config_int, parse_dt_limit
 
 MODEL_TYPES = ("granitemoehybrid",)
 LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
@@ -162,6 +166,10 @@ class HybridCache:
     def scratch_parents(self) -> list[int]:
         return self.ssm.scratch_parents
 
+    @property
+    def draft_pool(self) -> DraftPool:
+        return self.ssm.draft_pool
+
     def room(self) -> int:
         return self.ssm.room()
 
@@ -270,10 +278,10 @@ class GraniteHybrid(CausalLM):
                 if L["kind"] == "mamba":
                     y = L["mixer"](h, cache.ssm, L["slot"], anc, conv_idx)
                 else:
-                    y = self._attention(L, h, positions, start, mask)
-                x = x + y * c.residual_multiplier
-                g, u = (rms_norm(x, L["ln2"], c.rms_norm_eps) @ L["w_mlp_in"]).chunk(2, dim=-1)
-                x = x + ((F.silu(g) * u) @ L["w_mlp_out"]) * c.residual_multiplier
+                    q, k, v = self._qkv(L, h, positions)  # tree attention over [committed K/V ; scratch tree]
+                    a = L["slot"]
+                    y = self._attn_out(L, cached_attention(q, k, v, cache.kv.k[a], cache.kv.v[a], start, mask, c.attention_multiplier))
+                x = self._mlp(L, x + y * c.residual_multiplier)
         except BaseException:
             cache.clear_scratch()  # never leave half-stored activations behind
             raise
@@ -282,15 +290,72 @@ class GraniteHybrid(CausalLM):
                 cache.kv.release_mask(len(tokens), start + len(tokens))
         return self.logits(rms_norm(x, self.norm, c.rms_norm_eps)) if want_logits else None
 
-    def _attention(self, L: dict[str, Any], h: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """GQA over [committed K/V ; scratch tree] (the tree mask), scale = attention_multiplier."""
-        c, kv = self.cfg, self.cache.kv
+    # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------
+    @torch.inference_mode()
+    def fork(self, n: int) -> DraftBatch:
+        """n draft rows, each a copy of the committed state: the Mamba layers' (conv, ssm), and for
+        the attention layers the committed K/V prefix, shared by every row and read in place, plus
+        a per-row K/V tail (A, B, K, steps, E) for the tokens each row steps; see
+        ssm_cache.DraftBatch."""
+        c = self.cache
+        A, K, E = self.kv_dims
+        tail = c.kv.k.new_empty(()).expand(A, 1, K, c.draft_pool.high.get("k_tail", 8), E)  # shapes only: no copy
+        return DraftBatch.of_committed(self, c.draft_pool, n, {"conv": c.ssm.conv[:, None], "ssm": c.ssm.ssm[:, None]}, c.length,
+                                       scratch={"k_tail": tail, "v_tail": tail})
+
+    def _step_batch(self, batch: DraftBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (B,) -> logits (B, V); the rows' states advance in place."""
+        c, st = self.cfg, batch.state
+        s = batch.steps  # this token's slot in the rows' K/V tails
+        kt, vt = batch.grow("k_tail", 3, s + 1), batch.grow("v_tail", 3, s + 1)
+        positions = torch.tensor([batch.position])
+        x = self.embed[tokens] * c.embedding_multiplier  # (B, D)
+        for L in self.layers:
+            h = rms_norm(x, L["ln1"], c.rms_norm_eps)
+            a = L["slot"]
+            if L["kind"] == "mamba":
+                y = L["mixer"].step(h, st["conv"][a], st["ssm"][a])
+            else:
+                q, k, v = self._qkv(L, h, positions)  # (H, B, E), (K, B, E)
+                kt[a, :, :, s] = k.transpose(0, 1)
+                vt[a, :, :, s] = v.transpose(0, 1)
+                y = self._attn_out(L, self._prefix_tail_attention(q, a, batch.start, kt[a, :, :, :s + 1], vt[a, :, :, :s + 1]))
+            x = self._mlp(L, x + y * c.residual_multiplier)
+        return self.logits(rms_norm(x, self.norm, c.rms_norm_eps))
+
+    # ---- pieces ----------------------------------------------------------------------------------------
+    def _qkv(self, L: dict[str, Any], h: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """q (H, T, E), k, v (K, T, E) of rows h (T, D) at ``positions`` (T,) or one shared (1,)."""
+        c = self.cfg
         T, E = h.shape[0], c.head_dim
         qkv = h @ L["wqkv"]
         if L["bqkv"] is not None:
             qkv = qkv + L["bqkv"]
         q, k, v = (t.reshape(T, -1, E).transpose(0, 1) for t in qkv.split([c.num_heads * E, c.num_kv_heads * E, c.num_kv_heads * E], -1))
-        if self.rope is not None:  # (H, T, E), (K, T, E)
+        if self.rope is not None:
             q, k = self.rope.apply(q, positions), self.rope.apply(k, positions)
-        out = cached_attention(q, k, v, kv.k[L["slot"]], kv.v[L["slot"]], start, mask, c.attention_multiplier) @ L["wo"]
+        return q, k, v
+
+    def _attn_out(self, L: dict[str, Any], o: torch.Tensor) -> torch.Tensor:
+        out = o @ L["wo"]
         return out if L["bo"] is None else out + L["bo"]
+
+    def _mlp(self, L: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
+        """x + residual_multiplier · SwiGLU(RMSNorm(x))."""
+        c = self.cfg
+        g, u = (rms_norm(x, L["ln2"], c.rms_norm_eps) @ L["w_mlp_in"]).chunk(2, dim=-1)
+        return x + ((F.silu(g) * u) @ L["w_mlp_out"]) * c.residual_multiplier
+
+    def _prefix_tail_attention(self, q: torch.Tensor, slot: int, n: int, k_tail: torch.Tensor, v_tail: torch.Tensor) -> torch.Tensor:
+        """Draft rows attending over [committed K/V rows [0, n) of ``slot``, shared ; their own
+        tail]: q (H, B, E), tails (B, K, S, E) -> (B, H·E). GQA as common.cached_attention (head
+        h = k·G + g). The prefix is read in place, never copied per row."""
+        H, B, E = q.shape
+        K = k_tail.shape[1]
+        kv = self.cache.kv
+        qg = q.transpose(0, 1).reshape(B, K, H // K, E)  # (B, K, G, E)
+        kc, vc = kv.k[slot, :, :n], kv.v[slot, :, :n]  # (K, n, E)
+        scores = torch.cat([torch.einsum("bkge,kne->bkgn", qg, kc), torch.einsum("bkge,bkse->bkgs", qg, k_tail)], dim=-1)
+        p = torch.softmax(scores.float() * self.cfg.attention_multiplier, dim=-1).to(vc.dtype)  # (B, K, G, n + S)
+        out = torch.einsum("bkgn,kne->bkge", p[..., :n], vc) + torch.einsum("bkgs,bkse->bkge", p[..., n:], v_tail)
+        return out.reshape(B, H * E)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params
+from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, tensor_getter
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -83,7 +83,7 @@ class Llama(CausalLM):
         limit = context_limit(cfg.rope, cfg.max_position_embeddings, cfg.sliding_window)
         self.max_context = min(max_context or limit, limit)
         self.scale = cfg.head_dim ** -0.5
-        get = _getter(sd, "Llama")
+        get = tensor_getter(sd, "Llama")
         self.embed = get("model.embed_tokens.weight").to(dtype).contiguous()  # (V, D)
         lm = sd.get("lm_head.weight") if not cfg.tie_word_embeddings else None
         if lm is None:
@@ -94,9 +94,9 @@ class Llama(CausalLM):
         H, K, E = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
-            q, k, v = get(p + "self_attn.q_proj.weight"), get(p + "self_attn.k_proj.weight"), get(p + "self_attn.v_proj.weight")
-            _check_shape(q, (H * E, cfg.hidden_size), p + "self_attn.q_proj.weight")
-            _check_shape(k, (K * E, cfg.hidden_size), p + "self_attn.k_proj.weight")
+            q = get(p + "self_attn.q_proj.weight", (H * E, cfg.hidden_size))
+            k = get(p + "self_attn.k_proj.weight", (K * E, cfg.hidden_size))
+            v = get(p + "self_attn.v_proj.weight")
             layer = {
                 "ln1": get(p + "input_layernorm.weight").to(dtype),
                 "ln2": get(p + "post_attention_layernorm.weight").to(dtype),
@@ -155,17 +155,3 @@ class Llama(CausalLM):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.lm_head_t  # (T, V)
-
-
-def _getter(sd: dict[str, torch.Tensor], where: str):
-    def get(name: str) -> torch.Tensor:
-        t = sd.get(name)
-        if t is None:
-            raise ModelLoadError(f"{where} checkpoint lacks tensor {name!r} (not a {where}-family checkpoint, or incomplete)")
-        return t
-    return get
-
-
-def _check_shape(t: torch.Tensor, shape: tuple[int, ...], name: str) -> None:
-    if tuple(t.shape) != shape:
-        raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")

@@ -12,10 +12,12 @@ starts from the committed state (transformers' multi-token scan starts from zero
     commit(rows)             activation replay (Snakes and Ladders §3.1 "Activation Replay"): the
                              state recursion alone, over the cached x/dt/B of the accepted rows;
                              the conv state rolls along them. No projection is recomputed.
+    fork(n) / step            drafting (mamba-drafters §4.1): n rows copy the committed state and
+                             advance by the plain recurrence, batched over rows (ssm_cache.DraftBatch).
 
 Shape letters: T rows this call (tokens / tree nodes), M rows committed by one commit, D model
 width, I inner channels (d_inner = expand * D), N state size, R dt rank, K conv kernel, V vocab.
-Batch is 1: trees are packed along T.
+Batch is 1: trees are packed along T; only draft rows (B) form a batch.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import as_t, require, rms_norm
-from .llama import _check_shape, _getter
+from ..ssm_cache import DraftBatch, RecurrentCache
+from .common import as_t, require, rms_norm, tensor_getter
 
 MODEL_TYPES = ("mamba",)
 NO_CONTEXT_LIMIT = 1 << 20  # a recurrent state has no positional limit; this only bounds the decode loop
@@ -88,85 +90,37 @@ class MambaConfig:
 # ---------------------------------------------------------------------------------------------
 # The recurrent state: what a KV cache is to attention
 # ---------------------------------------------------------------------------------------------
-class MambaState:
-    """Committed state of every layer plus the activations of the last verified tree.
+class MambaState(RecurrentCache):
+    """Committed state of every layer plus the activations of the scratch tree.
 
     conv[l] (K-1, I): the last K-1 committed pre-conv inputs, oldest first (time-major, so tree
     windows are a row gather; transformers keeps (I, K)). ssm[l] (I, N): the SSM state, in the
     scan dtype of A (fp32; fp64 for an fp64 model).
     Scratch: per layer the tree nodes' pre-conv x, post-conv x, dt and B — all replay needs.
-
-    Rewinding a recurrence needs the old state, so rollback(n) reaches only n == 0, n == length,
-    or back into the last commit or prefill chunk (its start state and activations are kept: the
-    decode loop cuts a step's tokens after an EOS). Anything else raises ValueError.
+    Bookkeeping, commit and rollback rules: engine/ssm_cache.RecurrentCache (rollback reaches
+    n == 0, n == length, or back into the last commit or prefill chunk: the decode loop cuts a
+    step's tokens after an EOS). A commit makes fresh tensors, so the state before stays valid.
     """
-
-    prefix_rollback = False  # only the cases above, not any committed prefix (generate.Decoder.start)
 
     def __init__(self, A: list[torch.Tensor], kernel: int, capacity: int, dtype: torch.dtype):
         self.A = A  # per layer (I, N): replay needs the decay, nothing else of the weights
-        self.capacity = capacity
         self.dims = (len(A), A[0].shape[0], A[0].shape[1], kernel)
         self.dtype = dtype
-        self.reset()
+        super().__init__(len(A), capacity)
+        self._zero_state()
+        self._prev: tuple[list, list] | None = None
 
-    @property
-    def scratch(self) -> int:
-        return len(self.parents)
-
-    def room(self) -> int:
-        """Rows still free for scratch nodes or new committed tokens."""
-        return self.capacity - self.length - self.scratch
-
-    def reset(self) -> None:
+    def _zero_state(self) -> None:
         Ly, I, N, K = self.dims
-        self.length = 0
         self.conv = [torch.zeros(K - 1, I, dtype=self.dtype) for _ in range(Ly)]
         self.ssm = [torch.zeros(I, N, dtype=self.A[l].dtype) for l in range(Ly)]
-        self._undo: tuple[int, list, list, list] | None = None  # (length, conv, ssm, acts of the rows) before the last commit
-        self.clear_scratch()
 
-    def clear_scratch(self) -> None:
-        self.parents: list[int] = []
-        self.acts: list[dict[str, torch.Tensor]] = []  # per layer: xpre, x (T, I), dt (T, I) scan dtype, B (T, N)
+    def _advance_state(self, path: list, state: tuple[list, list] | None = None) -> None:
+        self._prev = (self.conv, self.ssm)
+        self.conv, self.ssm = state if state is not None else _replay(self.conv, self.ssm, path, self.A)
 
-    def commit(self, rows: Sequence[int]) -> None:
-        """Activation replay of the scratch chain ``rows`` (root first) from the committed state."""
-        rows = list(rows)
-        if rows:
-            for j, r in enumerate(rows):
-                want = rows[j - 1] if j else -1
-                if not 0 <= r < self.scratch or self.parents[r] != want:
-                    raise ValueError(f"commit rows {rows} are not a root-to-node chain of the {self.scratch} verified nodes")
-            idx = torch.tensor(rows, dtype=torch.long)
-            kept = [{k: v[idx] for k, v in a.items()} for a in self.acts]
-            self.advance(*_replay(self.conv, self.ssm, kept, self.A), kept)
-        self.clear_scratch()
-
-    def advance(self, conv: list, ssm: list, acts: list) -> None:
-        """Make (conv, ssm) the committed state after the M rows of ``acts``; the state before and
-        those activations are kept so that rollback can land inside this commit."""
-        self._undo = (self.length, self.conv, self.ssm, acts)
-        self.conv, self.ssm = conv, ssm
-        self.length += acts[0]["x"].shape[0]
-
-    def rollback(self, n: int) -> None:
-        if n == self.length:
-            self.clear_scratch()
-            return
-        if n == 0:
-            self.reset()
-            return
-        u = self._undo
-        if u is None or not u[0] <= n < self.length:
-            lo = f", or {u[0]}..{self.length} (inside the last commit)" if u is not None else ""
-            raise ValueError(f"cannot roll a Mamba state back to {n} tokens: a recurrent state rewinds only to 0, "
-                             f"{self.length}{lo}; reset and prefill instead")
-        length, conv, ssm, kept = u
-        m = n - length
-        self.conv, self.ssm = _replay(conv, ssm, [{k: v[:m] for k, v in a.items()} for a in kept], self.A)
-        self.length = n  # the undo entry stays: it still describes a commit that contains n
-        self.clear_scratch()
+    def _restore_state(self) -> None:
+        self.conv, self.ssm = self._prev
 
 
 @torch.inference_mode()
@@ -255,12 +209,10 @@ class Mamba(CausalLM):
         D, I, N, R, K = cfg.hidden_size, cfg.intermediate_size, cfg.state_size, cfg.time_step_rank, cfg.conv_kernel
         # The SSM runs in fp32 as in transformers, whatever the weights (fp64 for fp64 models: exact tests)
         sdt = self.scan_dtype = torch.promote_types(dtype, torch.float32)
-        get = _getter(sd, "Mamba")
-        emb = get("backbone.embeddings.weight")
-        _check_shape(emb, (cfg.vocab_size, D), "backbone.embeddings.weight")
+        get = tensor_getter(sd, "Mamba")
+        emb = get("backbone.embeddings.weight", (cfg.vocab_size, D))
         self.embed = emb.to(dtype).contiguous()  # (V, D)
-        lm = emb if cfg.tie_word_embeddings else get("lm_head.weight")
-        _check_shape(lm, (cfg.vocab_size, D), "lm_head.weight")
+        lm = emb if cfg.tie_word_embeddings else get("lm_head.weight", (cfg.vocab_size, D))
         self.lm_head_t = as_t(lm, dtype)  # (D, V)
         self.norm_f = get("backbone.norm_f.weight").to(dtype)
         self.layers = []
@@ -270,7 +222,7 @@ class Mamba(CausalLM):
             shapes = {"in_proj.weight": (2 * I, D), "conv1d.weight": (I, 1, K), "x_proj.weight": (R + 2 * N, I),
                       "dt_proj.weight": (I, R), "A_log": (I, N), "D": (I,), "out_proj.weight": (D, I)}
             for name, shape in shapes.items():
-                _check_shape(get(m + name), shape, m + name)
+                get(m + name, shape)
             self.layers.append({
                 "norm": get(p + "norm.weight").to(dtype),
                 "w_in": as_t(get(m + "in_proj.weight"), dtype),  # (D, 2I): x | z
@@ -314,7 +266,7 @@ class Mamba(CausalLM):
         return self._forward(tokens, parents, mode="verify")
 
     def extend(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool = True) -> torch.Tensor | None:
-        raise NotImplementedError("Mamba cannot draft yet (extend/fork): use it as a target, or draft with n-grams or a transformer")
+        raise NotImplementedError("Mamba-1 drafts with fork/step (mamba-drafters §4.1), not by extending a scratch tree")
 
     @torch.inference_mode()
     def commit(self, rows: Sequence[int]) -> None:
@@ -324,7 +276,63 @@ class Mamba(CausalLM):
     def rollback(self, length: int) -> None:
         self.cache.rollback(length)
 
+    # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------
+    @torch.inference_mode()
+    def fork(self, n: int) -> DraftBatch:
+        """n draft rows, each a copy of the committed (conv, ssm) state; see ssm_cache.DraftBatch."""
+        c = self.cache
+        committed = {"conv": torch.stack(c.conv)[:, None], "ssm": torch.stack(c.ssm)[:, None]}  # (L, 1, K-1, I), (L, 1, I, N)
+        return DraftBatch.of_committed(self, c.draft_pool, n, committed, c.length)
+
+    def _step_batch(self, batch: DraftBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (B,) -> logits (B, V); the rows' conv (L, B, K-1, I) and ssm
+        (L, B, I, N) states advance in place: the plain Mamba recurrence, batched over rows."""
+        sdt = self.scan_dtype
+        res = self.embed[tokens]  # (B, D)
+        if self.cfg.residual_in_fp32:
+            res = res.to(sdt)
+        for l, L in enumerate(self.layers):
+            conv, S = batch.state["conv"][l], batch.state["ssm"][l]
+            xpre, z = self._mix_in(L, res)
+            window = torch.cat([conv, xpre[:, None]], dim=1)  # (B, K, I): the last K-1 inputs, then this one
+            x, dt, B, C = self._mix_ssm_inputs(L, torch.einsum("bki,ki->bi", window, L["w_conv"]))
+            conv.copy_(window[:, 1:])
+            S.mul_(torch.exp(dt[:, :, None] * L["A"])).addcmul_((dt * x.to(sdt))[:, :, None], B.to(sdt)[:, None, :])
+            res = res + self._mix_out(L, S, C, x, z)
+        return self._head(res)
+
     # ---- internals ------------------------------------------------------------------------------------
+    def _mix_in(self, L: dict, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual rows (T, D) -> pre-conv x and gate z, (T, I) each."""
+        h = rms_norm(res.to(self._dtype), L["norm"], self.cfg.layer_norm_epsilon)
+        xz = h @ L["w_in"]
+        if L["b_in"] is not None:
+            xz = xz + L["b_in"]
+        I = self.cfg.intermediate_size
+        return xz[:, :I], xz[:, I:]
+
+    def _mix_ssm_inputs(self, L: dict, conv: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Conv output (T, I) -> x (T, I), dt (T, I) scan dtype, B, C (T, N)."""
+        R, N = self.cfg.time_step_rank, self.cfg.state_size
+        x = conv if L["b_conv"] is None else conv + L["b_conv"]
+        x = F.silu(x)
+        proj = x @ L["w_x"]  # (T, R + 2N)
+        dt_low, B, C = proj[:, :R], proj[:, R:R + N], proj[:, R + N:]
+        dt = F.softplus((dt_low @ L["w_dt"]).to(self.scan_dtype) + L["b_dt"])
+        return x, dt, B, C
+
+    def _mix_out(self, L: dict, S: torch.Tensor, C: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """States (T, I, N) read out by C, D skip, gate, out_proj -> (T, D)."""
+        sdt = self.scan_dtype
+        y = torch.einsum("tin,tn->ti", S, C.to(sdt)) + L["D"] * x.to(sdt)
+        y = y * F.silu(z.to(sdt))
+        out = y.to(self._dtype) @ L["w_out"]
+        return out if L["b_out"] is None else out + L["b_out"]
+
+    def _head(self, res: torch.Tensor) -> torch.Tensor:
+        h = rms_norm(res, self.norm_f, self.cfg.layer_norm_epsilon)
+        return h.to(self._dtype) @ self.lm_head_t  # (T, V)
+
     def _forward(self, tokens: Sequence[int], parents: Sequence[int], mode: str) -> torch.Tensor | None:
         """mode "verify": keep activations in scratch, return logits. "commit": ``parents`` is a
         chain; its end state becomes the committed state (prefill)."""
@@ -335,40 +343,30 @@ class Mamba(CausalLM):
         if cache.length + T > cache.capacity:
             raise OverflowError("context full")
         levels, win = tree_plan(parents, c.conv_kernel)
-        I, N, R, sdt = c.intermediate_size, c.state_size, c.time_step_rank, self.scan_dtype
-        res = self.embed[torch.as_tensor(tokens, dtype=torch.long)]  # (T, D)
-        if c.residual_in_fp32:
-            res = res.to(self.scan_dtype)
-        acts, new_conv, new_ssm = [], [], []
-        for l, L in enumerate(self.layers):
-            h = rms_norm(res.to(self._dtype), L["norm"], c.layer_norm_epsilon)
-            xz = h @ L["w_in"]
-            if L["b_in"] is not None:
-                xz = xz + L["b_in"]
-            xpre, z = xz[:, :I], xz[:, I:]  # (T, I) each
-            # depthwise causal conv over each row's ancestor window (ALGORITHMS.md §5 "Conv1d")
-            seq = torch.cat([cache.conv[l], xpre])  # (K-1+T, I): committed inputs, then the rows
-            x = torch.einsum("tki,ki->ti", seq[win], L["w_conv"])  # windows (T, K, I)
-            if L["b_conv"] is not None:
-                x = x + L["b_conv"]
-            x = F.silu(x)
-            proj = x @ L["w_x"]  # (T, R + 2N)
-            dt_low, B, C = proj[:, :R], proj[:, R:R + N], proj[:, R + N:]
-            dt = F.softplus((dt_low @ L["w_dt"]).to(sdt) + L["b_dt"])  # (T, I) scan dtype
-            S = selective_scan(x, dt, B, L["A"], cache.ssm[l], levels)  # (T, I, N)
-            y = torch.einsum("tin,tn->ti", S, C.to(sdt)) + L["D"] * x.to(sdt)
-            y = y * F.silu(z.to(sdt))
-            out = y.to(self._dtype) @ L["w_out"]
-            if L["b_out"] is not None:
-                out = out + L["b_out"]
-            res = res + out
-            acts.append({"xpre": xpre, "x": x, "dt": dt, "B": B})
-            if mode == "commit":
-                new_ssm.append(S[-1].clone())  # (I, N): the chain's end
-                new_conv.append(seq[T:].clone())  # (K-1, I): the last K-1 inputs
+        if mode == "verify":
+            cache.place(parents)
+        try:
+            res = self.embed[torch.as_tensor(tokens, dtype=torch.long)]  # (T, D)
+            if c.residual_in_fp32:
+                res = res.to(self.scan_dtype)
+            acts, new_conv, new_ssm = [], [], []
+            for l, L in enumerate(self.layers):
+                xpre, z = self._mix_in(L, res)  # (T, I) each
+                # depthwise causal conv over each row's ancestor window (ALGORITHMS.md §5 "Conv1d")
+                seq = torch.cat([cache.conv[l], xpre])  # (K-1+T, I): committed inputs, then the rows
+                x, dt, B, C = self._mix_ssm_inputs(L, torch.einsum("tki,ki->ti", seq[win], L["w_conv"]))  # windows (T, K, I)
+                S = selective_scan(x, dt, B, L["A"], cache.ssm[l], levels)  # (T, I, N)
+                res = res + self._mix_out(L, S, C, x, z)
+                acts.append({"xpre": xpre, "x": x, "dt": dt, "B": B})
+                if mode == "commit":
+                    new_ssm.append(S[-1].clone())  # (I, N): the chain's end
+                    new_conv.append(seq[T:].clone())  # (K-1, I): the last K-1 inputs
+        except BaseException:
+            cache.clear_scratch()  # never leave nodes without activations behind
+            raise
         if mode == "commit":
-            cache.advance(new_conv, new_ssm, acts)
+            cache.advance(acts, T, (new_conv, new_ssm))
             return None
-        cache.parents, cache.acts = list(parents), acts
-        h = rms_norm(res, self.norm_f, c.layer_norm_epsilon)
-        return h.to(self._dtype) @ self.lm_head_t  # (T, V)
+        for l, a in enumerate(acts):
+            cache.store(l, a)
+        return self._head(res)

@@ -10,11 +10,13 @@ The target-side algorithms are the point of this page:
   * commit = activation replay (snakes-and-ladders-ssm-sd.txt §3.1): verify caches every node's
     post-conv x, B, dt (and pre-conv xBC); commit runs only the state recursion over the accepted
     chain from the committed state and rolls the conv state along it. No projections recomputed.
+  * fork(n) / DraftBatch.step = drafting (mamba-drafters §4.1): n rows copy the committed
+    state and step by the plain recurrence, batched over rows (engine/ssm_cache.py).
 
 Shape letters: T new nodes this call, S all scratch nodes (S >= T, extend appends), D model width,
 H heads, P head dim, G groups (B/C shared by H/G heads), R = H/G, N state size, K conv kernel,
 C = conv channels (H·P + 2·G·N), I = H·P, V vocabulary, L layers. Batch is 1: trees are packed
-along T. Weights are stored transposed ([in, out]) for fast small-row GEMMs (common.as_t).
+along T; only draft rows (B) form a batch. Weights are stored transposed ([in, out]) for fast small-row GEMMs (common.as_t).
 """
 
 from __future__ import annotations
@@ -27,8 +29,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ModelLoadError
+from ..ssm_cache import DraftBatch, RecurrentCache
 from .base import CausalLM
-from .common import as_t, require, rms_norm
+from .common import as_t, require, rms_norm, tensor_getter
 
 MODEL_TYPES = ("mamba2",)
 DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
@@ -175,95 +178,42 @@ def parse_dt_limit(val: Any, where: str) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 # State cache: committed state + scratch activations for activation replay
 # ---------------------------------------------------------------------------------------------
-@dataclass
-class _Acts:
-    """Per-node activations of one layer cached during verify (rows = scratch nodes)."""
+class SSMCache(RecurrentCache):
+    """Committed (conv, ssm) state per layer plus the scratch tree being verified.
 
-    xbc: torch.Tensor  # (S, C) raw (pre-conv) xBC: rolls the conv state on commit
-    x: torch.Tensor  # (S, H, P) post-conv x
-    B: torch.Tensor  # (S, G, N)
-    dt: torch.Tensor  # (S, H) after softplus and clamp
-    la: torch.Tensor  # (S, H) log decay dt·A (< 0)
-
-    def take(self, rows: torch.Tensor) -> "_Acts":
-        return _Acts(*(t[rows] for t in (self.xbc, self.x, self.B, self.dt, self.la)))
-
-    def cat(self, new: "_Acts") -> "_Acts":
-        return _Acts(*(torch.cat([a, b]) for a, b in zip((self.xbc, self.x, self.B, self.dt, self.la),
-                                                          (new.xbc, new.x, new.B, new.dt, new.la))))
-
-
-class SSMCache:
-    """Committed (conv, ssm) state per layer plus the scratch tree being verified or drafted.
-
-    Verbs as KVCache (STYLE.md item 8): add_nodes · commit(rows) · rollback(n) · reset ·
-    clear_scratch. A recurrent state cannot return to an arbitrary earlier prefix: rollback(n)
-    accepts n == length, n == 0, and any n inside the last commit (the state before it is kept in a
-    spare buffer, swapped not copied, and the first n - start rows are replayed again).
-    The mutating verbs run under inference_mode: the buffers may have been made inside it
-    (CausalLM.full_logits allocates there), and in-place writes to those need it.
+    conv (L, C, K-1) raw xBC, newest last; ssm (L, H, P, N), fp32 always. Scratch activations per
+    layer and node: xbc (raw, pre-conv: rolls the conv state on commit), x (H, P) post-conv,
+    B (G, N), dt (H,) after softplus and clamp, la = dt·A (H,) the log decay. Bookkeeping, commit
+    and rollback rules: engine/ssm_cache.RecurrentCache; the state before the last commit is
+    kept in spare buffers, swapped not copied.
     """
-
-    prefix_rollback = False  # only the cases above, not any committed prefix (see generate.Decoder.start)
 
     def __init__(self, n_layers: int, conv_dim: int, kernel: int, heads: int, head_dim: int, state: int,
                  capacity: int, dtype: torch.dtype, max_scratch: int = 512):
-        self.capacity = capacity
-        self.max_scratch = max_scratch
+        super().__init__(n_layers, capacity, max_scratch)
         self.kernel = kernel
         self.conv = torch.zeros(n_layers, conv_dim, kernel - 1, dtype=dtype)  # (L, C, K-1) raw xBC, newest last
         self.ssm = torch.zeros(n_layers, heads, head_dim, state, dtype=torch.float32)  # (L, H, P, N), fp32 always
         self._spare_conv = torch.zeros_like(self.conv)  # the state before the last commit
         self._spare_ssm = torch.zeros_like(self.ssm)
-        self.length = 0  # committed tokens
-        self.scratch_parents: list[int] = []  # parent scratch index per scratch node, -1 = committed end
-        self.acts: list[_Acts | None] = [None] * n_layers
-        self._anc = torch.zeros(max_scratch, max_scratch, dtype=torch.bool)  # anc[i, j]: j is i or an ancestor
-        self._last: tuple[int, list[_Acts]] | None = None  # (length before, replayed rows) of the last commit
 
     @classmethod
     def for_config(cls, c: Mamba2Config, capacity: int, dtype: torch.dtype) -> "SSMCache":
         """One state per mixer layer of ``c`` (c.num_layers of them)."""
         return cls(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, dtype)
 
-    @property
-    def scratch(self) -> int:
-        return len(self.scratch_parents)
-
-    def room(self) -> int:
-        return self.capacity - self.length - self.scratch
-
     def nbytes(self) -> int:
         return 2 * (self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size())
 
-    # ---- placing new nodes ----------------------------------------------------------------------
     @torch.inference_mode()
     def add_nodes(self, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append T scratch nodes (parent = scratch index, -1 = after the committed prefix).
-
-        Returns the ancestor mask over all S scratch nodes (S, S) and, for the T new nodes, the
-        conv window idx (T, K) into the bank cat(conv state (K-1 columns), scratch xBC (S rows)):
-        oldest first, walking up the tree and past the root into the committed columns.
+        """Place T scratch nodes (ScratchCache.place). Returns the ancestor mask over all S scratch
+        nodes (S, S) and, for the T new nodes, the conv window idx (T, K) into the bank
+        cat(conv state (K-1 columns), scratch xBC (S rows)): oldest first, walking up the tree and
+        past the root into the committed columns.
         """
-        T, s0 = len(parents), self.scratch
-        if T == 0:
-            raise ValueError("extend with no nodes")
-        if s0 + T > self.max_scratch:
-            raise ValueError(f"draft tree too large: {s0 + T} scratch nodes (limit {self.max_scratch})")
-        if self.length + s0 + T > self.capacity:
-            raise OverflowError("context full")
-        for i, p in enumerate(parents):
-            idx = s0 + i
-            if not -1 <= p < idx:
-                raise ValueError("scratch parents must precede their children")
-        for i, p in enumerate(parents):
-            idx = s0 + i
-            if p >= 0:
-                self._anc[idx] = self._anc[p]
-            else:
-                self._anc[idx].zero_()
-            self._anc[idx, idx] = True
-            self.scratch_parents.append(p)
+        T = len(parents)
+        s0 = self.place(parents)
         S, k1 = s0 + T, self.kernel - 1
         # parent bank row of every bank row: committed column c -> c-1, a root child -> the newest column
         up = [max(c - 1, 0) for c in range(k1)] + [k1 + p if p >= 0 else k1 - 1 for p in self.scratch_parents]
@@ -274,74 +224,23 @@ class SSMCache:
             idx[:, k] = up[idx[:, k + 1]]
         return self._anc[:S, :S], idx
 
-    def store(self, layer: int, new: _Acts) -> _Acts:
-        """Append the new nodes' activations of ``layer``; returns those of all scratch nodes."""
-        old = self.acts[layer]
-        self.acts[layer] = new if old is None else old.cat(new)
-        return self.acts[layer]
-
-    # ---- verbs ----------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def commit(self, rows: Sequence[int]) -> None:
-        """Activation replay (snakes-and-ladders §3.1): the scratch nodes ``rows`` (a chain from a
-        root child down, in order) become committed; every other scratch node is dropped."""
-        rows = [int(r) for r in rows]
-        if rows:
-            for k, r in enumerate(rows):
-                if not 0 <= r < self.scratch or self.scratch_parents[r] != (rows[k - 1] if k else -1):
-                    raise ValueError(f"commit rows {rows} are not a root-to-node chain of the scratch tree")
-            sel = torch.tensor(rows, dtype=torch.long)
-            self._advance([a.take(sel) for a in self.acts], len(rows))
-        self.clear_scratch()
-
-    def _advance(self, path: list[_Acts], m: int) -> None:
-        """New state = replay of the m-node ``path`` (per layer) from the committed state, written
-        into the spare buffers and swapped in, so the state before stays available to rollback."""
-        k1 = self.kernel - 1
-        for layer, a in enumerate(path):
-            self._spare_ssm[layer] = replay_state(self.ssm[layer], a.x, a.B, a.dt, a.la)
-            window = torch.cat([self.conv[layer], a.xbc.t().to(self.conv.dtype)], dim=1)  # (C, K-1+m)
-            self._spare_conv[layer] = window[:, window.shape[1] - k1:]
-        self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
-        self.conv, self._spare_conv = self._spare_conv, self.conv
-        self._last = (self.length, path)
-        self.length += m
-
-    def clear_scratch(self) -> None:
-        self.scratch_parents.clear()
-        self.acts = [None] * len(self.acts)
-
-    @torch.inference_mode()
-    def rollback(self, length: int) -> None:
-        """Keep the first ``length`` committed tokens: possible for length == self.length, 0, or
-        inside the last commit. Anything else raises ValueError: re-prefill from 0 instead."""
-        self.clear_scratch()
-        if length == self.length:
-            return
-        if length == 0:
-            return self.reset()
-        start = self._last[0] if self._last is not None else self.length
-        if not start <= length < self.length:
-            raise ValueError(
-                f"an SSM state cannot roll back to {length} of {self.length} committed tokens (only to 0, "
-                f"the current length, or within the last commit, >= {start}): reset and prefill again")
-        _, path = self._last
-        self.ssm, self._spare_ssm = self._spare_ssm, self.ssm  # back to the state before the last commit
-        self.conv, self._spare_conv = self._spare_conv, self.conv
-        self.length = start
-        keep = torch.arange(length - start)
-        if len(keep):
-            self._advance([a.take(keep) for a in path], len(keep))
-        else:
-            self._last = (start, [a.take(keep) for a in path])
-
-    @torch.inference_mode()
-    def reset(self) -> None:
+    def _zero_state(self) -> None:
         self.conv.zero_()
         self.ssm.zero_()
-        self.length = 0
-        self._last = None
-        self.clear_scratch()
+
+    def _advance_state(self, path: list, state=None) -> None:
+        """Replay the chain ``path`` from the committed state (the activations are all it takes)
+        into the spare buffers and swap them in."""
+        k1 = self.kernel - 1
+        for layer, a in enumerate(path):
+            self._spare_ssm[layer] = replay_state(self.ssm[layer], a["x"], a["B"], a["dt"], a["la"])
+            window = torch.cat([self.conv[layer], a["xbc"].t().to(self.conv.dtype)], dim=1)  # (C, K-1+m)
+            self._spare_conv[layer] = window[:, window.shape[1] - k1:]
+        self._restore_state()
+
+    def _restore_state(self) -> None:
+        self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
+        self.conv, self._spare_conv = self._spare_conv, self.conv
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,8 +298,9 @@ def replay_state(state: torch.Tensor, x: torch.Tensor, B: torch.Tensor, dt: torc
 # The mixer (one layer's SSM block) and the model
 # ---------------------------------------------------------------------------------------------
 class Mamba2Mixer:
-    """One Mamba-2 mixer over a packed tree: in_proj -> tree conv -> STree scan -> gated RMSNorm ->
-    out_proj. Mamba2 stacks them; so does the Granite-4.0-H hybrid (granite_hybrid.py), whose
+    """One Mamba-2 mixer: in_proj -> conv -> SSM -> gated RMSNorm -> out_proj, over a packed tree
+    (``__call__``: tree conv + STree scan) or over a batch of draft rows (``step``: the plain
+    recurrence). Mamba2 stacks them; so does the Granite-4.0-H hybrid (granite_hybrid.py), whose
     ``mamba.*`` tensors have the same names under another prefix."""
 
     def __init__(self, c: Mamba2Config, get, prefix: str, dtype: torch.dtype):
@@ -423,25 +323,52 @@ class Mamba2Mixer:
     def __call__(self, h: torch.Tensor, cache: SSMCache, layer: int, anc: torch.Tensor, conv_idx: torch.Tensor) -> torch.Tensor:
         """h (T, D) normed input of the T new nodes -> (T, D); stores their activations in
         ``cache`` slot ``layer``. anc, conv_idx: from cache.add_nodes for this call."""
-        c = self.c
-        T = h.shape[0]
-        H, P, G, N, I = c.num_heads, c.head_dim, c.n_groups, c.state_size, c.d_inner
+        z, xbc, dt = self._project(h)
+        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
+        old = cache.acts[layer]
+        bank = torch.cat([cache.conv[layer].t(), xbc] if old is None else [cache.conv[layer].t(), old["xbc"], xbc])  # (K-1+S, C)
+        xs, B, C, dt = self._activate((bank[conv_idx] * self.conv_w).sum(1), dt)  # (T, K, C) -> (T, C)
+        a = cache.store(layer, {"xbc": xbc, "x": xs, "B": B, "dt": dt, "la": dt * self.A})
+        y = tree_scan(C, a["x"], a["B"], a["dt"], a["la"], anc, cache.ssm[layer]) + self.D * xs  # (T, H, P)
+        return self._output(y, z)
+
+    def step(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """One token per draft row (mamba-drafters §4.1): h (B, D) normed input -> (B, D). The rows'
+        conv (B, C, K-1) and ssm (B, H, P, N) states advance in place by the plain recurrence
+        S = exp(dt·A)·S + dt·x⊗B, y = S·C + D·x."""
+        z, xbc, dt = self._project(h)
+        window = torch.cat([conv, xbc[:, :, None]], dim=2)  # (B, C, K): the last K-1 inputs, then this one
+        xs, B, C, dt = self._activate((window.transpose(1, 2) * self.conv_w).sum(1), dt)
+        conv.copy_(window[:, :, 1:])
+        R = self.c.num_heads // self.c.n_groups
+        Bh, Ch = B.repeat_interleave(R, dim=1), C.repeat_interleave(R, dim=1)  # (B, H, N): head h reads group h // R
+        # in place, no (B, H, P, N) temporary: the state is the big tensor here (H·P·N per row and layer)
+        ssm.mul_(torch.exp(dt * self.A)[:, :, None, None]).addcmul_((dt[:, :, None] * xs)[..., None], Bh[:, :, None, :])
+        y = (ssm @ Ch[..., None])[..., 0] + self.D * xs  # (B, H, P)
+        return self._output(y, z)
+
+    def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(T, D) -> z (T, I), raw xBC (T, C), raw dt (T, H)."""
         zxbcdt = h @ self.w_in
         if self.b_in is not None:
             zxbcdt = zxbcdt + self.b_in
-        z, xbc, dt = zxbcdt.split([I, c.conv_dim, H], dim=-1)
-        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
-        old = cache.acts[layer]
-        bank = torch.cat([cache.conv[layer].t(), xbc] if old is None else [cache.conv[layer].t(), old.xbc, xbc])  # (K-1+S, C)
-        conv = (bank[conv_idx] * self.conv_w).sum(1)  # (T, K, C) -> (T, C)
+        return zxbcdt.split([self.c.d_inner, self.c.conv_dim, self.c.num_heads], dim=-1)
+
+    def _activate(self, conv: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Conv output (T, C) and raw dt (T, H) -> x (T, H, P), B, C (T, G, N), dt (T, H), fp32."""
+        c = self.c
+        T = conv.shape[0]
         if self.conv_b is not None:
             conv = conv + self.conv_b
-        xs, B, C = F.silu(conv).float().split([I, G * N, G * N], dim=-1)
-        xs, B, C = xs.reshape(T, H, P), B.reshape(T, G, N), C.reshape(T, G, N)
+        xs, B, C = F.silu(conv).float().split([c.d_inner, c.n_groups * c.state_size, c.n_groups * c.state_size], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias).clamp(*c.dt_limit)  # (T, H)
-        a = cache.store(layer, _Acts(xbc, xs, B, dt, dt * self.A))
-        y = tree_scan(C, a.x, a.B, a.dt, a.la, anc, cache.ssm[layer]) + self.D * xs  # (T, H, P)
-        # Gated RMSNorm (gate before norm, per group of I/G channels), fp32 as transformers does.
+        return xs.reshape(T, c.num_heads, c.head_dim), B.reshape(T, c.n_groups, -1), C.reshape(T, c.n_groups, -1), dt
+
+    def _output(self, y: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Gated RMSNorm (gate before norm, per group of I/G channels, fp32 as transformers does)
+        and out_proj: y (T, H, P) fp32, z (T, I) -> (T, D)."""
+        c = self.c
+        T, I, G = y.shape[0], c.d_inner, c.n_groups
         y = y.reshape(T, I) * F.silu(z.float())
         yg = y.view(T, G, I // G)
         y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + c.gate_norm_eps)).view(T, I) * self.gate_norm
@@ -496,14 +423,18 @@ class Mamba2(CausalLM):
             return None
         return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
 
+    # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------
+    @torch.inference_mode()
+    def fork(self, n: int) -> DraftBatch:
+        """n draft rows, each a copy of the committed (conv, ssm) state; see ssm_cache.DraftBatch."""
+        c = self.cache
+        return DraftBatch.of_committed(self, c.draft_pool, n, {"conv": c.conv[:, None], "ssm": c.ssm[:, None]}, c.length)
 
-def tensor_getter(sd: dict[str, torch.Tensor], family: str):
-    """get(name, shape=None): the tensor, or a ModelLoadError naming what is missing or misshapen."""
-    def get(name: str, shape: tuple[int, ...] | None = None) -> torch.Tensor:
-        t = sd.get(name)
-        if t is None:
-            raise ModelLoadError(f"{family} checkpoint lacks tensor {name!r} (not a {family} checkpoint, or incomplete)")
-        if shape is not None and tuple(t.shape) != shape:
-            raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")
-        return t
-    return get
+    def _step_batch(self, batch: DraftBatch, tokens: torch.Tensor) -> torch.Tensor:
+        """One token per row (B,) -> logits (B, V); the rows' states advance in place."""
+        conv, ssm = batch.state["conv"], batch.state["ssm"]  # (L, B, C, K-1), (L, B, H, P, N)
+        x = self.embed[tokens].float()  # (B, D)
+        for i, (norm, mixer) in enumerate(self.layers):
+            x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
+        return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+
