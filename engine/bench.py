@@ -20,7 +20,6 @@ from typing import Any
 
 from .errors import SpecchatError
 from .generate import peak_rss_mb, run_generation
-from .strategy import preset
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
 

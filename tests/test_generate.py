@@ -7,7 +7,6 @@ import itertools
 from collections import Counter
 
 import pytest
-import torch
 from scipy.stats import chi2_contingency
 
 from engine.generate import Decoder, run_generation

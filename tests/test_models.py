@@ -9,7 +9,7 @@ import torch
 from engine.loading import load
 from engine.tree import TokenTree
 
-from .tiny import TINY, hf_model, saved
+from .tiny import TINY, saved
 
 FAMILIES = [k for k in TINY if k not in ("draft", "long", "mamba", "mamba2", "granite")]  # SSMs: tests/test_mamba*.py
 
