@@ -19,6 +19,7 @@ class StepEvent:
     accepted      drafted tokens the target accepted (length of the accepted path)
     emitted       token ids the step output: the accepted path plus the target's own token
     text          the text those tokens add (UTF-8 safe: bytes of a split character wait for the next step)
+    segments      ``text`` split into the drafted-and-accepted part and the target's own token
     tree_tokens / tree_parents   the draft tree (packed, parents -1 = root) for the tree view
     accepted_nodes               indices into the tree of the accepted path
     """
@@ -39,6 +40,8 @@ class StepEvent:
     finished: bool = False
     finish_reason: str | None = None
     rss_mb: float = 0.0
+    segments: list[tuple[str, str]] = field(default_factory=list)  # (text, "accepted" | "target")
+    tree_text: list[str] = field(default_factory=list)  # readable token per tree node
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -45,6 +45,7 @@ class Decoder:
     drafter_model: CausalLM | None = None
     eos_ids: set[int] = field(default_factory=set)
     detokenize: Callable[[], object] | None = None  # factory of a StreamDecoder (push(ids) -> str)
+    token_str: Callable[[int], str] | None = None  # readable token text, for the tree view
 
     def __post_init__(self) -> None:
         self.target.allocate()
@@ -146,9 +147,13 @@ class Decoder:
                 self.target.cache.rollback(len(self.history) - 1)
             if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
                 self._pending = self._pending[: len(self.history) - 1 - self.target.cache.length]
-            text = decoder.push([t for t in emitted if t not in self.eos_ids]) if decoder else ""
+            # Two segments, so the UI can colour drafted-and-accepted text apart from the target's own token.
+            n_acc = min(len(path), len(emitted))
+            seg_acc = decoder.push([t for t in emitted[:n_acc] if t not in self.eos_ids]) if decoder else ""
+            seg_tgt = decoder.push([t for t in emitted[n_acc:] if t not in self.eos_ids]) if decoder else ""
             if reason and decoder:
-                text += decoder.flush()
+                seg_tgt += decoder.flush()
+            text = seg_acc + seg_tgt
             if reason is None and len(self.history) >= self.context_length:
                 reason = "context"
             step += 1
@@ -158,6 +163,8 @@ class Decoder:
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path),
                 draft_ms=draft_s * 1000.0, verify_ms=(t2 - t1) * 1000.0, ms=ms, position=len(self.history),
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
+                segments=[(seg_acc, "accepted"), (seg_tgt, "target")],
+                tree_text=[self.token_str(t) for t in tree.tokens] if self.token_str else [],
             )
             if reason is not None:
                 return

@@ -50,6 +50,7 @@ class ChatSession:
             drafter.model if drafter is not None else None,
             eos_ids=set(tok.eos_ids) if tok is not None else set(),
             detokenize=(lambda: _stream_decoder(tok)) if tok is not None else None,
+            token_str=tok.token_str if tok is not None else None,
         )
         self.strategy = strategy or default_strategy(self.has_drafter)
 
