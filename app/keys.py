@@ -8,6 +8,8 @@ KEYS: list[tuple[tuple[str, ...], str]] = [
     (("shift+enter", "ctrl+j"), "new line in the message"),
     (("escape",), "stop the reply (the partial text is kept)"),
     (("ctrl+s", "f2"), "next strategy: ar, pld, sd, tree, ersd (live)"),
+    (("ctrl+d", "f3"), "show or hide the dashboard (hidden below 100 columns)"),
+    (("[", "]"), "older / newer draft tree (dashboard tree focused; also ← →, End: latest)"),
     (("f1",), "this help"),
     (("ctrl+p",), "command palette"),
     (("tab", "shift+tab"), "move the focus"),

@@ -33,6 +33,7 @@ class ReplyRun:
         self.summary = GenerationSummary()
         self.text = ""
         self.last_event: StepEvent | None = None
+        self.new_events: list[StepEvent] = []  # the events the last drain took (for the dashboard)
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.finished = False
@@ -55,6 +56,7 @@ class ReplyRun:
     def drain(self) -> str:
         """Take everything queued so far; return the text it adds (possibly empty)."""
         parts: list[str] = []
+        self.new_events = []
         while not self.finished:
             try:
                 item = self._queue.get_nowait()
@@ -68,6 +70,7 @@ class ReplyRun:
             elif isinstance(item, StepEvent):
                 self.summary.add(item)
                 self.last_event = item
+                self.new_events.append(item)
                 parts.append(item.text)
                 if item.finished and item.finish_reason:
                     self.finish_reason = item.finish_reason

@@ -1,10 +1,11 @@
-"""The chat screen: messages, the prompt, the status line, and the reply in flight."""
+"""The chat screen: messages, the prompt, the live dashboard, the status line, the reply in flight."""
 
 from __future__ import annotations
 
-from textual import on, work
+from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer
@@ -14,12 +15,13 @@ from textual.worker import get_current_worker
 from engine.session import ChatEngine
 
 from ..reply import ReplyRun
-from ..widgets import ChatMessage, MessageList, PromptInput, StatusLine
+from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.status import FINISH_TEXT
 
 DRAIN_INTERVAL_S = 1 / 20  # the UI takes the engine's events at most 20 times a second
 STOPPED_MARK = "\n\n*(stopped)*"
 ERROR_MARK = "\n\n*(error)*"
+DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 
 
 class ChatScreen(Screen[None]):
@@ -29,7 +31,10 @@ class ChatScreen(Screen[None]):
     a thread worker; this screen only drains its queue on a timer (see :mod:`app.reply`).
     """
 
-    BINDINGS = [Binding("escape", "stop", "Stop", id="stop")]
+    BINDINGS = [
+        Binding("escape", "stop", "Stop", id="stop"),
+        Binding("ctrl+d,f3", "toggle_dashboard", "Dashboard", id="toggle_dashboard", priority=True),
+    ]
 
     def __init__(self, max_new_tokens: int = 512, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -43,15 +48,46 @@ class ChatScreen(Screen[None]):
         self._stream: MarkdownStream | None = None
         self._timer: Timer | None = None
         self._finishing = False
+        self.dashboard = Dashboard(id="dashboard")
+        self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
+        self._wide: bool | None = None
 
     def compose(self) -> ComposeResult:
-        yield MessageList(id="messages")
-        yield PromptInput(id="prompt")
+        with Horizontal(id="body"):
+            with Vertical(id="chat-column"):
+                yield MessageList(id="messages")
+                yield PromptInput(id="prompt")
+            yield self.dashboard
         yield self.status_line
         yield Footer()
 
     def on_mount(self) -> None:
         self.query_one(PromptInput).focus()
+        self._apply_width(self.app.size.width)
+
+    # ---- dashboard -------------------------------------------------------------------------------
+    def on_resize(self, event: events.Resize) -> None:
+        self._apply_width(event.size.width)
+
+    def _apply_width(self, width: int) -> None:
+        """Show the dashboard on wide terminals; crossing the threshold resets the user's toggle."""
+        wide = width >= DASHBOARD_MIN_WIDTH
+        if wide != self._wide:
+            self._wide, self._dashboard_choice = wide, None
+        self._show_dashboard(wide if self._dashboard_choice is None else self._dashboard_choice)
+
+    def _show_dashboard(self, visible: bool) -> None:
+        was = self.dashboard.display
+        if not visible and self.focused is not None and self.dashboard in self.focused.ancestors_with_self:
+            self.query_one(PromptInput).focus()  # never leave the focus on a hidden widget
+        self.dashboard.display = visible
+        if visible and not was:
+            self.dashboard.flush()
+
+    def action_toggle_dashboard(self) -> None:
+        """Ctrl+D / F3: show or hide the dashboard (whatever the terminal width)."""
+        self._dashboard_choice = not self.dashboard.display
+        self._show_dashboard(self._dashboard_choice)
 
     # ---- session and status ----------------------------------------------------------------------
     @property
@@ -114,6 +150,7 @@ class ChatScreen(Screen[None]):
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state("generating…")
+        self.dashboard.start_reply()
         self._timer = self.set_interval(DRAIN_INTERVAL_S, self._drain)
         self._generate(self.session, run)
 
@@ -130,6 +167,8 @@ class ChatScreen(Screen[None]):
         if run is None or self._stream is None:
             return
         new_text = run.drain()
+        if run.new_events:
+            self.dashboard.add_events(run.new_events)
         if new_text:
             await self._stream.write(new_text)
         if run.last_event is not None:
@@ -163,6 +202,7 @@ class ChatScreen(Screen[None]):
         elif reason == "context":
             self.notify("Context full: the conversation no longer fits the model's context.",
                         severity="warning", timeout=8)
+        self.dashboard.flush()
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:

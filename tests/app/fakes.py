@@ -104,3 +104,46 @@ class FailingEngine(FakeEngine):
         self.calls.append(copy.deepcopy(messages))
         yield self._event(1, "Half a", self.strategy, False, None)
         raise RuntimeError("device out of memory\n(details the user does not need)")
+
+
+def tree_step(
+    step: int,
+    words: Sequence[str],
+    parents: Sequence[int],
+    accepted_nodes: Sequence[int],
+    target: str,
+    *,
+    ms: float = 10.0,
+    strategy: str = "tree greedy",
+) -> StepEvent:
+    """A speculative step with a draft tree: ``words`` per node, the accepted path, the target's token."""
+    accepted_text = [words[i] for i in accepted_nodes]
+    segments = [(t, "accepted") for t in accepted_text] + [(target, "target")]
+    return StepEvent(
+        step=step, strategy=strategy, drafted=len(words), accepted=len(accepted_nodes),
+        emitted=list(range(len(accepted_nodes) + 1)), text="".join(accepted_text) + target,
+        tree_tokens=list(range(100 + step * 10, 100 + step * 10 + len(words))), tree_parents=list(parents),
+        accepted_nodes=list(accepted_nodes), tree_text=list(words), segments=segments, ms=ms,
+    )
+
+
+class ScriptedEngine(FakeEngine):
+    """Yields the given StepEvents as they are (the last one marked finished with "eos")."""
+
+    def __init__(self, events: Sequence[StepEvent], **kwargs: object) -> None:
+        super().__init__([ev.text for ev in events], **kwargs)  # type: ignore[arg-type]
+        self.events = list(events)
+
+    def stream_chat(
+        self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event
+    ) -> Iterator[StepEvent]:
+        self.calls.append(copy.deepcopy(messages))
+        for i, ev in enumerate(self.events, start=1):
+            if self.gate is not None and not self.gate.acquire(timeout=SAFETY_TIMEOUT_S):
+                raise TimeoutError("test gate never released")
+            time.sleep(self.step_delay_s)
+            if i == len(self.events):
+                ev = copy.copy(ev)
+                ev.finished, ev.finish_reason = True, "eos"
+            yield ev
+            self.steps_done = i

@@ -1,0 +1,122 @@
+"""The draft tree of one step (the latest by default), accepted path highlighted; [ and ] step."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.console import RenderableType
+from rich.text import Text
+from rich.tree import Tree
+from textual.binding import Binding
+from textual.widgets import Static
+
+from engine.events import StepEvent
+
+ACCEPTED_STYLE = "bold green"
+REJECTED_STYLE = "dim"
+TARGET_STYLE = "bold magenta"
+
+
+def token_label(text: str) -> str:
+    """A token as a short quoted string, whitespace made visible (``'\\n'``, ``' the'``)."""
+    return repr(text)
+
+
+def target_text(ev: StepEvent) -> str | None:
+    """The target's own token this step (the correction or bonus), if the engine sent segments."""
+    targets = [text for text, kind in ev.segments if kind == "target"]
+    return targets[-1] if targets else None
+
+
+def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
+    """A Rich tree: ✓ marks the accepted path, → the target's token after it, the rest dimmed."""
+    title = Text(f"step {ev.step}", style="bold")
+    title.append(f" · drafted {ev.drafted}, accepted {ev.accepted}{position}", style="")
+    if not ev.tree_parents:
+        what = "plain decoding: no draft" if ev.drafted == 0 else "no tree data for this step"
+        body = Text(f"({what})", style="dim")
+        target = target_text(ev)
+        if target is not None:
+            body.append("\n→ " + token_label(target), style=TARGET_STYLE)
+        return Text.assemble(title, "\n", body)
+    tree = Tree(title, guide_style="dim")
+    accepted = set(ev.accepted_nodes)
+    last_accepted = ev.accepted_nodes[-1] if ev.accepted_nodes else -1
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(ev.tree_parents):
+        children.setdefault(parent if 0 <= parent < i else -1, []).append(i)
+    target = target_text(ev)
+
+    def label(i: int) -> Text:
+        word = ev.tree_text[i] if i < len(ev.tree_text) else f"#{ev.tree_tokens[i]}" if i < len(ev.tree_tokens) else "?"
+        if i in accepted:
+            return Text("✓ " + token_label(word), style=ACCEPTED_STYLE)
+        return Text("  " + token_label(word), style=REJECTED_STYLE)
+
+    stack: list[tuple[int, Tree]] = [(i, tree) for i in reversed(children.get(-1, []))]
+    nodes: dict[int, Tree] = {}
+    while stack:
+        i, parent_node = stack.pop()
+        node = parent_node.add(label(i))
+        nodes[i] = node
+        stack.extend((c, node) for c in reversed(children.get(i, [])))
+    if target is not None:
+        (nodes.get(last_accepted, tree)).add(Text("→ " + token_label(target) + " (target)", style=TARGET_STYLE))
+    return tree
+
+
+class DraftTreeView(Static, can_focus=True):
+    """Shows one step of ``events``; follows the latest step until the user steps back with [."""
+
+    BINDINGS = [
+        Binding("left_square_bracket,left", "older", "Older step", id="tree_older"),
+        Binding("right_square_bracket,right", "newer", "Newer step", id="tree_newer"),
+        Binding("end", "latest", "Latest step", id="tree_latest"),
+    ]
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(Text("No step yet.", style="dim"), **kwargs)  # type: ignore[arg-type]
+        self.events: Sequence[StepEvent] = ()
+        self.index: int | None = None  # None: follow the latest step
+
+    @property
+    def shown(self) -> StepEvent | None:
+        """The step on display."""
+        if not self.events:
+            return None
+        i = len(self.events) - 1 if self.index is None else min(self.index, len(self.events) - 1)
+        return self.events[i]
+
+    def show(self, events: Sequence[StepEvent]) -> None:
+        """Redraw from ``events`` (the reply's steps); called by the dashboard at <= 10 Hz."""
+        self.events = events
+        ev = self.shown
+        if ev is None:
+            self.update(Text("No step yet.", style="dim"))
+            return
+        n = len(self.events)
+        i = n - 1 if self.index is None else min(self.index, n - 1)
+        where = " · latest" if self.index is None else f" · {i + 1}/{n}  (] newer, End latest)"
+        self.update(render_tree(ev, where))
+
+    def reset(self) -> None:
+        """A new reply: follow its latest step."""
+        self.index = None
+        self.show(())
+
+    def action_older(self) -> None:
+        n = len(self.events)
+        if n:
+            self.index = max(0, (n - 1 if self.index is None else self.index) - 1)
+            self.show(self.events)
+
+    def action_newer(self) -> None:
+        if self.index is not None:
+            self.index += 1
+            if self.index >= len(self.events) - 1:
+                self.index = None
+            self.show(self.events)
+
+    def action_latest(self) -> None:
+        self.index = None
+        self.show(self.events)

@@ -1,0 +1,218 @@
+"""The live dashboard against scripted StepEvents: numbers, sparkline, depth table, tree, toggle."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import pytest
+from textual.widgets import Sparkline
+
+from app.dashboard_stats import DashboardStats, tree_depth
+from app.screens import ChatScreen
+from app.sysinfo import GpuProbe, GpuReading, MemoryMonitor, MemoryReading, memory_lines
+from app.widgets import Dashboard, DraftTreeView, StepView
+from app.widgets.step_view import SEGMENT_STYLES, render_steps
+from engine.events import StepEvent
+
+from .fakes import ScriptedEngine, tree_step
+from .test_chat import make_app, ready, reply_done, screen_text, send, wait_for
+
+WIDE = (140, 60)
+
+
+def script() -> list[StepEvent]:
+    """Four steps: nothing accepted; plain decoding; depth 1 of 2; depth 3 of 3 (the latest)."""
+    plain = StepEvent(step=2, strategy="ar greedy", drafted=0, accepted=0, emitted=[7], text=" Hi",
+                      segments=[(" Hi", "target")], ms=10.0)
+    return [
+        tree_step(1, ["A", "B"], [-1, -1], [], "C"),
+        plain,
+        tree_step(3, [" the", " a", " mat"], [-1, -1, 0], [0], " rug"),
+        tree_step(4, ["The", " cat", " dog", " sat"], [-1, 0, 0, 1], [0, 1, 3], " on"),
+    ]
+
+
+class NoGpu:
+    available = False
+
+    def read(self) -> list[GpuReading]:
+        raise AssertionError("an unavailable GPU is never read")
+
+
+class OneGpu:
+    available = True
+
+    def read(self) -> list[GpuReading]:
+        return [GpuReading(0, "FakeGPU 80GB", 3 * 1024, 80 * 1024, 45.0)]
+
+
+@pytest.fixture(autouse=True)
+def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never touch a real NVML: the dashboard's default monitor sees no GPU."""
+    monkeypatch.setattr("app.sysinfo.GpuProbe", NoGpu)
+
+
+def dashboard(app: object) -> Dashboard:
+    return app.chat.dashboard  # type: ignore[attr-defined, no-any-return]
+
+
+# ---- pure numbers -------------------------------------------------------------------------------
+def test_acceptance_by_depth_for_a_scripted_sequence() -> None:
+    stats = DashboardStats()
+    for ev in script():
+        stats.add(ev)
+    assert stats.spec_steps == 3  # the plain step is not a speculative one
+    rows = stats.acceptance_by_depth()
+    assert [d for d, _ in rows] == [1, 2, 3]
+    assert [f for _, f in rows] == pytest.approx([2 / 3, 1 / 3, 1 / 3])
+    assert list(stats.per_step) == [1, 1, 2, 4]
+    assert stats.mean_tokens_per_step == pytest.approx(2.0)
+    assert stats.tokens_per_s_avg == pytest.approx(200.0)  # 8 tokens in 4 x 10 ms
+    assert tree_depth([-1, 0, 0, 1]) == 3 and tree_depth([]) == 0
+
+
+def test_tokens_per_s_now_uses_the_last_ten_steps() -> None:
+    stats = DashboardStats()
+    for i in range(10):
+        stats.add(tree_step(i, ["a"], [-1], [0], "b", ms=100.0))  # 2 tokens / 100 ms
+    for i in range(10, 20):
+        stats.add(tree_step(i, ["a"], [-1], [0], "b", ms=10.0))  # 2 tokens / 10 ms
+    assert stats.tokens_per_s_now == pytest.approx(200.0)
+    assert stats.tokens_per_s_avg == pytest.approx(40 / 1.1)
+
+
+def test_step_view_colours_accepted_and_target_segments() -> None:
+    text = render_steps(script()[2:])
+    assert text.plain == " the rugThe cat sat on"
+    styled = {text.plain[s.start:s.end]: str(s.style) for s in text.spans}
+    assert styled[" rug"] == styled[" on"] == SEGMENT_STYLES["target"]
+    assert styled[" the"] == styled[" sat"] == SEGMENT_STYLES["accepted"]
+
+
+def test_memory_lines_show_a_gpu_only_when_there_is_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    reading = MemoryMonitor(gpu=NoGpu()).read()
+    assert reading.rss_mb > 0 and reading.ram_total_mb > 0 and reading.gpus == []
+    assert len(memory_lines(reading)) == 1 and "GPU" not in memory_lines(reading)[0]
+    lines = memory_lines(MemoryReading(500, 8192, 16384, OneGpu().read()))
+    assert lines == ["RSS 500 MB · RAM 8.0/16.0 GB (50%)", "GPU0 3.0/80.0 GB · util 45% · FakeGPU 80GB"]
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
+    probe = GpuProbe()
+    assert not probe.available and probe.read() == []
+
+
+# ---- in the app ---------------------------------------------------------------------------------
+async def test_dashboard_shows_speed_mean_and_last_step_after_a_reply() -> None:
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        assert dashboard(app).display
+        await send(pilot, "go")
+        await reply_done(pilot)
+        text = screen_text(app)
+        assert "tok/s now 200.0 · avg 200.0" in text
+        assert "tok/step 2.00 mean accepted length" in text
+        assert "step 4: drafted 4, accepted 3" in text
+        assert list(app.query_one(Sparkline).data or []) == [1, 1, 2, 4]  # one value per step
+        for row in ("≥1  ████████░░░░  67%", "≥2  ████░░░░░░░░  33%", "≥3  ████░░░░░░░░  33%"):
+            assert row in text
+        assert " the rugThe cat sat on" in text  # the step view
+        assert "RSS " in text and "RAM " in text
+        assert "GPU" not in text  # no pynvml / no device: no GPU line, no error
+
+
+async def test_gpu_line_shows_when_a_device_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("app.sysinfo.GpuProbe", OneGpu)
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        assert "GPU0 3.0/80.0 GB · util 45%" in screen_text(app)
+
+
+async def test_tree_view_marks_the_accepted_path_and_brackets_step_through() -> None:
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await reply_done(pilot)
+        tree = app.query_one(DraftTreeView)
+        text = screen_text(app)
+        for marked in ("✓ 'The'", "✓ ' cat'", "✓ ' sat'", "→ ' on' (target)"):
+            assert marked in text
+        assert "  ' dog'" in text and "✓ ' dog'" not in text
+        assert "step 4 · drafted 4, accepted 3 · latest" in text
+
+        tree.focus()
+        await pilot.press("left_square_bracket")
+        assert tree.shown is not None and tree.shown.step == 3
+        text = screen_text(app)
+        assert "✓ ' the'" in text and "→ ' rug' (target)" in text and "  ' mat'" in text
+        assert "✓ 'The'" not in text
+        await pilot.press("left_square_bracket")
+        assert tree.shown.step == 2 and "plain decoding: no draft" in screen_text(app)
+        await pilot.press("left_square_bracket", "left_square_bracket", "left_square_bracket")
+        assert tree.shown.step == 1  # stops at the first step
+        await pilot.press("right_square_bracket")
+        assert tree.shown.step == 2
+        await pilot.press("end")
+        assert tree.index is None and tree.shown.step == 4
+
+
+async def test_toggle_key_hides_and_shows_and_narrow_terminals_start_hidden() -> None:
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        panel = dashboard(app)
+        assert panel.display
+        await pilot.press("ctrl+d")
+        assert not panel.display and "tok/s now" not in screen_text(app)
+        await pilot.press("f3")
+        assert panel.display and "tok/s now" in screen_text(app)
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        assert not panel.display  # too narrow: hidden automatically
+        await pilot.press("ctrl+d")
+        assert panel.display  # ... but the key still shows it
+        await pilot.resize_terminal(*WIDE)
+        await pilot.pause()
+        assert panel.display
+    assert isinstance(app.chat, ChatScreen)
+
+
+async def test_dashboard_repaints_are_bounded_during_a_fast_reply() -> None:
+    steps = 200
+    events = [tree_step(i, ["x", "y"], [-1, 0], [0], "z", ms=1.0) for i in range(1, steps + 1)]
+    app = make_app(ScriptedEngine(events, step_delay_s=0.002))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        panel = dashboard(app)
+        before = panel.repaints
+        start = time.monotonic()
+        await send(pilot, "fast")
+        await reply_done(pilot)
+        elapsed = time.monotonic() - start
+        repaints = panel.repaints - before
+        assert list(app.query_one(Sparkline).data or []) == [2] * steps
+        assert repaints < steps / 4, f"{repaints} repaints for {steps} steps"
+        assert repaints <= elapsed * 10 + 3, f"{repaints} repaints in {elapsed:.2f}s"
+        assert len(app.query_one(StepView).render().plain) > 0  # type: ignore[union-attr]
+
+
+async def test_dashboard_updates_mid_reply_and_hiding_it_returns_the_focus() -> None:
+    gate = threading.Semaphore(0)
+    app = make_app(ScriptedEngine(script(), gate=gate))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        gate.release()
+        await wait_for(pilot, lambda: "step 1: drafted 2, accepted 0" in screen_text(app))
+        assert app.chat.busy  # still streaming: the panel updated from the drained events
+        app.query_one(DraftTreeView).focus()
+        await pilot.press("ctrl+d")
+        assert not dashboard(app).display and app.focused is app.query_one("#prompt")
+        for _ in range(3):
+            gate.release()
+        await reply_done(pilot)
+        await pilot.press("ctrl+d")
+        assert "step 4: drafted 4, accepted 3" in screen_text(app)  # repainted when shown again
