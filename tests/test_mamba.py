@@ -19,7 +19,7 @@ from engine.models.mamba import Mamba, MambaConfig, selective_scan, tree_plan
 from engine.strategy import preset
 from engine.tree import TokenTree
 
-from .tiny import saved
+from .tiny import saved, uncached_greedy
 
 KINDS = {
     "tied": dict(vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=16, expand=2, conv_kernel=4),
@@ -347,12 +347,8 @@ def test_bad_checkpoint_is_a_load_error(models):
         Mamba(untied, sd)
 
 
-@torch.no_grad()
 def hf_greedy(hf, prompt, n):
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(hf_logits(hf, ids)[-1].argmax()))
-    return ids[len(prompt):]
+    return uncached_greedy(lambda ids: hf_logits(hf, ids), prompt, n)
 
 
 class OracleDrafter:

@@ -12,6 +12,8 @@ import random
 import pytest
 import torch
 
+from .tiny import uncached_greedy
+
 from engine.errors import ModelLoadError
 from engine.generate import Decoder, run_generation
 from engine.loading import read_config, read_state_dict
@@ -255,12 +257,8 @@ def test_with_own_cache_shares_weights_not_state(pair):
 
 
 # ---- the decode loop ---------------------------------------------------------------------------------
-@torch.no_grad()
 def hf_greedy(hf, prompt, n):
-    ids = list(prompt)
-    for _ in range(n):
-        ids.append(int(hf_logits(hf, ids)[-1].argmax()))
-    return ids[len(prompt):]
+    return uncached_greedy(lambda ids: hf_logits(hf, ids), prompt, n)
 
 
 def test_decoder_greedy_strategies_equal_plain_greedy(pair):

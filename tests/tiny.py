@@ -102,5 +102,15 @@ def _hf_greedy(path: Path, prompt: tuple[int, ...], n: int) -> tuple[int, ...]:
     return tuple(out[0, len(prompt):].tolist())
 
 
+def uncached_greedy(logits_of, prompt: list[int], n: int) -> list[int]:
+    """Greedy decoding by a full forward per token (``logits_of(ids) -> (T, V)``): the reference
+    for models whose cached multi-token path is suspect (transformers' Mamba-1)."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            ids.append(int(logits_of(ids)[-1].argmax()))
+    return ids[len(prompt):]
+
+
 def config_of(path: Path) -> dict:
     return json.loads((path / "config.json").read_text())
