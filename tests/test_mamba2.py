@@ -12,13 +12,13 @@ import random
 import pytest
 import torch
 
-from .tiny import uncached_greedy
-
 from engine.errors import ModelLoadError
 from engine.generate import Decoder, run_generation
 from engine.loading import read_config, read_state_dict
 from engine.models.mamba2 import Mamba2, Mamba2Config, remap_mamba_ssm_state_dict
 from engine.strategy import preset
+
+from .tiny import uncached_greedy
 
 SPECS = {
     # one group, untied head; transformers chunk_size 8 so its reference also crosses chunks
