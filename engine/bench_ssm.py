@@ -42,8 +42,7 @@ def random_model(config_path: Path, dtype: torch.dtype):
     """A model of our own from a config.json with random weights (timing only)."""
     from .loading import build, read_config
 
-    cfg_dir = config_path if config_path.is_dir() else config_path.parent
-    cfg = read_config(cfg_dir) if config_path.is_dir() else json.loads(config_path.read_text())
+    cfg = read_config(config_path) if config_path.is_dir() else json.loads(config_path.read_text())
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
