@@ -37,6 +37,10 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--strategy", choices=STRATEGIES, default=None)
     p.add_argument("--draft-len", type=int, default=None, metavar="K")
     p.add_argument("--tree", default=None, metavar="SHAPE", help="static tree shape, e.g. 3,2,2,1,1")
+    p.add_argument("--arms", default=None, metavar="S1;S2;...",
+                   help="mab: tree shapes to choose among, e.g. '3,2,2,1,1;3,3,2,1;1,1,1,1,1'")
+    p.add_argument("--lambda-ucb", type=float, default=None, metavar="L", help="mab: UCB exploration weight")
+    p.add_argument("--node-budget", type=int, default=None, metavar="K", help="optimal: most draft nodes per step")
     p.add_argument("--verify", choices=VERIFIERS, default=None)
     p.add_argument("--vocab", choices=VOCAB_BRIDGES, default=None)
     p.add_argument("--ssm-tree", choices=SSM_TREE_MODES, default=None)
@@ -160,6 +164,12 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool):
             changes[field] = getattr(args, opt)
     if args.tree is not None:
         changes["tree"] = parse_shape(args.tree)
+    if args.arms is not None:
+        changes["arms"] = tuple(parse_shape(a) for a in args.arms.split(";") if a.strip())
+    if args.lambda_ucb is not None:
+        changes["lambda_ucb"] = args.lambda_ucb
+    if args.node_budget is not None:
+        changes["node_budget"] = args.node_budget
     if args.drafter == "ngram" and s.name != "ar":
         changes["drafter"] = "ngram"
     s = s.replace(**changes)

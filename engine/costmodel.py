@@ -66,7 +66,7 @@ def measure(model, sizes: Sequence[int] = DEFAULT_SIZES, prefix: int = 128, repe
     cache is left empty."""
     g = torch.Generator().manual_seed(0)
     V = model.vocab_size
-    model.allocate()
+    model.allocate(prefix + max(sizes) + 1)
     model.prefill(torch.randint(0, V, (prefix,), generator=g).tolist())
     out = {}
     for n in sizes:

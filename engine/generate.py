@@ -22,6 +22,7 @@ from .drafters.ngram import NgramDrafter
 from .errors import SpecchatError
 from .events import GenerationSummary, StepEvent
 from .models.base import CausalLM
+from .policy import OptimalTree, ShapeBandit, child_ranks, plan_depth
 from .sampling import race_noise
 from .strategy import Strategy, StrategyError
 from .tree import TokenTree
@@ -52,6 +53,8 @@ class Decoder:
         self.history: list[int] = []  # committed tokens + the pending root
         self._pending: list[int] = []  # accepted tokens not yet in the target's state (--backtrack joint)
         self.drafters = {"ngram": NgramDrafter()}
+        self.policies: dict[tuple, object] = {}  # tree policies (mab / optimal), per conversation
+        self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -70,6 +73,7 @@ class Decoder:
         self.target.cache.reset()
         self.history = []
         self._pending = []
+        self.policies = {}
         for d in self.drafters.values():
             d.reset()
 
@@ -124,6 +128,8 @@ class Decoder:
             if room <= 0:
                 yield self._final(step, s, decoder, "context")
                 return
+            if s.name in ("mab", "optimal") and self.verify_cost is None:
+                self.calibrate()
             t0 = time.perf_counter()
             tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
@@ -131,6 +137,7 @@ class Decoder:
             path, bonus = self._verify(s, tree, logits, gen)
             commit([0] + [i + 1 for i in path])
             t2 = time.perf_counter()
+            policy = self._book(s, tree, path, draft_s * 1000.0, (t2 - t1) * 1000.0)
             emitted = tree.path_tokens(path) + [bonus]
             reason = None
             for j, t in enumerate(emitted):
@@ -165,6 +172,8 @@ class Decoder:
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
                 segments=[(seg_acc, "accepted"), (seg_tgt, "target")],
                 tree_text=[self.token_str(t) for t in tree.tokens] if self.token_str else [],
+                shape=tree.widths(), accepted_ranks=[ranks[i] for i in path] if (ranks := child_ranks(tree.parents)) else [],
+                policy=policy,
             )
             if reason is not None:
                 return
@@ -209,6 +218,40 @@ class Decoder:
                 self._pending = []
         return logits, commit
 
+    # ---- tree policies ------------------------------------------------------------------------------------
+    def calibrate(self) -> None:
+        """Measure the target's verify-cost curve t(n) on a separate cache (the conversation's
+        state is untouched); the tree policies read it (STree §4)."""
+        from .costmodel import calibrate
+
+        probe = self.target.with_own_cache()
+        try:
+            self.verify_cost = calibrate(probe, sizes=(1, 2, 4, 8, 16, 32), prefix=64, repeats=3)
+        finally:
+            probe.cache = None
+
+    def _policy(self, s: Strategy):
+        if s.name == "mab":
+            key = ("mab", s.arms, s.lambda_ucb)
+            if key not in self.policies:
+                self.policies[key] = ShapeBandit.of(s.arms, s.lambda_ucb, self.verify_cost)
+        else:
+            key = ("optimal", s.node_budget)
+            if key not in self.policies:
+                self.policies[key] = OptimalTree(node_budget=s.node_budget, cost=self.verify_cost)
+        return self.policies[key]
+
+    def _book(self, s: Strategy, tree: TokenTree, path: list[int], draft_ms: float, verify_ms: float) -> dict | None:
+        """Give the step's outcome to the strategy's tree policy; return its telemetry."""
+        if s.name not in ("mab", "optimal") or not len(tree):
+            return None
+        pol = self._policy(s)
+        if s.name == "mab":
+            pol.update(self._last_shape, len(path) + 1, draft_ms, verify_ms, len(tree) + 1)
+        else:
+            pol.update(tree.parents, path)
+        return pol.snapshot()
+
     def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
         text = decoder.flush() if decoder else ""
         return StepEvent(step=step, strategy=s.label(), drafted=0, accepted=0, emitted=[], text=text,
@@ -226,13 +269,20 @@ class Decoder:
             raise StrategyError(f"strategy {s.name!r} needs a drafter model: none is loaded")
         t0 = time.perf_counter()
         shape = tuple(s.tree) if s.name == "tree" else (1,) * s.draft_len
+        plan = None
         if s.name == "pld" and s.ngram_branches > 1:
             shape = (s.ngram_branches,) + (1,) * (s.draft_len - 1)
+        elif s.name == "mab":
+            shape = self._policy(s).choose()
+        elif s.name == "optimal":
+            plan = self._policy(s).choose(max_nodes)
+            shape = (1,) * plan_depth(plan)
+        self._last_shape = shape
         v = s.resolved_verify()
         mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
-                           max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max)
+                           max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan)
         tree = drafter.propose(self.history, req)
         return tree, time.perf_counter() - t0
 

@@ -19,7 +19,7 @@ BACKTRACK_MODES = ("replay", "joint", "recompute")
 
 # Options whose implementation lands in a later issue: they answer clearly instead of falling back.
 NOT_YET = {
-    "strategy": {"mab": "[drafting] (UCB bandit over tree shapes)", "optimal": "[drafting] (optimal trees)"},
+    "strategy": {},
     "vocab": {"union": "[vocab]", "tli": "[vocab]", "slem": "[vocab]", "slrs": "[vocab]"},
 }
 
@@ -38,6 +38,9 @@ class Strategy:
     tree        static shape (N1..Ngamma) for tree
     verify      auto | greedy | rs | mss | membership | race
     temperature 0 = greedy
+    arms        mab: the static shapes the UCB bandit chooses among (mamba-drafters §4.2)
+    lambda_ucb  mab: exploration weight of eq. 1
+    node_budget optimal: most draft nodes of the Alg. 3 tree (the cost model may cap it lower)
     """
 
     name: str = "sd"
@@ -54,6 +57,9 @@ class Strategy:
     ngram_min: int = 2
     ngram_max: int = 6
     ngram_branches: int = 3
+    arms: tuple[tuple[int, ...], ...] = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (1, 1, 1, 1, 1))
+    lambda_ucb: float = 0.3
+    node_budget: int = 16
 
     # ---- derived --------------------------------------------------------------------------------
     @property
@@ -76,7 +82,7 @@ class Strategy:
             return "greedy"
         if self.drafter == "ngram" or self.name == "pld":
             return "membership"  # deterministic drafts: no q to reject against
-        if self.name == "tree":
+        if self.name in ("tree", "mab", "optimal"):
             return "mss"
         return "rs"
 
@@ -89,6 +95,8 @@ class Strategy:
             parts.append("ngram")
         if self.name == "tree":
             parts.append("tree=" + ",".join(map(str, self.tree)))
+        if self.name == "optimal":
+            parts.append(f"nodes<={self.node_budget}")
         parts.append(self.resolved_verify())
         parts.append("T=0" if self.greedy else f"T={self.temperature:g}")
         return " ".join(parts)
@@ -96,6 +104,7 @@ class Strategy:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tree"] = list(self.tree)
+        d["arms"] = [list(a) for a in self.arms]
         d["verify_resolved"] = self.resolved_verify()
         return d
 
@@ -148,6 +157,17 @@ class Strategy:
             raise StrategyError("ersd verifies by exponential race only (--verify race)")
         if self.name == "tree":
             parse_shape(",".join(map(str, self.tree)))
+        if self.name == "mab":
+            if not self.arms:
+                raise StrategyError("mab needs at least one tree shape to choose from")
+            for a in self.arms:
+                parse_shape(",".join(map(str, a)))
+            if self.lambda_ucb < 0:
+                raise StrategyError("lambda_ucb must be >= 0")
+        if self.name == "optimal" and not 1 <= self.node_budget <= 256:
+            raise StrategyError("the optimal tree's node budget must be between 1 and 256")
+        if self.name in ("mab", "optimal") and self.drafter == "ngram":
+            raise StrategyError(f"{self.name} chooses trees for a drafter model; n-gram drafts come from matches (use pld)")
         return self
 
 
@@ -157,9 +177,11 @@ PRESETS: dict[str, Strategy] = {
     "pld": Strategy(name="pld", drafter="ngram", draft_len=8),
     "sd": Strategy(name="sd", drafter="model", draft_len=5),
     "tree": Strategy(name="tree", drafter="model", tree=(3, 2, 2, 1, 1)),
+    "mab": Strategy(name="mab", drafter="model"),
+    "optimal": Strategy(name="optimal", drafter="model", node_budget=16),
     "ersd": Strategy(name="ersd", drafter="model", draft_len=5, verify="race"),
 }
-CYCLE = ("ar", "pld", "sd", "tree", "ersd")
+CYCLE = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd")
 
 
 def preset(name: str, **overrides: Any) -> Strategy:

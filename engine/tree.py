@@ -106,6 +106,13 @@ class TokenTree:
     def max_depth(self) -> int:
         return max(self.depth, default=0)
 
+    def widths(self) -> list[int]:
+        """Nodes per depth (depth 1 first): the shape actually drafted."""
+        out = [0] * self.max_depth
+        for d in self.depth:
+            out[d - 1] += 1
+        return out
+
     def children(self, node: int) -> list[int]:
         """Children of ``node`` (-1 = root), in packed (i.e. rank) order."""
         return [i for i, p in enumerate(self.parents) if p == node]

@@ -48,3 +48,37 @@ def test_distill_train_resumes_and_saves_a_loadable_drafter(tmp_path, smollm2_gg
     drafter = load(str(out))
     assert isinstance(drafter.model, Mamba2) and drafter.tokenizer.vocab_size == 49152
     assert json.loads((out / "distill.json").read_text())["steps"] == 3
+
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from tests.tiny import saved  # noqa: E402
+
+
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2", "yarn_rope"])
+def test_batched_greedy_equals_batch_one_greedy(tmp_path_factory, kind):
+    """`distill data --batch N` decodes left-padded rows together: in float64 (no near-ties) every
+    row's reply equals the engine's own batch-1 greedy reply, including rows that stop early on
+    EOS while others go on, and prompts of different lengths."""
+    from engine.distill import batched_greedy
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+
+    path = saved(kind, str(tmp_path_factory.mktemp("m")))
+    model = load(str(path), dtype=torch.float64).model
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, 96, (int(n),), generator=g).tolist() for n in (3, 9, 1, 17, 6, 12, 5)]
+    n = 12
+    ref = []
+    for p in prompts:
+        dec = Decoder(model)
+        events, _ = run_generation(dec, p, preset("ar"), n)
+        ref.append([t for e in events for t in e.emitted])
+    # an EOS that some (not all) rows hit early: the most common token at step 3
+    eos = {max(set(r[3] for r in ref), key=[r[3] for r in ref].count)}
+    want = [r[: next((i + 1 for i, t in enumerate(r) if t in eos), n)] for r in ref]
+    assert any(len(w) < n for w in want) and any(len(w) == n for w in want)
+    got = dict(batched_greedy(model, prompts, n, eos, batch=3))
+    assert [got[i] for i in range(len(prompts))] == want

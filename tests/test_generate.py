@@ -35,7 +35,8 @@ def tokens_of(events):
 def greedy_strategies():
     return [preset("ar"), preset("pld"), preset("sd", draft_len=3), preset("sd", draft_len=6), preset("tree", tree=(3, 2, 2, 1, 1)),
             preset("tree", tree=(2, 2, 2)), preset("ersd"), preset("sd", draft_len=4, verify="membership"),
-            preset("pld", ngram_branches=3)]
+            preset("pld", ngram_branches=3), preset("mab"), preset("mab", arms=((2, 1), (1, 1, 1, 1, 1, 1, 1))),
+            preset("optimal"), preset("optimal", node_budget=3)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt_neox", "mamba2"])
@@ -60,7 +61,8 @@ def test_strategy_switches_live_between_steps(root):
     path = saved("llama", root)
     target = load(str(path)).model
     dec = Decoder(target, load(str(saved("draft", root))).model)
-    cycle = itertools.cycle([preset("ar"), preset("sd", draft_len=4), preset("pld"), preset("tree"), preset("ersd")])
+    cycle = itertools.cycle([preset("ar"), preset("sd", draft_len=4), preset("pld"), preset("tree"), preset("mab"),
+                             preset("optimal"), preset("ersd")])
     seen = []
 
     def current():
@@ -71,7 +73,7 @@ def test_strategy_switches_live_between_steps(root):
     prompt = PROMPTS[0]
     evs, _ = run_generation(dec, prompt, current, 60)
     assert tokens_of(evs) == hf_greedy(path, prompt, 60)
-    assert {"ar", "sd", "pld", "tree", "ersd"} <= set(seen)
+    assert {"ar", "sd", "pld", "tree", "mab", "optimal", "ersd"} <= set(seen)
     assert len({e.strategy.split()[0] for e in evs}) >= 4
 
 
@@ -120,8 +122,10 @@ def test_stop_event_ends_after_current_step(root):
 
 
 def test_invalid_combinations_are_refused():
-    with pytest.raises(StrategyError, match="not available yet"):
-        preset("mab")
+    with pytest.raises(StrategyError, match="needs a drafter model"):
+        preset("mab").validate(has_drafter_model=False)
+    with pytest.raises(StrategyError, match="chooses trees for a drafter model"):
+        preset("optimal", drafter="ngram").validate()
     with pytest.raises(StrategyError, match="needs a drafter model"):
         preset("sd").validate(has_drafter_model=False)
     with pytest.raises(StrategyError, match="n-gram drafts have none"):
@@ -155,9 +159,11 @@ SAMPLING = {
     "mss": preset("tree", tree=(2, 2), temperature=1.0),                               # multi-step, without replacement
     "membership-ngram": preset("pld", temperature=1.0),                                # membership, deterministic drafts
     "membership-model": preset("sd", draft_len=3, temperature=1.0, verify="membership"),  # membership, sampled drafts
+    "mab": preset("mab", temperature=1.0, arms=((2, 2), (1, 1, 1), (3, 1))),             # shapes chosen from past steps
+    "optimal": preset("optimal", temperature=1.0, node_budget=5),                      # Alg. 3 trees, mss
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
-                  if k != "membership-model" or t == "llama"]  # verifier-level: once is enough
+                  if k not in ("membership-model", "mab", "optimal") or t in ("llama", "mamba2")]  # policy-level: two targets
 
 
 @pytest.mark.parametrize("case, target", SAMPLING_CASES, ids=[f"{k}-{t}" for k, t in SAMPLING_CASES])

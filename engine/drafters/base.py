@@ -33,6 +33,7 @@ class DraftRequest:
     generator: torch.Generator | None = None
     noise_at_depth: Callable[[int], torch.Tensor] | None = None
     max_nodes: int = 256
+    plan: tuple[int, ...] | None = None  # an arbitrary tree (parent per node, rank order); overrides shape
     ngram_min: int = 2
     ngram_max: int = 6
 

@@ -103,29 +103,39 @@ class ModelDrafter:
         children chosen from its logits, then one forward over all new nodes gives theirs."""
         root_logits = self._sync(history)
         cache = self.model.cache
+        kids = _plan_children(req)
         tokens: list[int] = []
         parents: list[int] = []
         q_rows: dict[int, torch.Tensor] = {}
-        frontier: list[int] = [-1]  # tree nodes of the current depth (-1 = the root)
+        frontier: list[tuple[int, int]] = [(-1, -1)]  # (tree node, plan node) of the current depth (-1 = root)
         logits = root_logits[None]  # (F, V): row f predicts the children of frontier[f]
         budget = min(req.max_nodes, cache.capacity - cache.length - 1)
         batch = None  # recurrent drafters: the DraftBatch whose row f is frontier[f]'s state
         srows: list[int] = [-1]  # transformer drafters: the scratch row of each frontier node
-        for d, width in enumerate(req.shape):
+        d = 0
+        while frontier:
             new: list[int] = []  # the frontier index of each new node's parent
-            for f, node in enumerate(frontier):
-                n = min(width, budget - len(tokens))
+            plan_ids: list[int] = []
+            for f, (node, pid) in enumerate(frontier):
+                want = kids.get(pid, [])
+                n = min(len(want), budget - len(tokens))
                 if n <= 0:
-                    break
+                    continue
                 toks, q = self._choose(logits[f], n, d, req)
                 if q is not None:
                     q_rows[node + 1] = q
                 tokens.extend(toks)
                 parents.extend([node] * len(toks))
                 new.extend([f] * len(toks))
-            if not new or d == len(req.shape) - 1 or len(tokens) >= budget:
+                plan_ids.extend(want[:n])
+            if not new or len(tokens) >= budget:
                 break
-            new_tokens = tokens[len(tokens) - len(new):]
+            nxt = [(len(tokens) - len(new) + j, pid) for j, pid in enumerate(plan_ids)]
+            keep = [j for j, (_, pid) in enumerate(nxt) if pid in kids]  # only nodes with children step on
+            if not keep:
+                break
+            new = [new[j] for j in keep]
+            new_tokens = [tokens[nxt[j][0]] for j in keep]
             if self.recurrent:
                 batch = self._fork(batch, new)
                 out = batch.step(torch.tensor(new_tokens, dtype=torch.long))
@@ -135,11 +145,12 @@ class ModelDrafter:
                 self._scratch_tokens.extend(new_tokens)
                 srows = list(range(s0, s0 + len(new)))
             logits = self._fit_vocab(out)
-            frontier = list(range(len(tokens) - len(new), len(tokens)))
+            frontier = [nxt[j] for j in keep]
+            d += 1
         kind = "deterministic"
         probs = None
         if req.mode == "sample":
-            kind = "without_replacement" if any(w > 1 for w in req.shape) else "iid"
+            kind = "without_replacement" if any(len(v) > 1 for v in kids.values()) else "iid"
             probs = torch.zeros(len(tokens) + 1, self.target_vocab)
             for r, q in q_rows.items():
                 probs[r] = q
@@ -164,6 +175,17 @@ class ModelDrafter:
         if req.mode == "race":
             return race_topk(q, req.noise_at_depth(depth), n), None
         return draft_sample(q, n, req.generator, without_replacement=True), q
+
+
+def _plan_children(req: DraftRequest) -> dict[int, list[int]]:
+    """Plan node -> its children in rank order (-1 = the root), from ``req.plan`` or the shape."""
+    from ..policy import plan_from_shape
+
+    plan = req.plan if req.plan is not None else plan_from_shape(req.shape)
+    kids: dict[int, list[int]] = {}
+    for i, p in enumerate(plan):
+        kids.setdefault(p, []).append(i)
+    return kids
 
 
 def _recurrent_rollback(cache, n: int) -> int:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, tensor_getter
+from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, rotate_half, tensor_getter
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -142,16 +142,66 @@ class Llama(CausalLM):
             if L["bo"] is not None:
                 a = a + L["bo"]
             x = x + a
-            h = rms_norm(x, L["ln2"], c.rms_norm_eps)
-            gu = h @ L["wgu"]
-            if L["bgu"] is not None:
-                gu = gu + L["bgu"]
-            g, u = gu.chunk(2, dim=-1)
-            m = (F.silu(g) * u) @ L["wd"]
-            if L["bd"] is not None:
-                m = m + L["bd"]
-            x = x + m
+            x = x + self._mlp(L, rms_norm(x, L["ln2"], c.rms_norm_eps))
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    @staticmethod
+    def _mlp(L: dict, h: torch.Tensor) -> torch.Tensor:
+        gu = h @ L["wgu"]
+        if L["bgu"] is not None:
+            gu = gu + L["bgu"]
+        g, u = gu.chunk(2, dim=-1)
+        m = (F.silu(g) * u) @ L["wd"]
+        return m + L["bd"] if L["bd"] is not None else m
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return hidden @ self.lm_head_t  # (T, V)
+
+    def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                      start: int, key_ok: torch.Tensor) -> torch.Tensor:
+        """Batched rows for offline generation (``specchat distill data``), outside the tree cache.
+
+        tokens, positions (B, T); k_buf, v_buf (layers, B, K, P, E) written at columns
+        [start, start + T); key_ok (B, start + T) marks real (non-padding) key columns. Queries
+        attend causally to valid keys. Returns final-norm hidden states (B, T, D).
+        """
+        c = self.cfg
+        H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
+        G = H // K
+        B, T = tokens.shape
+        end = start + T
+        x = self.embed[tokens]  # (B, T, D)
+        cos = self.rope.cos[positions].unsqueeze(1)  # (B, 1, T, R)
+        sin = self.rope.sin[positions].unsqueeze(1)
+        r = self.rope.rot_dim
+
+        def rot(t: torch.Tensor) -> torch.Tensor:
+            if r == t.shape[-1]:
+                return t * cos + rotate_half(t) * sin
+            return torch.cat([t[..., :r] * cos + rotate_half(t[..., :r]) * sin, t[..., r:]], dim=-1)
+
+        causal = torch.ones(T, end, dtype=torch.bool).tril(start)  # query t sees keys <= start + t
+        own = torch.zeros(T, end, dtype=torch.bool)
+        own[:, start:] = torch.eye(T, dtype=torch.bool)
+        # padding queries see only themselves: no all-masked row, so no NaN reaches real rows' values
+        allowed = ((causal.unsqueeze(0) & key_ok[:, None, :end]) | own).unsqueeze(1)  # (B, 1, T, L)
+        for i, L in enumerate(self.layers):
+            h = rms_norm(x, L["ln1"], c.rms_norm_eps)
+            qkv = h @ L["wqkv"]
+            if L["bqkv"] is not None:
+                qkv = qkv + L["bqkv"]
+            q = rot(qkv[..., : H * E].view(B, T, H, E).transpose(1, 2))  # (B, H, T, E)
+            k = rot(qkv[..., H * E:(H + K) * E].view(B, T, K, E).transpose(1, 2))
+            v = qkv[..., (H + K) * E:].view(B, T, K, E).transpose(1, 2)
+            k_buf[i, :, :, start:end] = k
+            v_buf[i, :, :, start:end] = v
+            qg = q.reshape(B, K, G * T, E)
+            scores = torch.matmul(qg, k_buf[i, :, :, :end].transpose(-1, -2)).float() * self.scale  # (B, K, G*T, L)
+            scores.masked_fill_(~allowed.repeat(1, 1, G, 1), float("-inf"))
+            out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v_buf[i, :, :, :end])  # (B, K, G*T, E)
+            a = out.reshape(B, H, T, E).transpose(1, 2).reshape(B, T, H * E) @ L["wo"]
+            if L["bo"] is not None:
+                a = a + L["bo"]
+            x = x + a
+            x = x + self._mlp(L, rms_norm(x, L["ln2"], c.rms_norm_eps))
+        return rms_norm(x, self.norm, c.rms_norm_eps)

@@ -235,12 +235,12 @@ async def test_ctrl_s_switches_strategy_between_steps_of_a_reply() -> None:
         await pilot.press("f1")  # help on top: the reply keeps streaming, F2 still switches
         assert isinstance(app.screen, HelpScreen)
         await pilot.press("f2")
-        assert engine.strategy.name == "ersd" and "ersd k=5 race" in status(app)
+        assert engine.strategy.name == "mab" and "mab greedy T=0" in status(app)
         gate.release(3)
         await reply_done(pilot)
         await pilot.press("escape")
         assert isinstance(app.screen, ChatScreen)
-        assert engine.seen_strategies == ["sd", "sd", "tree", "ersd", "ersd", "ersd"]
+        assert engine.seen_strategies == ["sd", "sd", "tree", "mab", "mab", "mab"]
         assert messages(app)[-1].source == "t0 t1 t2 t3 t4 t5 "  # one reply, never restarted
         assert len(engine.calls) == 1
 

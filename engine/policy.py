@@ -1,0 +1,246 @@
+"""Tree policies: which draft tree to grow at the next step (ALGORITHMS.md §3).
+
+* ``ShapeBandit`` — mamba-drafters §4.2 and App. A.4: UCB (eq. 1) over a set of static shapes
+  (the arms), with the speed-up reward of eq. 2 / eq. 4,
+
+      r = -(T_target(n_k) / T_target(1) + lambda_gamma * gamma_k) / N_accept,
+
+  where gamma_k is the arm's depth (drafter steps), n_k its node count, lambda_gamma =
+  T_draft / T_target measured online (one drafter depth-step over one single-row target pass) and
+  N_accept the tokens the step emitted (accepted drafts + the target's own token). Without a
+  verify-cost model T_target(n)/T_target(1) = 1, which is eq. 2 exactly.
+* ``OptimalTree`` — exponential-races §4, Alg. 3: running acceptance statistics r(i) of the i-th
+  ranked child (a 0-th order Markov estimate, as in the paper's experiments), a node's value R =
+  product of r along its rank path, and a max-heap over frontier candidates (first child, next
+  sibling) that builds the best tree of k nodes in O(k log k). The node budget k is capped by the
+  verify-cost model where a bigger pass cannot pay off on this machine (STree §4).
+
+A tree is handed to the drafter as a *plan*: parent indices in rank order (node i's children are
+drafted as its top-ranked tokens, first child = rank 1). Policies are per conversation: the decoder
+drops them on reset.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from .costmodel import VerifyCost
+from .tree import static_tree_layout
+
+DEFAULT_ARMS: tuple[tuple[int, ...], ...] = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (1, 1, 1, 1, 1))
+
+
+def plan_from_shape(shape: Sequence[int]) -> tuple[int, ...]:
+    """The plan (parent per node, rank order, -1 = root) of a static shape (N1..Ngamma)."""
+    return tuple(static_tree_layout(shape))
+
+
+def plan_depth(plan: Sequence[int]) -> int:
+    depth = [0] * len(plan)
+    for i, p in enumerate(plan):
+        depth[i] = 1 if p < 0 else depth[p] + 1
+    return max(depth, default=0)
+
+
+def child_ranks(parents: Sequence[int]) -> list[int]:
+    """Rank (0-based, drafting order) of every node among its siblings."""
+    seen: dict[int, int] = {}
+    ranks = []
+    for p in parents:
+        ranks.append(seen.get(p, 0))
+        seen[p] = ranks[-1] + 1
+    return ranks
+
+
+@dataclass
+class StepTimes:
+    """Running (EMA) estimates of one drafter depth-step and one single-row target pass, in ms."""
+
+    draft_step_ms: float | None = None
+    target_ms: float | None = None
+    alpha: float = 0.2
+
+    def update(self, draft_ms: float, depth: int, verify_ms: float, rows: int, cost: VerifyCost | None) -> None:
+        if depth > 0 and draft_ms > 0:
+            d = draft_ms / depth
+            self.draft_step_ms = d if self.draft_step_ms is None else (1 - self.alpha) * self.draft_step_ms + self.alpha * d
+        if verify_ms > 0:
+            t1 = verify_ms / (cost.relative(rows) if cost is not None else 1.0)  # what a 1-row pass would have cost
+            self.target_ms = t1 if self.target_ms is None else (1 - self.alpha) * self.target_ms + self.alpha * t1
+
+    @property
+    def lambda_gamma(self) -> float:
+        if not self.draft_step_ms or not self.target_ms:
+            return 0.0
+        return self.draft_step_ms / self.target_ms
+
+
+@dataclass
+class Arm:
+    shape: tuple[int, ...]
+    count: int = 0
+    total: float = 0.0
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.count if self.count else 0.0
+
+    @property
+    def nodes(self) -> int:
+        return len(plan_from_shape(self.shape))
+
+
+@dataclass
+class ShapeBandit:
+    """UCB over static tree shapes (mamba-drafters §4.2, eq. 1-2; App. A.4, eq. 3-4)."""
+
+    arms: list[Arm]
+    lambda_ucb: float = 0.3
+    cost: VerifyCost | None = None
+    times: StepTimes = field(default_factory=StepTimes)
+    rounds: int = 0
+    last: int = -1
+
+    @classmethod
+    def of(cls, shapes: Sequence[Sequence[int]], lambda_ucb: float = 0.3, cost: VerifyCost | None = None) -> "ShapeBandit":
+        if not shapes:
+            raise ValueError("the bandit needs at least one shape")
+        return cls([Arm(tuple(s)) for s in shapes], lambda_ucb, cost)
+
+    def choose(self) -> tuple[int, ...]:
+        """Every arm once, then argmax mean + lambda_UCB * sqrt(2 ln t / n_k)."""
+        for i, a in enumerate(self.arms):
+            if a.count == 0:
+                self.last = i
+                return a.shape
+        t = max(1, self.rounds)
+        scores = [a.mean + self.lambda_ucb * math.sqrt(2.0 * math.log(t) / a.count) for a in self.arms]
+        self.last = max(range(len(self.arms)), key=scores.__getitem__)
+        return self.arms[self.last].shape
+
+    def reward(self, shape: tuple[int, ...], emitted: int) -> float:
+        rows = len(plan_from_shape(shape)) + 1
+        rel = self.cost.relative(rows) if self.cost is not None else 1.0
+        return -(rel + self.times.lambda_gamma * len(shape)) / max(1, emitted)
+
+    def update(self, shape: tuple[int, ...], emitted: int, draft_ms: float, verify_ms: float, rows: int) -> float:
+        """Book one round for the arm with ``shape``: ``emitted`` tokens, measured times."""
+        self.times.update(draft_ms, len(shape), verify_ms, rows, self.cost)
+        r = self.reward(shape, emitted)
+        for a in self.arms:
+            if a.shape == tuple(shape):
+                a.count += 1
+                a.total += r
+                break
+        self.rounds += 1
+        return r
+
+    def snapshot(self) -> dict:
+        return {"policy": "mab", "rounds": self.rounds, "lambda_gamma": round(self.times.lambda_gamma, 4),
+                "lambda_ucb": self.lambda_ucb,
+                "arms": [{"shape": list(a.shape), "count": a.count, "mean": round(a.mean, 4)} for a in self.arms],
+                "chosen": list(self.arms[self.last].shape) if self.last >= 0 else None}
+
+
+@dataclass
+class OptimalTree:
+    """Exponential-races Alg. 3 over running per-rank acceptance statistics."""
+
+    node_budget: int = 16
+    max_depth: int = 8
+    max_rank: int = 8
+    prior_strength: float = 2.0
+    cost: VerifyCost | None = None
+    hits: list[float] = field(default_factory=list)
+    visits: list[float] = field(default_factory=list)
+    rounds: int = 0
+    last_plan: tuple[int, ...] = ()
+    budget_used: int = 0
+
+    def __post_init__(self) -> None:
+        self.hits = [0.0] * self.max_rank
+        self.visits = [0.0] * self.max_rank
+
+    def prior(self, i: int) -> float:
+        """Before any evidence: rank 1 often right, each further rank half as likely."""
+        return 0.6 * 0.5 ** i
+
+    def r(self, i: int) -> float:
+        """Estimated probability that the target's token is the drafter's rank-i (0-based) child."""
+        if i >= self.max_rank:
+            return 0.0
+        k = self.prior_strength
+        return (self.hits[i] + k * self.prior(i)) / (self.visits[i] + k)
+
+    def expected_tokens(self, k: int) -> list[float]:
+        """Expected tokens emitted by the best trees of 1..k nodes: 1 + sum of node values."""
+        vals = sorted(self._values(k), reverse=True)
+        out, acc = [], 1.0
+        for v in vals:
+            acc += v
+            out.append(acc)
+        return out
+
+    def _values(self, k: int) -> list[float]:
+        return [v for _, v in self._build(k)]
+
+    def _build(self, k: int) -> list[tuple[int, float]]:
+        """Alg. 3: (parent, value) of the k best nodes, in the order they join the tree."""
+        nodes: list[tuple[int, float]] = []
+        depth: list[int] = []
+        # heap of (-value, tie, parent node, rank, parent depth)
+        heap = [(-self.r(0), 0, -1, 0, 0)]
+        tie = 1
+        while heap and len(nodes) < k:
+            negv, _, parent, rank, pdepth = heapq.heappop(heap)
+            v = -negv
+            if v <= 0:
+                break
+            nodes.append((parent, v))
+            depth.append(pdepth + 1)
+            me = len(nodes) - 1
+            if pdepth + 1 < self.max_depth:  # first child of the new node
+                heapq.heappush(heap, (-(v * self.r(0)), tie, me, 0, pdepth + 1))
+                tie += 1
+            pv = v / self.r(rank) if self.r(rank) > 0 else 0.0  # next sibling: same parent, next rank
+            if rank + 1 < self.max_rank and pv > 0:
+                heapq.heappush(heap, (-(pv * self.r(rank + 1)), tie, parent, rank + 1, pdepth))
+                tie += 1
+        return nodes
+
+    def choose(self, max_nodes: int) -> tuple[int, ...]:
+        k = max(1, min(self.node_budget, max_nodes))
+        if self.cost is not None:
+            # rows of the pass = nodes + root; keep k where the expected tokens per ms still grow
+            exp = self.expected_tokens(k)
+            k = max(1, self.cost.max_worthwhile([1.0] + exp) - 1)
+        self.budget_used = k
+        built = self._build(k)
+        # the heap order lists parents before children and siblings in rank order
+        self.last_plan = tuple(p for p, _ in built)
+        return self.last_plan
+
+    def update(self, parents: Sequence[int], accepted: Sequence[int]) -> None:
+        """Book what the verifier did on a drafted tree: at every node on the accepted path (the
+        root first) whose children were drafted, ranks 0..c-1 were observed and one (or none) hit."""
+        children: dict[int, list[int]] = {}
+        for i, p in enumerate(parents):
+            children.setdefault(p, []).append(i)
+        walk = [-1] + list(accepted)
+        for j, node in enumerate(walk):
+            kids = children.get(node, [])
+            if not kids:
+                break
+            nxt = walk[j + 1] if j + 1 < len(walk) else None
+            for rank, kid in enumerate(kids[: self.max_rank]):
+                self.visits[rank] += 1
+                if kid == nxt:
+                    self.hits[rank] += 1
+        self.rounds += 1
+
+    def snapshot(self) -> dict:
+        return {"policy": "optimal", "rounds": self.rounds, "nodes": len(self.last_plan), "budget": self.budget_used,
+                "depth": plan_depth(self.last_plan), "rank_acceptance": [round(self.r(i), 3) for i in range(4)]}

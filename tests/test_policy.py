@@ -1,0 +1,145 @@
+"""Tree policies (engine/policy.py): UCB over shapes (mamba-drafters §4.2) and optimal trees
+(exponential-races Alg. 3), their plans drafted as asked, and their telemetry in StepEvents."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from engine.costmodel import VerifyCost
+from engine.policy import OptimalTree, ShapeBandit, child_ranks, plan_depth, plan_from_shape
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+def test_plan_from_shape_and_ranks():
+    plan = plan_from_shape((3, 2))
+    assert plan == (-1, -1, -1, 0, 0, 1, 1, 2, 2)
+    assert plan_depth(plan) == 2 and plan_depth(()) == 0
+    assert child_ranks(plan) == [0, 1, 2, 0, 1, 0, 1, 0, 1]
+    assert plan_from_shape((1,) * 4) == (-1, 0, 1, 2)
+
+
+def _with_rates(rates, **kw) -> OptimalTree:
+    t = OptimalTree(max_rank=len(rates), prior_strength=1e-9, **kw)
+    for i, r in enumerate(rates):
+        t.visits[i], t.hits[i] = 1e6, r * 1e6
+    return t
+
+
+@pytest.mark.parametrize("rates", [(0.7, 0.2, 0.05), (0.4, 0.3, 0.2), (0.9, 0.05, 0.01), (0.5, 0.5, 0.0)])
+@pytest.mark.parametrize("k", [1, 4, 9, 15])
+def test_optimal_tree_is_the_top_k_nodes_by_acceptance(rates, k):
+    """Alg. 3 must pick the k rank-paths with the highest R = prod r(rank) (brute force over all
+    paths up to depth 6), and they must form a tree (every parent chosen before its child)."""
+    t = _with_rates(rates, max_depth=6)
+    plan = t.choose(max_nodes=k)
+    values = sorted(t._values(k), reverse=True)
+    brute = sorted((_prod(rates[i] for i in path) for d in range(1, 7) for path in itertools.product(range(len(rates)), repeat=d)),
+                   reverse=True)
+    brute = [v for v in brute if v > 0][:k]
+    assert values == pytest.approx(brute[: len(values)])
+    assert len(plan) == min(k, len(brute))
+    assert all(p < i for i, p in enumerate(plan))
+    ranks = child_ranks(plan)
+    for i, p in enumerate(plan):  # a rank-j child exists only with its rank j-1 sibling
+        if ranks[i] > 0:
+            assert any(plan[s] == p and ranks[s] == ranks[i] - 1 for s in range(i))
+
+
+def _prod(xs):
+    out = 1.0
+    for x in xs:
+        out *= x
+    return out
+
+
+def test_optimal_tree_learns_rank_acceptance_from_verified_trees():
+    t = OptimalTree()
+    # a (2, 2) tree: root -> nodes 0, 1; node 0 -> 2, 3; node 1 -> 4, 5
+    parents = [-1, -1, 0, 0, 1, 1]
+    for _ in range(50):
+        t.update(parents, [0, 2])  # rank 0 then rank 0 accepted
+    for _ in range(50):
+        t.update(parents, [1])  # rank 1 accepted, then none of its two children
+    assert t.visits[0] == t.visits[1] == 200
+    assert t.hits[0] == 100 and t.hits[1] == 50
+    assert t.r(0) == pytest.approx(0.5, abs=0.01) and t.r(1) == pytest.approx(0.25, abs=0.01)
+    assert t.r(5) < t.r(1)
+
+
+def test_cost_model_caps_the_optimal_tree():
+    """With a steep verify cost (each extra row costs a full step) big trees cannot pay off."""
+    rates = (0.6, 0.2, 0.1)
+    flat = _with_rates(rates, node_budget=32, cost=VerifyCost(a=10.0, b=0.01))
+    steep = _with_rates(rates, node_budget=32, cost=VerifyCost(a=1.0, b=10.0))
+    assert len(flat.choose(64)) == 32
+    assert len(steep.choose(64)) < 6
+
+
+def test_bandit_tries_every_arm_then_prefers_the_fastest():
+    shapes = [(1,), (1, 1, 1), (3, 2)]
+    emitted = {(1,): 2, (1, 1, 1): 3, (3, 2): 2}  # tokens each arm yields per step
+    b = ShapeBandit.of(shapes, lambda_ucb=0.1)
+    picks = []
+    for _ in range(200):
+        s = b.choose()
+        picks.append(s)
+        b.update(s, emitted[s], draft_ms=1.0 * len(s), verify_ms=10.0, rows=len(plan_from_shape(s)) + 1)
+    assert set(picks[:3]) == set(shapes)
+    assert picks[-50:].count((1, 1, 1)) >= 45
+    assert b.times.lambda_gamma == pytest.approx(0.1)
+    snap = b.snapshot()
+    assert snap["policy"] == "mab" and sum(a["count"] for a in snap["arms"]) == 200
+    # eq. 2 reward: -(1 + lambda_gamma * gamma) / N_accept
+    assert b.reward((1, 1, 1), 3) == pytest.approx(-(1 + 0.1 * 3) / 3)
+
+
+def test_bandit_reward_uses_the_verify_cost_curve():
+    b = ShapeBandit.of([(3, 2)], cost=VerifyCost(a=10.0, b=1.0))
+    b.times.draft_step_ms, b.times.target_ms = 2.0, 11.0
+    rows = len(plan_from_shape((3, 2))) + 1
+    assert b.reward((3, 2), 2) == pytest.approx(-((10 + rows) / 11 + (2 / 11) * 2) / 2)
+
+
+def test_drafter_follows_an_arbitrary_plan(root):
+    from engine.drafters.base import DraftRequest
+    from engine.drafters.model import ModelDrafter
+    from engine.loading import load
+    from tests.tiny import saved
+
+    plan = (-1, -1, 0, 0, 0, 1, 2, 6)  # uneven: 2 root children, 3 + 1 grandchildren, one deeper chain
+    for kind in ("llama", "mamba2"):
+        m = load(str(saved(kind, root))).model
+        d = ModelDrafter(m, m.vocab_size)
+        tree = d.propose([1, 2, 3, 4], DraftRequest(shape=(1,), plan=plan))
+        assert tree.parents == [-1, -1, 0, 0, 0, 1, 2, 6]
+        # children are the parent's top-ranked tokens, in rank order
+        full = d.propose([1, 2, 3, 4], DraftRequest(shape=(5,)))
+        assert tree.tokens[:2] == full.tokens[:2]
+
+
+def test_policy_telemetry_in_step_events(root):
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+    from tests.tiny import saved
+
+    target = load(str(saved("llama", root))).model
+    dec = Decoder(target, load(str(saved("draft", root))).model)
+    evs, _ = run_generation(dec, [1, 2, 3], preset("mab", arms=((2, 1), (1, 1, 1))), 30)
+    assert dec.verify_cost is not None and dec.verify_cost(8) > 0
+    steps = [e for e in evs if e.emitted]
+    assert all(e.policy and e.policy["policy"] == "mab" for e in steps)
+    assert {tuple(e.shape) for e in steps} <= {(2, 2), (1, 1, 1), (2,), (1,), (1, 1), (2, 1)}
+    assert all(len(e.accepted_ranks) == e.accepted for e in steps)
+    assert steps[-1].policy["rounds"] == len(steps)
+    evs, _ = run_generation(dec, [1, 2, 3], preset("optimal", node_budget=6), 30)
+    steps = [e for e in evs if e.emitted]
+    assert all(e.policy["policy"] == "optimal" and e.drafted <= 6 for e in steps)
+    dec.reset()
+    assert dec.policies == {}
