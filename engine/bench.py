@@ -73,9 +73,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if "ar" not in names:
         names = ["ar"] + names  # speedups are against our own plain decoding, measured here
     strategies = []
-    for name in names:
-        args.strategy = name
-        strategies.append(strategy_from_args(args, session.has_drafter))
+    labels = {}
+    for spec in names:
+        s = _strategy_of_spec(spec, args, session.has_drafter, strategy_from_args)
+        strategies.append(s)
+        labels[id(s)] = spec
     encoded = []
     for p in prompts:
         ids = session.encode_chat([{"role": "user", "content": p["text"]}]) if not args.raw else session.tokenizer.encode(p["text"])
@@ -99,13 +101,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             if s.name == "ar":
                 ar_out[name], ar_tps[name] = out, summ.tokens_per_s
             identical = (out == ar_out.get(name)) if s.greedy else None
-            rows.append(Row(s.name, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
+            label = labels[id(s)]
+            rows.append(Row(label, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
                             summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical))
-            t = totals.setdefault((s.name, "specchat"), [0.0, 0.0, 0.0, 0.0])
+            t = totals.setdefault((label, "specchat"), [0.0, 0.0, 0.0, 0.0])
             t[0] += summ.new_tokens
             t[1] += summ.decode_s
             t[2] += summ.steps
-            _progress(f"{s.name:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
+            _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
 
     if args.compare:
         for peer in [x.strip() for x in args.compare.split(",") if x.strip()]:
@@ -127,6 +130,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, strategy_from_args):
+    """A --strategies entry: NAME, or NAME:PARAM to compare variants in one run —
+    ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` (draft length), ``optimal:24`` (node budget)."""
+    name, _, param = spec.partition(":")
+    args.strategy = name
+    s = strategy_from_args(args, has_drafter)
+    if not param:
+        return s
+    try:
+        if name == "tree":
+            from .tree import parse_shape
+
+            return s.replace(tree=parse_shape(param.replace("-", ","))).validate(has_drafter)
+        if name in ("sd", "pld", "ersd"):
+            return s.replace(draft_len=int(param)).validate(has_drafter)
+        if name == "optimal":
+            return s.replace(node_budget=int(param)).validate(has_drafter)
+    except ValueError as e:
+        raise SpecchatError(f"--strategies {spec!r}: {e}") from None
+    raise SpecchatError(f"--strategies {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, optimal:24)")
+
+
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "prompts": n_prompts, "dtype": args.dtype or "fp32", "warmup": args.warmup,
@@ -146,10 +171,10 @@ def _progress(msg: str) -> None:
 def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
     print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}; "
           f"{_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    print(f"{'strategy':<10} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'peak MB':>8} {'same as ar':>10}")
+    print(f"{'strategy':<16} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'peak MB':>8} {'same as ar':>10}")
     for r in rows:
         same = "" if r.identical is None else ("yes" if r.identical else "NO")
-        print(f"{r.strategy:<10} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {r.peak_mem_mb:8.0f} {same:>10}")
+        print(f"{r.strategy:<16} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {r.peak_mem_mb:8.0f} {same:>10}")
 
 
 def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:

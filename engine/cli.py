@@ -73,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="tokens/s, speedup vs ar, mean accepted, peak memory")
     _add_model_opts(bench)
     _add_strategy_opts(bench)
-    bench.add_argument("--strategies", default="ar,pld", help="comma-separated strategies")
+    bench.add_argument("--strategies", default="ar,pld", help="comma-separated strategies; NAME:PARAM for variants (tree:3-2-2-1-1, sd:4)")
     bench.add_argument("--prompts", default=None, metavar="FILE", help=".json list of {\"text\"} or .txt lines")
     bench.add_argument("--compare", default=None, metavar="PEERS", help="transformers (plain generate() and prompt lookup)")
     bench.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up generations excluded from timing")

@@ -227,6 +227,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"\nheld-out loss {held_loss:.3f} (perplexity {math.exp(held_loss):.1f}), top-1 agreement {held_acc:.3f}", file=sys.stderr)
     model.to("cpu").save_pretrained(out, safe_serialization=True)
     tok.save(out)
+    if not full_softmax:
+        # the tokens the drafter was trained to propose: its output layer shrinks to them at load time
+        (out / "draft_vocab.json").write_text(json.dumps({"token_ids": seen.cpu().tolist()}))
     (out / "distill.json").write_text(json.dumps({"data": str(data_dir), "replies": len(seqs), "steps": step, "held_out_loss": held_loss, "held_out_top1": held_acc,
                                                   "params": n_params, "args": {k: v for k, v in vars(args).items() if k != "func"}}, indent=1))
     print(f"saved drafter to {out} (load it with --drafter {out})", file=sys.stderr)

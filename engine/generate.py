@@ -59,7 +59,7 @@ class Decoder:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
                 dm = dm.with_own_cache()  # self-drafting: shared weights, separate cache
-            self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size)
+            self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size, draft_vocab=getattr(dm, "draft_vocab", None))
 
     @property
     def has_drafter_model(self) -> bool:

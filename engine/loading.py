@@ -202,7 +202,22 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype, max_context: int | N
         except Exception as e:
             raise ModelLoadError(f"{path}/tokenizer.json: cannot load tokenizer ({str(e).splitlines()[0][:160]})") from None
         _check_tokenizer(tok, model, path)
+    if (path / "draft_vocab.json").exists():
+        model.draft_vocab = _read_draft_vocab(path / "draft_vocab.json", model.vocab_size)
     return Loaded(model, tok, name, path, "hf", cfg)
+
+
+def _read_draft_vocab(path: Path, vocab_size: int) -> torch.Tensor:
+    """A drafter's draft vocabulary ({"token_ids": [...]}, written by `specchat distill train`):
+    the only tokens it proposes, so its output layer can shrink to them."""
+    try:
+        ids = json.loads(path.read_text())["token_ids"]
+        t = torch.tensor(ids, dtype=torch.long)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ModelLoadError(f"{path}: not a draft vocabulary ({str(e).splitlines()[0][:120]})") from None
+    if t.dim() != 1 or t.numel() == 0 or int(t.min()) < 0 or int(t.max()) >= vocab_size or t.unique().numel() != t.numel():
+        raise ModelLoadError(f"{path}: token ids must be distinct and within the model's vocabulary (0..{vocab_size - 1})")
+    return t
 
 
 def _load_gguf(name: str, path: Path, dtype: torch.dtype, max_context: int | None) -> Loaded:

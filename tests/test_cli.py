@@ -166,3 +166,20 @@ def test_download_offline_is_one_line_and_exit_2(tmp_path):
     r = subprocess.run([sys.executable, "-m", "engine.cli", "download", "some/model"], capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode == 2 and "cannot reach the Hugging Face Hub" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_bench_compares_strategy_variants_in_one_run(tmp_path, smollm2_gguf_path, capsys):
+    """`bench --strategies` with NAME:PARAM variants: one row per strategy and prompt plus an ALL
+    row each; greedy rows are checked against our own ar; ar is added when missing."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}, {"name": "b", "text": "Count to five."}]))
+    path = str(smollm2_gguf_path)
+    res = run_json(capsys, "bench", "--target", path, "--drafter", path, "--prompts", str(prompts), "--strategies",
+                   "tree:2-1,sd:2,mab,optimal:4", "--max-new-tokens", "6", "--warmup", "0", "--json")
+    names = ["ar", "tree:2-1", "sd:2", "mab", "optimal:4"]
+    assert [r["strategy"] for r in res["rows"] if r["prompt"] == "ALL"] == names
+    assert {(r["strategy"], r["prompt"]) for r in res["rows"]} == {(s, p) for s in names for p in ("a", "b", "ALL")}
+    assert all(r["identical_to_ar"] for r in res["rows"])
+    assert all(r["mean_accepted"] >= 1 for r in res["rows"] if r["strategy"] != "ar")
+    assert main(["bench", "--target", path, "--prompts", str(prompts), "--strategies", "ar:3", "--warmup", "0"]) == 2
+    assert "takes no parameter" in capsys.readouterr().err

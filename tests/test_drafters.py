@@ -86,3 +86,42 @@ def test_model_drafter_keeps_in_step_and_reuses_accepted_kv(tiny_root):
     other = [7, 8, 1, 1, 1]
     tree3 = d.propose(other, DraftRequest(shape=(1,)))
     assert d.seen == other and tree3.tokens[0] == int(m.with_own_cache().full_logits(other)[-1].argmax())
+
+
+def test_draft_vocabulary_shrinks_the_head_and_stays_lossless(tmp_path_factory):
+    """A drafter directory with draft_vocab.json proposes only those tokens (its output layer is
+    sliced to them), and every strategy stays identical to plain greedy."""
+    import json
+    import shutil
+
+    import pytest
+
+    from engine.errors import ModelLoadError
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+    from tests.tiny import hf_greedy, saved
+
+    root = str(tmp_path_factory.mktemp("dv"))
+    target_path = saved("llama", root)
+    src = saved("draft", root)
+    dpath = tmp_path_factory.mktemp("dv2") / "draft"
+    shutil.copytree(src, dpath)
+    keep = list(range(0, 96, 2)) + [95]
+    (dpath / "draft_vocab.json").write_text(json.dumps({"token_ids": keep}))
+    drafter = load(str(dpath)).model
+    assert drafter.draft_vocab.tolist() == keep
+    target = load(str(target_path)).model
+    dec = Decoder(target, drafter)
+    md = dec.drafters["model"]
+    assert md.model.lm_head_t.shape[1] == len(keep) and drafter.lm_head_t.shape[1] == 96  # the loaded model is untouched
+    prompt = [5, 6, 7, 8]
+    ref = hf_greedy(target_path, prompt, 30)
+    for s in (preset("sd", draft_len=4), preset("tree"), preset("mab"), preset("optimal")):
+        evs, _ = run_generation(dec, prompt, s, 30)
+        assert [t for e in evs for t in e.emitted] == ref
+        assert all(t in set(keep) for e in evs for t in e.tree_tokens)
+    for bad in ('{"token_ids": [1, 1]}', '{"token_ids": [500]}', '{"ids": []}', "not json"):
+        (dpath / "draft_vocab.json").write_text(bad)
+        with pytest.raises(ModelLoadError, match="draft_vocab.json"):
+            load(str(dpath))

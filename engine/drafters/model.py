@@ -28,9 +28,18 @@ from .base import DraftRequest
 class ModelDrafter:
     name = "model"
 
-    def __init__(self, model: CausalLM, target_vocab: int, label: str = "model"):
-        self.model = model
+    def __init__(self, model: CausalLM, target_vocab: int, label: str = "model", draft_vocab: torch.Tensor | None = None):
         self.target_vocab = target_vocab
+        self.draft_vocab = None
+        if draft_vocab is not None and getattr(model, "lm_head_t", None) is not None:
+            # A draft vocabulary (the tokens the drafter was trained to propose, FR-Spec-like): the
+            # output layer shrinks to those columns, the rest of the target's vocabulary is never
+            # proposed. Lossless: verification never depends on which tokens were proposed, and q
+            # is still a distribution over the target's vocabulary (zero outside the list).
+            model = model.with_own_cache()
+            model.lm_head_t = model.lm_head_t[:, draft_vocab].contiguous()
+            self.draft_vocab = draft_vocab
+        self.model = model
         self.label = label
         self.model.allocate()
         self.seen: list[int] = []  # tokens committed in the drafter's cache
@@ -89,6 +98,10 @@ class ModelDrafter:
         """Drafter rows beyond the target's vocabulary (padding) can never be proposed."""
         V = self.target_vocab
         logits = logits.float()
+        if self.draft_vocab is not None:
+            full = torch.full((*logits.shape[:-1], V), float("-inf"))
+            full[..., self.draft_vocab] = logits
+            return full
         if logits.shape[-1] > V:
             return logits[..., :V]
         if logits.shape[-1] < V:
