@@ -16,14 +16,26 @@ from textual import work
 from textual.app import App
 from textual.binding import Binding
 
+from engine.errors import ConfigError
+from engine.registry import load_registry
 from engine.session import ChatEngine
 from engine.strategy import Strategy
 
-from .messages import SessionFailed, SessionLoaded, error_line
-from .screens import ChatScreen, HelpScreen
+from .commands import StrategyCommands
+from .messages import BaselineMeasured, SessionFailed, SessionLoaded, error_line
+from .screens import ChatScreen, HelpScreen, ModelChoice, ModelsScreen
+from .store import open_store
 from .strategy_cycle import next_preset
 
 SessionFactory = Callable[[], ChatEngine]
+ModelLoader = Callable[[str, str], ChatEngine]  # (target ref, drafter ref or "none") -> session; runs in a thread
+
+
+def load_chat_session(target: str, drafter: str, models_file: str | None = None) -> ChatEngine:
+    """The default :data:`ModelLoader` (Ctrl+O): a ChatSession; torch loads here, in the worker."""
+    from engine.session import ChatSession
+
+    return ChatSession.load(target=target, drafter=drafter, models_file=models_file)
 
 
 class SpecChatApp(App[None]):
@@ -32,12 +44,16 @@ class SpecChatApp(App[None]):
     session_factory   builds the ChatEngine; called once, in a thread worker, at mount
     initial_strategy  applied to the session once it is loaded (None: keep the session's own)
     max_new_tokens    per reply
+    model_loader      builds the session for a model picked with Ctrl+O (default: ChatSession.load)
+    models_file       the models.toml the picker lists (default: $SPECCHAT_MODELS or the shipped one)
     """
 
     CSS_PATH = "app.tcss"
     TITLE = "specchat"
+    COMMANDS = App.COMMANDS | {StrategyCommands}
     BINDINGS = [
         Binding("ctrl+s,f2", "cycle_strategy", "Strategy", id="cycle_strategy", priority=True),
+        Binding("ctrl+o", "models", "Models", id="models", priority=True),
         Binding("f1", "help", "Help", id="help"),
         Binding("ctrl+q", "quit", "Quit", id="quit", priority=True),
     ]
@@ -47,15 +63,24 @@ class SpecChatApp(App[None]):
         session_factory: SessionFactory,
         initial_strategy: Strategy | None = None,
         max_new_tokens: int = 512,
+        model_loader: ModelLoader | None = None,
+        models_file: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.session_factory = session_factory
+        self.models_file = models_file
+        self.model_loader: ModelLoader = model_loader or (
+            lambda target, drafter: load_chat_session(target, drafter, models_file))
+        self.switching_to: ModelChoice | None = None  # a Ctrl+O pick being loaded
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
         self.session: ChatEngine | None = None
         self.load_error: str | None = None
-        self.chat = ChatScreen(max_new_tokens=max_new_tokens, id="chat")
+        # chats and settings (app.store): the file in the data dir, or in memory if it cannot be used
+        self.store, store_error = open_store()
+        self.chat = ChatScreen(max_new_tokens=max_new_tokens, store=self.store, store_error=store_error,
+                               restore_strategy=initial_strategy is None, id="chat")
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat
@@ -82,9 +107,47 @@ class SpecChatApp(App[None]):
             except ValueError as exc:  # StrategyError, or a bad tree shape
                 self.notify(f"{exc}; using {session.strategy.label()}", severity="warning", timeout=8)
         self.session, self.load_error = session, None
+        self.switching_to = None
         self.chat.attach_session(session)
+        self.measure_baseline()
+
+    # ---- the plain-decoding baseline of the dashboard's speedup ---------------------------------------
+    def measure_baseline(self) -> None:
+        """Measure plain decoding of the loaded target in a thread (its own cache: the chat is
+        untouched); the dashboard shows the speedup against it, labelled as measured."""
+        session = self.session
+        if session is None or not hasattr(session, "measure_baseline"):
+            return
+        self.chat.dashboard.set_baseline(None)
+        self._measure_baseline(session, self.chat.busy)
+
+    @work(thread=True, exclusive=True, group="baseline", exit_on_error=False)
+    def _measure_baseline(self, session: ChatEngine, busy_at_start: bool) -> None:
+        try:
+            b = session.measure_baseline()  # type: ignore[attr-defined]
+        except Exception as exc:  # noqa: BLE001 - the dashboard just says it could not measure
+            self.post_message(BaselineMeasured(session, None, error_line(exc)))
+        else:
+            self.post_message(BaselineMeasured(session, b, None, busy_at_start))
+
+    def on_baseline_measured(self, message: BaselineMeasured) -> None:
+        from .widgets.dashboard import BaselineInfo
+
+        if message.session is not self.session:
+            return  # measured for a model since replaced
+        if message.baseline is None:
+            self.notify(f"Could not measure the plain-decoding baseline: {message.error}", severity="warning", timeout=6)
+            return
+        b = message.baseline
+        note = f"ar measured at load, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
+        self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note))
 
     def on_session_failed(self, message: SessionFailed) -> None:
+        choice, self.switching_to = self.switching_to, None
+        if choice is not None and self.session is not None:  # a switch failed: keep chatting with the old model
+            self.notify(f"{message.error}; still using {self.session.description}",
+                        title=f"Could not load {choice.target}", severity="error", timeout=10)
+            return
         self.session, self.load_error = None, message.error
         self.chat.attach_session(None, message.error)
         self.notify(message.error, title="Could not load the model", severity="error", timeout=10)
@@ -104,6 +167,36 @@ class SpecChatApp(App[None]):
         self.chat.show_strategy()
         if result.skipped:
             self.notify("\n".join(result.skipped), severity="warning", timeout=6)
+
+    def action_models(self) -> None:
+        """Ctrl+O: the model picker; what it returns is loaded by :meth:`switch_model`."""
+        if isinstance(self.screen, ModelsScreen):
+            return
+        try:
+            registry = load_registry(self.models_file)
+        except ConfigError as exc:
+            self.notify(str(exc), title="models.toml", severity="error", timeout=10)
+            return
+        target = getattr(getattr(self.session, "target", None), "name", None)
+        drafter = getattr(getattr(self.session, "drafter", None), "name", None)
+        self.push_screen(ModelsScreen(registry, target, drafter), self.switch_model)
+
+    def switch_model(self, choice: ModelChoice | None) -> None:
+        """Load ``choice`` in the load worker; the current session stays until the new one is ready."""
+        if choice is None:
+            return
+        if self.chat.busy:
+            self.notify("A reply is running: stop it (Esc), then pick the model again.", severity="warning")
+            return
+        loader = self.model_loader
+        self.session_factory = lambda: loader(choice.target, choice.drafter)
+        self.switching_to = choice
+        drafter = "" if choice.drafter == "none" else f" with drafter {choice.drafter}"
+        self.notify(f"Loading {choice.target}{drafter}…", timeout=4)
+        self._load_session()
+
+    def action_measure_baseline(self) -> None:
+        self.measure_baseline()
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

@@ -27,3 +27,15 @@ class SessionFailed(Message):
     def __init__(self, error: str) -> None:
         super().__init__()
         self.error = error
+
+
+class BaselineMeasured(Message):
+    """The plain-decoding baseline of ``session`` was measured (``baseline``: engine.session.Baseline)
+    or could not be (``error``)."""
+
+    def __init__(self, session: ChatEngine, baseline: object | None, error: str | None, overlapped: bool = False) -> None:
+        super().__init__()
+        self.session = session
+        self.baseline = baseline
+        self.error = error
+        self.overlapped = overlapped

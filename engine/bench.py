@@ -133,23 +133,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, strategy_from_args):
     """A --strategies entry: NAME, or NAME:PARAM to compare variants in one run —
     ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` (draft length), ``optimal:24`` (node budget)."""
+    from .strategy import from_spec
+
     name, _, param = spec.partition(":")
     args.strategy = name
     s = strategy_from_args(args, has_drafter)
     if not param:
         return s
     try:
-        if name == "tree":
-            from .tree import parse_shape
-
-            return s.replace(tree=parse_shape(param.replace("-", ","))).validate(has_drafter)
-        if name in ("sd", "pld", "ersd"):
-            return s.replace(draft_len=int(param)).validate(has_drafter)
-        if name == "optimal":
-            return s.replace(node_budget=int(param)).validate(has_drafter)
+        return from_spec(spec, s).validate(has_drafter)
     except ValueError as e:
-        raise SpecchatError(f"--strategies {spec!r}: {e}") from None
-    raise SpecchatError(f"--strategies {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, optimal:24)")
+        msg = str(e)
+        raise SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}") from None
 
 
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
@@ -218,3 +213,47 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
             t[2] += n - 1
             _progress(f"{label:>8} {name:<12} {rate:7.1f} tok/s  (transformers)")
     return rows
+
+
+def cmd_draft_cost(args: argparse.Namespace) -> int:
+    """`bench --draft-cost`: median ms for the drafter to propose a 5-token chain and a
+    (3,2,2,1,1) tree (mamba-drafters §4.1: a recurrent drafter forks its state per child and runs
+    one batched step per depth), each from a fresh root as in decoding. Issue [drafting] bounds
+    tree/chain at 2.5x on this CPU."""
+    import statistics
+
+    import torch
+
+    from .cli import load_session
+    from .drafters.base import DraftRequest
+
+    session = load_session(args)
+    drafter = session.decoder.drafters.get("model")
+    if drafter is None:
+        raise SpecchatError("--draft-cost needs a drafter model (--drafter REF)")
+    g = torch.Generator().manual_seed(0)
+    history = torch.randint(0, session.decoder.target.vocab_size, (160,), generator=g).tolist()
+    shapes = {"chain5": (1, 1, 1, 1, 1), "tree32211": (3, 2, 2, 1, 1)}
+    out: dict[str, float] = {}
+    repeats = 24
+    for label, shape in shapes.items():
+        drafter.reset()
+        req = DraftRequest(shape=shape)
+        samples = []
+        for i in range(repeats + 4):
+            h = history[: 120 + i]  # one new token per step, like decoding with nothing accepted
+            t0 = time.perf_counter()
+            drafter.propose(h, req)
+            if i >= 4:  # warm-up excluded
+                samples.append((time.perf_counter() - t0) * 1000.0)
+        out[label] = statistics.median(samples)
+    ratio = out["tree32211"] / out["chain5"]
+    res = {"drafter": session.drafter.description if session.drafter else "", "dtype": str(session.decoder.target.dtype),
+           "chain5_ms": round(out["chain5"], 3), "tree32211_ms": round(out["tree32211"], 3), "ratio": round(ratio, 3),
+           "threads": _threads(), "repeats": repeats}
+    if args.json:
+        print(json.dumps(res))
+    else:
+        print(f"drafter: {res['drafter']} ({res['dtype']}, {res['threads']} threads)")
+        print(f"chain of 5: {out['chain5']:.2f} ms · tree (3,2,2,1,1): {out['tree32211']:.2f} ms · ratio {ratio:.2f}x")
+    return 0

@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--verify-cost", action="store_true",
                        help="measure the target's verify cost t(n) for n = 1..32 rows and fit a + b*n + c*n^2")
+    bench.add_argument("--draft-cost", action="store_true",
+                       help="drafter time for a 5-token chain vs a (3,2,2,1,1) tree (needs --drafter)")
     bench.add_argument("--tree-scaling", action="store_true",
                        help="verify time/memory of stree vs unrolled on binary trees, and per-step cost of the backtrack modes; "
                             "--target may be a config.json (random weights, timing only)")
@@ -88,10 +90,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_distill(sub)
 
-    dl = sub.add_parser("download", help="download a model (models.toml name or Hub id) into the Hugging Face cache")
+    dl = sub.add_parser("download", help="download a model (models.toml name or Hub id) into the Hugging Face cache; "
+                        "Ctrl-C stops it and a re-run resumes")
     dl.add_argument("ref", metavar="REF")
     dl.add_argument("--models", metavar="FILE")
     dl.add_argument("--revision", default=None)
+    dl.add_argument("--include", action="append", default=None, metavar="GLOB",
+                    help="only files matching GLOB (repeatable), e.g. one .gguf of a repo with several")
 
     models = sub.add_parser("models", help="registry entries and whether each is available locally")
     models.add_argument("--models", metavar="FILE")
@@ -118,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_chat(args)
         if args.cmd == "generate":
             return cmd_generate(args)
+        if args.cmd == "bench" and args.draft_cost:
+            from .bench import cmd_draft_cost
+
+            return cmd_draft_cost(args)
         if args.cmd == "bench" and args.verify_cost:
             return cmd_verify_cost(args)
         if args.cmd == "bench" and args.tree_scaling:
@@ -296,22 +305,61 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return ChatSession.load(target=args.target, drafter=args.drafter, strategy=initial, models_file=args.models,
                                 dtype=args.dtype, max_context=args.max_context)
 
-    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens)
+    def loader(target: str, drafter: str):  # Ctrl+O picks: same models file, dtype and context
+        from .session import ChatSession
+
+        return ChatSession.load(target=target, drafter=drafter, models_file=args.models, dtype=args.dtype,
+                                max_context=args.max_context)
+
+    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models)
     return 0
 
 
 def cmd_download(args: argparse.Namespace) -> int:
+    """Download REF with a progress line per file on stderr. Ctrl-C cancels between chunks (exit 130,
+    the partial file is kept and a re-run resumes it); a second Ctrl-C leaves at once."""
     from .errors import SpecchatError
-    from .hub import download
-    from .loading import HUB_ID
+    from .hub import REPO_ID, DownloadCancelled, TerminalProgress, download
     from .registry import load_registry
 
     entry = load_registry(args.models).get(args.ref)
     repo = entry.hub_id if entry is not None else args.ref
-    if not repo or not HUB_ID.match(repo):
+    if not repo or not REPO_ID.match(repo):
         raise SpecchatError(f"{args.ref!r} is neither a models.toml name with a hub_id nor a Hub id (owner/name)")
-    path = download(repo, args.revision or (entry.revision if entry else None))
-    print(f"{repo} -> {path}")
+    revision = args.revision or (entry.revision if entry else None)
+    printer = TerminalProgress(sys.stderr)
+    cancel = threading.Event()
+    result: dict[str, Any] = {}
+    finished = threading.Event()  # not Thread.join: an interrupted join marks the thread stopped (3.11)
+
+    def run() -> None:
+        try:
+            result["path"] = download(repo, revision, progress=printer, cancel=cancel, include=args.include)
+        except BaseException as e:  # noqa: BLE001 - handed to the main thread
+            result["error"] = e
+        finally:
+            finished.set()
+
+    threading.Thread(target=run, name="download", daemon=True).start()
+    try:
+        while not finished.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        cancel.set()
+        try:
+            while not finished.wait(0.1):
+                pass
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: leave now; the partial file stays for the next run
+    printer.close()
+    if "path" not in result:
+        err = result.get("error")
+        if err is None or isinstance(err, DownloadCancelled):
+            msg = str(err) if err else f"download of {repo} cancelled; run it again to resume"
+            print(f"specchat: {msg}", file=sys.stderr)
+            return EXIT_INTERRUPTED
+        raise err
+    print(f"{repo} -> {result['path']}")
     return 0
 
 

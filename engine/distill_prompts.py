@@ -94,6 +94,94 @@ def make_prompt(rng: random.Random) -> dict[str, str]:
     return {"kind": kind, "text": text}
 
 
+# ---- v2: prompts p04000 onwards (the first 4000 stay exactly as above) ------------------------------
+V1_SIZE = 4000
+TOPICS2 = [
+    "the Great Wall of China", "octopuses", "wind turbines", "the water table", "inflation", "rainbows in fog", "volcanic islands",
+    "the Internet of Things", "spiders", "the human brain", "nuclear fusion", "tea ceremonies", "migrating birds", "3D printing",
+    "the metric system", "the Amazon river", "paper money", "public transport", "composting", "the speed of light", "fungi",
+    "ancient Egypt", "video game design", "the ozone layer", "electric guitars", "hydroponics", "the stock exchange", "glass making",
+    "first aid", "the Renaissance", "cloud computing", "sharks", "sourdough", "urban gardening", "satellites", "wolves", "pottery",
+    "the scientific method", "ocean currents", "credit scores", "the Moon's phases", "bridges", "typography", "wildfires",
+    "probability", "microplastics", "the violin", "habit formation", "open-source software", "the Arctic", "dinosaurs",
+    "solar eclipses", "batteries", "the Olympic marathon", "map projections", "the immune response to allergies", "kites",
+]
+CODE_TASKS2 = [
+    "counts how often each word appears in a sentence", "checks whether a year is a leap year", "converts a Roman numeral to an integer",
+    "returns the second largest number in a list", "capitalises the first letter of every word", "computes the average of a list",
+    "checks whether parentheses in a string are balanced", "generates the first n prime numbers", "reverses the words in a sentence",
+    "finds the most common character in a string", "converts a list of pairs into a dictionary", "chunks a list into groups of size n",
+    "computes compound interest", "removes vowels from a string", "validates a phone number", "transposes a matrix",
+    "merges two dictionaries", "finds all even numbers in a list", "implements a queue with two stacks", "counts lines in a file",
+    "converts seconds to hours, minutes and seconds", "checks whether a list is sorted", "implements insertion sort",
+    "returns the intersection of two lists", "computes the power set of a small list", "formats a number with thousands separators",
+]
+SENTENCES2 = [
+    "The bakery on Main Street now opens at seven, and it sells fresh bread until noon every day except Monday.",
+    "Our school will hold its science fair next month, and every class must present at least one experiment.",
+    "The river rose by two metres after the storm, so the footpath along the bank is closed until further notice.",
+    "Tickets for the concert sold out in one hour, but the band has promised to add a second show in June.",
+    "The company will switch to a new email system on Monday, and everyone must reset their password before then.",
+    "Volunteers cleaned the beach on Sunday and collected more than three hundred kilograms of plastic waste.",
+    "The museum is free on the first Sunday of every month, and children under twelve never pay for entry.",
+    "Heavy snow closed the mountain road overnight, and the ski resort asked visitors to take the shuttle bus instead.",
+    "The city will repaint the old bridge this summer, which means one lane will be closed for about six weeks.",
+    "Our book club chose a mystery novel for March, and the next meeting will take place at the library at six.",
+    "The clinic now offers appointments online, so patients no longer need to call during office hours.",
+    "Because of the heat wave, the swimming pool will stay open two hours longer every evening this week.",
+]
+PERSONAS = ["a student", "a teacher", "a nurse", "a small-business owner", "a retiree", "a software developer", "a parent", "a traveller"]
+
+
+def make_prompt_v2(rng: random.Random) -> dict[str, str]:
+    kind = rng.choice(["explain", "explain", "code", "code", "math", "summarise", "rewrite", "list", "letter", "compare", "howto",
+                       "chat", "story", "advice", "define"])
+    t = rng.choice(TOPICS2 + TOPICS)
+    if kind == "explain":
+        text = rng.choice([f"Explain {t} in simple words.", f"How does {t} work? Keep it short.", f"What should everyone know about {t}?",
+                           f"Give a brief overview of {t} for {rng.choice(AUDIENCES)}.", f"What are the main ideas behind {t}?"])
+    elif kind == "code":
+        lang = rng.choice(LANGUAGES)
+        task = rng.choice(CODE_TASKS2 + CODE_TASKS)
+        text = rng.choice([f"Write a {lang} function that {task}.", f"Show me {lang} code that {task}, and explain it briefly.",
+                           f"How would you write a function in {lang} that {task}? Include a test."])
+    elif kind == "math":
+        a, b, c = rng.randint(3, 90), rng.randint(2, 50), rng.randint(2, 12)
+        n1, item = rng.choice(NAMES), rng.choice(ITEMS)
+        text = rng.choice([f"{n1} saves {a} dollars a week for {c} weeks and then spends {b} dollars. How much is left? Show your steps.",
+                           f"A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
+                           f"What is {c * 10}% of {a * 10}? Explain how you got it.",
+                           f"A box holds {c} {item}. How many boxes do you need for {a * c + b % c} {item}?",
+                           f"Convert {a} kilometres per hour to metres per second, showing the steps."])
+    elif kind == "summarise":
+        text = rng.choice(["Summarise this in one or two sentences:", "Give a short summary of the text below.",
+                           "What are the key points of this text?"]) + "\n\n" + " ".join(rng.sample(SENTENCES2 + SENTENCES, k=rng.randint(3, 5)))
+    elif kind == "rewrite":
+        text = f"Rewrite the following to be {rng.choice(TONES)}:\n\n" + " ".join(rng.sample(SENTENCES2 + SENTENCES, k=rng.randint(2, 4)))
+    elif kind == "list":
+        text = rng.choice([f"List three pros and three cons of {t}.", f"Give five tips for {rng.choice(PERSONAS)} interested in {t}.",
+                           f"What are the steps to prepare {rng.choice(THINGS)}? Use a numbered list."])
+    elif kind == "letter":
+        text = rng.choice([f"Write a short message to {rng.choice(NAMES)} inviting them to a talk about {t}.",
+                           f"Write an email to my manager asking for a day off to work on {rng.choice(THINGS)}.",
+                           f"Write a friendly reminder to {rng.choice(NAMES)} about {rng.choice(THINGS)}."])
+    elif kind == "compare":
+        t2 = rng.choice([x for x in TOPICS2 if x != t])
+        text = rng.choice([f"What is the difference between {t} and {t2}?", f"Which is more interesting to learn about, {t} or {t2}, and why?"])
+    elif kind == "howto":
+        text = rng.choice([f"How can {rng.choice(PERSONAS)} learn about {t}?", f"What is the best way to start {rng.choice(THINGS)}?"])
+    elif kind == "story":
+        text = rng.choice([f"Write a short story about {rng.choice(NAMES)} and {t}.", f"Write a four-line poem about {t}."])
+    elif kind == "advice":
+        text = f"I'm {rng.choice(PERSONAS)} and I want to understand {t}. Where should I begin?"
+    elif kind == "chat":
+        text = rng.choice([f"Hi! Do you know anything about {t}?", f"I just read about {t}. Can we talk about it?",
+                           f"What do you think is the most important thing about {t}?"])
+    else:
+        text = rng.choice([f"Define {t} in one sentence, then give an example.", f"What does the term '{t}' mean?"])
+    return {"kind": kind, "text": text}
+
+
 def eval_texts(path: Path | None = None) -> set[str]:
     p = path or Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
     return {x["text"] for x in json.loads(p.read_text())} if p.exists() else set()
@@ -105,9 +193,10 @@ def make_prompts(n: int, seed: int = 0) -> list[dict[str, str]]:
     banned = eval_texts()
     out, seen = [], set()
     tries = 0
+    rng2 = random.Random(seed + 1_000_003)
     while len(out) < n and tries < n * 50:
         tries += 1
-        p = make_prompt(rng)
+        p = make_prompt(rng) if len(out) < V1_SIZE else make_prompt_v2(rng2)
         if p["text"] in seen or p["text"] in banned:
             continue
         seen.add(p["text"])

@@ -39,6 +39,8 @@ def add_parser(dsub) -> None:
     t.add_argument("--save-every", type=int, default=50)
     t.add_argument("--threads", type=int, default=None)
     t.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    t.add_argument("--byte-level", action="store_true",
+                   help="train a byte-level drafter (256 bytes + specials) on the same replies, for the [vocab] bridges")
     t.add_argument("--eval-every", type=int, default=0, help="report held-out loss and top-1 agreement every N steps")
     t.add_argument("--negatives", type=int, default=1024,
                    help="train the softmax over the tokens seen in the data plus this many random unseen tokens per step "
@@ -73,6 +75,13 @@ def pack(seqs: list[tuple[list[int], int]], seq_len: int, pad: int):
     ids += [pad] * (n * seq_len - len(ids))
     mask += [0] * (n * seq_len - len(mask))
     return torch.tensor(ids).view(n, seq_len), torch.tensor(mask, dtype=torch.bool).view(n, seq_len)
+
+
+def _as_bytes(target_tok, ids: list[int], start: int, eos: int) -> tuple[list[int], int]:
+    """(prompt + reply token ids, reply start) -> the same text as byte ids, EOS-terminated."""
+    prompt = list(target_tok.decode(ids[:start], skip_special_tokens=False).encode("utf-8"))
+    reply = [t for t in ids[start:] if t not in target_tok.eos_ids]
+    return prompt + list(target_tok.decode(reply).encode("utf-8")) + [eos], len(prompt)
 
 
 def pca_embedding(embed, d: int):
@@ -111,6 +120,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
     tok = target.tokenizer
     V = target.model.vocab_size
+    if args.byte_level:
+        # a byte-level drafter (heterogeneous-vocab §3.4: byte drafters suit SLRS): the same replies
+        # as UTF-8 bytes, the prompt as the target's rendered chat text (special tokens spelled out)
+        from .tokenizer import ByteTokenizer
+
+        target_tok, tok = tok, ByteTokenizer()
+        held = [_as_bytes(target_tok, ids, start, tok.EOS) for ids, start in held]
+        train = [_as_bytes(target_tok, ids, start, tok.EOS) for ids, start in train]
+        V = -(-tok.vocab_size // 8) * 8  # 259 -> 264 rows: padding never seen, never proposed
     heads = 2 * args.d_model // args.head_dim
     cfg = Mamba2Config(vocab_size=V, hidden_size=args.d_model, num_hidden_layers=args.layers, state_size=args.d_state,
                        head_dim=args.head_dim, num_heads=heads, n_groups=1, expand=2, conv_kernel=4, chunk_size=128,
@@ -127,7 +145,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         opt.load_state_dict(st["opt"])
         step, order_seed = int(st["step"]), int(st["order_seed"])
         print(f"resuming at step {step}", file=sys.stderr)
-    else:
+    elif not args.byte_level:
         with torch.no_grad():
             model.get_input_embeddings().weight.copy_(pca_embedding(target.model.embed, args.d_model))
     del target
@@ -153,7 +171,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     unseen = torch.nonzero(unseen).flatten()
     remap = torch.full((V,), -1, dtype=torch.long, device=device)
     remap[seen] = torch.arange(len(seen), device=device)
-    full_softmax = args.negatives <= 0 or len(unseen) == 0
+    full_softmax = args.negatives <= 0 or len(unseen) == 0 or args.byte_level
     print(f"softmax over {'all ' + str(V) if full_softmax else f'{len(seen)} seen + {args.negatives} sampled'} tokens", file=sys.stderr)
 
     def hidden_and_targets(x, m):

@@ -90,14 +90,10 @@ def resolve(ref: str, registry: Registry | None = None) -> tuple[str, Path]:
 
 
 def _hub_cached(repo_id: str, revision: str | None) -> Path | None:
-    try:
-        from huggingface_hub import snapshot_download
+    """The cached snapshot of a Hub id (our downloader's or huggingface_hub's layout), no network."""
+    from .hub import cached_snapshot
 
-        path = snapshot_download(repo_id, revision=revision, local_files_only=True)
-    except Exception:
-        return None
-    p = Path(path)
-    return p if (p / "config.json").exists() or list(p.glob("*.gguf")) else None
+    return cached_snapshot(repo_id, revision)
 
 
 DEFAULT_CONTEXT = 8192  # KV rows are allocated up front: a 128k-context model would take GBs

@@ -15,6 +15,7 @@ template renders them. ``stop.set()`` ends the reply after the current step (fin
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Iterator, Protocol
 
 from .events import StepEvent
@@ -32,6 +33,8 @@ class ChatEngine(Protocol):
     def stream_chat(
         self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event
     ) -> Iterator[StepEvent]: ...
+
+    # optional: measure_baseline(new_tokens, stop) -> Baseline (plain-decoding tok/s for the speedup)
 
 
 class ChatSession:
@@ -67,6 +70,7 @@ class ChatSession:
         tgt = load(target_ref, dtype=dtype, registry=reg, max_context=max_context)
         drf = None
         drafter_ref = drafter
+        pairing = None
         if drafter_ref is None:
             pairing = reg.default_pairing(tgt.name)
             drafter_ref = pairing.drafter if pairing else None
@@ -76,6 +80,10 @@ class ChatSession:
         strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
         if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
             strat = strat.replace(drafter="ngram")
+        if strat is None and pairing is not None and pairing.strategy and drf is not None:
+            from .strategy import from_spec
+
+            strat = from_spec(pairing.strategy)  # the pairing's best measured strategy (models.toml)
         if strat is not None:
             strat.validate(has_drafter_model=drf is not None)
         return cls(tgt, drf, strat, reg)
@@ -108,6 +116,36 @@ class ChatSession:
         ids = self.encode_chat(messages)
         self.decoder.start(ids)
         yield from self.decoder.steps(lambda: self.strategy, max_new_tokens, stop)
+
+    def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None) -> "Baseline":
+        """Plain decoding (ar, greedy) speed of this target on this machine: the reference of the
+        dashboard's speedup. Runs on a separate cache (the conversation's state is untouched), so a
+        UI may call it from a worker thread between replies; prefill and a short warm-up excluded."""
+        from .generate import Decoder, run_generation
+        from .strategy import preset
+
+        probe = self.target.model.with_own_cache()
+        dec = Decoder(probe)  # no EOS: always ``new_tokens`` tokens
+        ids = self.encode_chat([{"role": "user", "content": BASELINE_PROMPT}]) if self.tokenizer else list(range(1, 17))
+        try:
+            run_generation(dec, ids, preset("ar"), 4, stop)  # warm-up
+            dec.reset()
+            _, summ = run_generation(dec, ids, preset("ar"), new_tokens, stop)
+        finally:
+            probe.cache = None
+        return Baseline(summ.tokens_per_s, summ.new_tokens, stopped=summ.finish_reason == "stopped")
+
+
+BASELINE_PROMPT = "Describe a quiet morning in a small harbour town."
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """A measured plain-decoding speed (tokens/s over ``tokens`` decoded tokens)."""
+
+    tokens_per_s: float
+    tokens: int
+    stopped: bool = False
 
 
 def _stream_decoder(tok):

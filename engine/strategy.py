@@ -190,3 +190,24 @@ def preset(name: str, **overrides: Any) -> Strategy:
             raise StrategyError(f"strategy {name!r} is not available yet: it lands with {NOT_YET['strategy'][name]}")
         raise StrategyError(f"unknown strategy {name!r}; choose one of {', '.join(STRATEGIES)}")
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
+
+
+def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
+    """A strategy from ``NAME`` or ``NAME:PARAM`` (bench --strategies, models.toml pairings):
+    ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` / ``ersd:5`` (draft length), ``optimal:24``
+    (node budget). ``base``: the strategy NAME already built with the caller's other knobs
+    (default: the preset). Not validated here."""
+    name, _, param = spec.strip().partition(":")
+    s = base if base is not None else preset(name)
+    if not param:
+        return s
+    try:
+        if name == "tree":
+            return s.replace(tree=parse_shape(param.replace("-", ",")))
+        if name in ("sd", "pld", "ersd"):
+            return s.replace(draft_len=int(param))
+        if name == "optimal":
+            return s.replace(node_budget=int(param))
+    except ValueError as e:
+        raise StrategyError(f"strategy {spec!r}: {e}") from None
+    raise StrategyError(f"strategy {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, optimal:24)")

@@ -183,3 +183,13 @@ def test_bench_compares_strategy_variants_in_one_run(tmp_path, smollm2_gguf_path
     assert all(r["mean_accepted"] >= 1 for r in res["rows"] if r["strategy"] != "ar")
     assert main(["bench", "--target", path, "--prompts", str(prompts), "--strategies", "ar:3", "--warmup", "0"]) == 2
     assert "takes no parameter" in capsys.readouterr().err
+
+
+def test_bench_draft_cost_json(tmp_path, capsys):
+    """`bench --draft-cost`: chain-of-5 vs (3,2,2,1,1) drafting time of a Mamba drafter."""
+    target, drafter = saved("llama", str(tmp_path)), saved("mamba2", str(tmp_path))
+    res = run_json(capsys, "bench", "--draft-cost", "--target", str(target), "--drafter", str(drafter), "--json")
+    assert res["chain5_ms"] > 0 and res["tree32211_ms"] > 0
+    assert res["ratio"] == pytest.approx(res["tree32211_ms"] / res["chain5_ms"], rel=1e-2)
+    assert main(["bench", "--draft-cost", "--target", str(target)]) == 2
+    assert "needs a drafter model" in capsys.readouterr().err

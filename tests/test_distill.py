@@ -82,3 +82,26 @@ def test_batched_greedy_equals_batch_one_greedy(tmp_path_factory, kind):
     assert any(len(w) < n for w in want) and any(len(w) == n for w in want)
     got = dict(batched_greedy(model, prompts, n, eos, batch=3))
     assert [got[i] for i in range(len(prompts))] == want
+
+
+def test_distill_train_byte_level_drafter(tmp_path, smollm2_gguf_path):
+    """--byte-level: the same replies as UTF-8 bytes; the saved drafter loads with a byte tokenizer
+    and decodes the target's text back from its ids."""
+    from engine.distill_train import _as_bytes, load_sequences
+    from engine.loading import load
+    from engine.tokenizer import ByteTokenizer
+
+    data = tmp_path / "d"
+    assert main(["distill", "data", "--out", str(data), "--n", "3", "--max-new-tokens", "8"]) == 0
+    target_tok = load(str(smollm2_gguf_path)).tokenizer
+    ids, start = load_sequences(data)[0]
+    b, bstart = _as_bytes(target_tok, ids, start, ByteTokenizer.EOS)
+    assert bytes(b[:bstart]).decode() == target_tok.decode(ids[:start])
+    assert b[-1] == ByteTokenizer.EOS and "<|im_start|>assistant" in bytes(b[:bstart]).decode()
+    out = tmp_path / "bytes"
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--byte-level", "--d-model", "64", "--layers", "1",
+                 "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "128", "--steps", "2", "--holdout", "0.34"]) == 0
+    drafter = load(str(out))
+    assert drafter.model.vocab_size == 264 and drafter.tokenizer.vocab_size == 259
+    assert drafter.tokenizer.decode(list("héllo".encode())) == "héllo"
+    assert not (out / "draft_vocab.json").exists()

@@ -230,3 +230,15 @@ def test_unroll_maps_rows_and_chains():
     assert t == [9, 1, 2, 1, 3, 4] and p == [-1, 0, 1, 0, 3, 0]  # a repeated once per leaf below it
     assert [t[r] for r in rowmap(None)] == tokens
     assert rowmap([0, 1, 3]) == [0, 3, 4] and rowmap([0, 4]) == [0, 5]
+
+
+def test_strategy_specs():
+    from engine.strategy import from_spec
+
+    assert from_spec("tree:3-3-2-1").tree == (3, 3, 2, 1) and from_spec("tree:3-3-2-1").name == "tree"
+    assert from_spec("sd:3").draft_len == 3 and from_spec("optimal:24").node_budget == 24
+    assert from_spec("mab") == preset("mab")
+    assert from_spec("sd:2", preset("sd", temperature=0.5)).temperature == 0.5
+    for bad, msg in (("ar:3", "takes no parameter"), ("tree:3-x", "bad tree shape"), ("sd:x", "invalid literal"), ("nope", "unknown strategy")):
+        with pytest.raises(StrategyError, match=msg):
+            from_spec(bad)

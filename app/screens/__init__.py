@@ -2,5 +2,6 @@
 
 from .chat import ChatScreen
 from .help import HelpScreen
+from .models import ModelChoice, ModelsScreen
 
-__all__ = ["ChatScreen", "HelpScreen"]
+__all__ = ["ChatScreen", "HelpScreen", "ModelChoice", "ModelsScreen"]

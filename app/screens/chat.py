@@ -1,69 +1,285 @@
-"""The chat screen: messages, the prompt, the live dashboard, the status line, the reply in flight."""
+"""The chat screen: messages, the prompt, the chat list, the live dashboard, the status line, the reply in flight."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.timer import Timer
-from textual.widgets import Footer
+from textual.widgets import Footer, Static
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import get_current_worker
 
 from engine.session import ChatEngine
+from engine.strategy import StrategyError
 
 from ..reply import ReplyRun
+from ..store import ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
+from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
 
 DRAIN_INTERVAL_S = 1 / 20  # the UI takes the engine's events at most 20 times a second
-STOPPED_MARK = "\n\n*(stopped)*"
-ERROR_MARK = "\n\n*(error)*"
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
+NEW_CHAT_TITLE = "New chat"
+CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
+                  "Press Ctrl+N to start a new chat.")
+BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
+
+# settings keys (values are JSON)
+SETTING_STRATEGY = "strategy"  # Strategy.to_dict() of the last strategy picked with Ctrl+S / F2
+SETTING_DASHBOARD = "dashboard_visible"  # the last Ctrl+D / F3 choice
+SETTING_THEME = "theme"  # App.theme, saved whenever it changes (command palette: "Change theme")
+
+
+def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
+    """What is saved with a reply: tokens, steps, tok/s, mean accepted tokens per step, how it ended."""
+    s = run.summary
+    stats: dict[str, Any] = {
+        "tokens": s.new_tokens, "steps": s.steps, "tok_s": round(s.tokens_per_s, 2),
+        "mean_accepted": round(s.mean_accepted, 3), "finish_reason": finish_reason,
+    }
+    if run.last_event is not None:
+        stats["strategy"] = run.last_event.strategy
+    return stats
 
 
 class ChatScreen(Screen[None]):
-    """One conversation with the session the app hands over through :meth:`attach_session`.
+    """The open chat with the session the app hands over through :meth:`attach_session`.
 
     The conversation (a list of {"role", "content"}) is sent whole every turn. The engine runs in
     a thread worker; this screen only drains its queue on a timer (see :mod:`app.reply`).
+    Every message is written to ``store`` as soon as it is complete: the user's when sent, a reply
+    when it ends (or is stopped). The screen lives as long as the app and closes the store when
+    it is unmounted. ``store_error``: why the store is in memory only (shown once mounted).
+    ``restore_strategy``: apply the saved strategy to a session once it is attached (False when
+    the command line chose one).
     """
 
     BINDINGS = [
         Binding("escape", "stop", "Stop", id="stop"),
         Binding("ctrl+d,f3", "toggle_dashboard", "Dashboard", id="toggle_dashboard", priority=True),
+        # the chat title line shows these two (the footer has no room left at 80 columns)
+        Binding("ctrl+l,f4", "toggle_chats", "Chats", id="toggle_chats", show=False),
+        Binding("ctrl+n", "new_chat", "New chat", id="new_chat", show=False),
+        Binding("ctrl+r", "regenerate", "Regenerate", id="regenerate", show=False),
+        # priority: the prompt's TextArea binds ctrl+y to redo (super+y still redoes)
+        Binding("ctrl+y", "copy_reply", "Copy reply", id="copy_reply", show=False, priority=True),
     ]
 
-    def __init__(self, max_new_tokens: int = 512, **kwargs: object) -> None:
+    def __init__(
+        self,
+        max_new_tokens: int = 512,
+        store: ChatStore | None = None,
+        store_error: str | None = None,
+        restore_strategy: bool = True,
+        **kwargs: object,
+    ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.max_new_tokens = max_new_tokens
+        self.store = store if store is not None else ChatStore.open(None)
+        self.store_error = store_error
+        self.restore_strategy = restore_strategy
         self.session: ChatEngine | None = None
         self.session_error: str | None = None
         self.conversation: list[dict[str, str]] = []
+        self.chat_id: int | None = None  # None: a new chat, saved when its first message is sent
+        self.chat_title = ""
         self.status_line = StatusLine(id="status")
+        self.title_bar = Static(id="chat-title")
+        self.chat_list = ChatList(id="chat-list")
         self._run: ReplyRun | None = None
         self._reply: ChatMessage | None = None
         self._stream: MarkdownStream | None = None
         self._timer: Timer | None = None
         self._finishing = False
+        self._reply_saved = False
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
         self._wide: bool | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
+            yield self.chat_list
             with Vertical(id="chat-column"):
+                yield self.title_bar
                 yield MessageList(id="messages")
                 yield PromptInput(id="prompt")
             yield self.dashboard
         yield self.status_line
         yield Footer()
 
-    def on_mount(self) -> None:
-        self.query_one(PromptInput).focus()
+    async def on_mount(self) -> None:
+        self.chat_list.display = False
+        self.prompt.focus()
         self._apply_width(self.app.size.width)
+        if self.store_error is not None:
+            self.notify(self.store_error, title="Chats are not being saved", severity="error", timeout=12)
+        self._restore_settings()
+        self.prompt.set_history(self._load(self.store.prompt_history, []))
+        chats = self._load(self.store.chats, [])
+        await self._show_chat(chats[0].id if chats else None)
+
+    @property
+    def prompt(self) -> PromptInput:
+        return self.query_one(PromptInput)
+
+    # ---- the store ---------------------------------------------------------------------------------
+    def _load(self, read: Any, default: Any, *args: Any) -> Any:
+        """``read(*args)``; on a StoreError, an error toast and ``default``."""
+        try:
+            return read(*args)
+        except StoreError as exc:
+            self.notify(str(exc), title="Could not read the chats", severity="error", timeout=10)
+            return default
+
+    def _save(self, write: Any, *args: Any, **kwargs: Any) -> Any:
+        """``write(*args, **kwargs)``; on a StoreError, an error toast (the chat goes on unsaved)."""
+        try:
+            return write(*args, **kwargs)
+        except StoreError as exc:
+            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10)
+            return None
+
+    def _save_message(self, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
+        """Commit one complete message (creating the chat with its first one)."""
+        session = self.session
+        model = session.description if session is not None else None
+        strategy = session.strategy.to_dict() if session is not None else None
+        if self.chat_id is None:
+            self.chat_id = self._save(self.store.new_chat, model=model or "", strategy=strategy)
+            if self.chat_id is None:
+                return
+        if role == "user" and not self.chat_title:
+            self.chat_title = title_from(content)
+            self._show_title()
+        self._save(self.store.add_message, self.chat_id, role, content, stats, model=model, strategy=strategy)
+
+    def _drop_messages_from(self, keep: int) -> None:
+        """Forget the saved messages from conversation index ``keep`` on (an empty chat goes too)."""
+        if self.chat_id is None:
+            return
+        self._save(self.store.truncate, self.chat_id, keep)
+        if keep == 0:
+            self._save(self.store.delete_chat, self.chat_id)
+            self.chat_id, self.chat_title = None, ""
+            self._show_title()
+
+    def _restore_settings(self) -> None:
+        """Theme and dashboard choice from the last run; the theme is saved whenever it changes."""
+        theme = self._load(self.store.get_setting, None, SETTING_THEME)
+        if isinstance(theme, str) and theme != self.app.theme:
+            if theme in self.app.available_themes:
+                self.app.theme = theme
+            else:
+                self.notify(f"The saved theme {theme!r} is not available; using {self.app.theme!r}.",
+                            severity="warning", timeout=6)
+        self.watch(self.app, "theme", self._theme_changed, init=False)
+        visible = self._load(self.store.get_setting, None, SETTING_DASHBOARD)
+        if isinstance(visible, bool):
+            self._dashboard_choice = visible
+            self._show_dashboard(visible)
+
+    def _theme_changed(self, theme: str) -> None:
+        self._save(self.store.set_setting, SETTING_THEME, theme)
+
+    # ---- chats -------------------------------------------------------------------------------------
+    async def _show_chat(self, chat_id: int | None) -> None:
+        """Open the saved chat ``chat_id`` (None: a new, empty chat) in place of the current one."""
+        records = self._load(self.store.messages, [], chat_id) if chat_id is not None else []
+        record = self._load(self.store.chat, None, chat_id) if chat_id is not None else None
+        if record is None:
+            chat_id, records = None, []
+        self.chat_id = chat_id
+        self.chat_title = record.title if record is not None else ""
+        self.conversation = [{"role": m.role, "content": m.content} for m in records]
+        await self.query_one(MessageList).show((m.role, m.content, m.finish_reason) for m in records)
+        self._show_title()
+        if self.conversation and self.conversation[-1]["role"] == "user":
+            self.notify("The last message has no reply (the app closed while it was being written): "
+                        "press Ctrl+R to ask again.", severity="warning", timeout=8)
+        status = self.status_line.status
+        status.last_event = status.summary = None
+        if self.session is not None:
+            status.state = "ready"
+        self.status_line.refresh()
+
+    def _show_title(self) -> None:
+        text = Text(no_wrap=True, overflow="ellipsis")
+        text.append(self.chat_title or NEW_CHAT_TITLE, style="bold")
+        text.append("  Ctrl+L chats · Ctrl+N new", style="dim")
+        self.title_bar.update(text)
+
+    def _refuse_while_busy(self, doing: str) -> bool:
+        """True (with a notice) while a reply runs: chats change only between replies."""
+        if self.busy:
+            self.notify(f"A reply is still running: press Esc to stop it before {doing}.", severity="warning")
+        return self.busy
+
+    async def action_new_chat(self) -> None:
+        """Ctrl+N: start a new chat (saved once its first message is sent)."""
+        if self._refuse_while_busy("starting a new chat"):
+            return
+        self._hide_chats()
+        if self.chat_id is None and not self.conversation:
+            self.notify("This is already a new chat.", timeout=3)
+            return
+        await self._show_chat(None)
+
+    def action_toggle_chats(self) -> None:
+        """Ctrl+L / F4: show the chat list (focused), or hide it."""
+        if self.chat_list.display:
+            self._hide_chats()
+            return
+        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.display = True
+        self.chat_list.focus_list()
+
+    def _hide_chats(self) -> None:
+        if self.chat_list.display:
+            self.chat_list.display = False
+            self.prompt.focus()
+
+    @on(ChatList.Opened)
+    async def _chat_opened(self, event: ChatList.Opened) -> None:
+        if event.chat_id is None:
+            await self.action_new_chat()
+        elif event.chat_id == self.chat_id:
+            self._hide_chats()
+        elif not self._refuse_while_busy("switching chats"):
+            self._hide_chats()
+            await self._show_chat(event.chat_id)
+
+    @on(ChatList.Closed)
+    def _chats_closed(self) -> None:
+        self._hide_chats()
+
+    @on(ChatList.Renamed)
+    def _chat_renamed(self, event: ChatList.Renamed) -> None:
+        self._save(self.store.rename_chat, event.chat_id, event.title)
+        if event.chat_id == self.chat_id:
+            self.chat_title = event.title
+            self._show_title()
+        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.focus_list()
+
+    @on(ChatList.Deleted)
+    async def _chat_deleted(self, event: ChatList.Deleted) -> None:
+        current = event.chat_id == self.chat_id
+        if current and self._refuse_while_busy("deleting this chat"):
+            return
+        self._save(self.store.delete_chat, event.chat_id)
+        if current:
+            await self._show_chat(None)
+        self.prompt.set_history(self._load(self.store.prompt_history, []))
+        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.focus_list()
+        self.notify("Chat deleted.", timeout=3)
 
     # ---- dashboard -------------------------------------------------------------------------------
     def on_resize(self, event: events.Resize) -> None:
@@ -79,15 +295,16 @@ class ChatScreen(Screen[None]):
     def _show_dashboard(self, visible: bool) -> None:
         was = self.dashboard.display
         if not visible and self.focused is not None and self.dashboard in self.focused.ancestors_with_self:
-            self.query_one(PromptInput).focus()  # never leave the focus on a hidden widget
+            self.prompt.focus()  # never leave the focus on a hidden widget
         self.dashboard.display = visible
         if visible and not was:
             self.dashboard.flush()
 
     def action_toggle_dashboard(self) -> None:
-        """Ctrl+D / F3: show or hide the dashboard (whatever the terminal width)."""
+        """Ctrl+D / F3: show or hide the dashboard (whatever the terminal width); remembered."""
         self._dashboard_choice = not self.dashboard.display
         self._show_dashboard(self._dashboard_choice)
+        self._save(self.store.set_setting, SETTING_DASHBOARD, self._dashboard_choice)
 
     # ---- session and status ----------------------------------------------------------------------
     @property
@@ -104,6 +321,8 @@ class ChatScreen(Screen[None]):
     def attach_session(self, session: ChatEngine | None, error: str | None = None) -> None:
         """Chat with ``session`` from now on (None and ``error``: the load failed)."""
         self.session, self.session_error = session, error
+        if session is not None and self.restore_strategy:
+            self._apply_saved_strategy(session)
         status = self.status_line.status
         if session is not None:
             status.model, status.state = session.description, "ready"
@@ -112,15 +331,40 @@ class ChatScreen(Screen[None]):
             status.model, status.strategy, status.state = "No model loaded", "", "load failed"
         self.status_line.refresh()
 
+    def _apply_saved_strategy(self, session: ChatEngine) -> None:
+        """The strategy last picked with Ctrl+S / F2, if this session can run it (else a notice)."""
+        saved = self._load(self.store.get_setting, None, SETTING_STRATEGY)
+        if saved is None:
+            return
+        try:
+            session.strategy = strategy_from_dict(saved).validate(has_drafter_model=session.has_drafter)
+        except (StrategyError, ValueError) as exc:
+            self.notify(f"Saved strategy not used: {exc}; using {session.strategy.label()}",
+                        severity="warning", timeout=8)
+
     def show_strategy(self) -> None:
-        """Show the session's current strategy (after a live switch)."""
+        """Show the session's current strategy (after a live switch) and remember it."""
         if self.session is not None:
             self.status_line.status.strategy = self.session.strategy.label()
             self.status_line.refresh()
+            self._save(self.store.set_setting, SETTING_STRATEGY, self.session.strategy.to_dict())
 
     def _set_state(self, state: str) -> None:
         self.status_line.status.state = state
         self.status_line.refresh()
+
+    def _ready_to_generate(self) -> bool:
+        """True if a reply can start now; otherwise says why."""
+        if self.busy:
+            self.notify(BUSY_NOTICE, severity="warning")
+            return False
+        if self.session is None:
+            if self.session_error is None:
+                self.notify("The model is still loading…", severity="warning")
+            else:
+                self.notify(f"No model loaded: {self.session_error}", severity="error")
+            return False
+        return True
 
     # ---- sending ---------------------------------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -129,30 +373,48 @@ class ChatScreen(Screen[None]):
         if not text:
             self.notify("Type a message first.", timeout=3)
             return
-        if self.busy:
-            self.notify("A reply is still running: wait for it, or press Esc to stop it.", severity="warning")
-            return
-        if self.session is None:
-            if self.session_error is None:
-                self.notify("The model is still loading…", severity="warning")
-            else:
-                self.notify(f"No model loaded: {self.session_error}", severity="error")
+        if not self._ready_to_generate():
             return
         event.prompt.clear()
+        event.prompt.remember(text)
         self.conversation.append({"role": "user", "content": text})
+        self._save_message("user", text)
+        await self.query_one(MessageList).add_message("user", text)
+        await self._start_reply()
+
+    async def action_regenerate(self) -> None:
+        """Ctrl+R: drop the last reply and ask again (with the strategy now selected).
+
+        A chat whose last message has no reply (the app was killed mid-reply) is simply answered.
+        """
+        if not self.conversation:
+            self.notify("Nothing to regenerate yet: send a message first.", timeout=4)
+            return
+        if not self._ready_to_generate():
+            return
+        if self.conversation[-1]["role"] == "assistant":
+            self.conversation.pop()
+            self._drop_messages_from(len(self.conversation))
+            await self.query_one(MessageList).remove_last()
+        assert self.session is not None
+        self.notify(f"Regenerating with {self.session.strategy.label()}.", timeout=3)
+        await self._start_reply()
+
+    async def _start_reply(self) -> None:
+        """Ask the engine to answer the conversation (which ends with the user's message)."""
+        session = self.session
+        assert session is not None
         run = ReplyRun(self.conversation, self.max_new_tokens)
-        self._run = run
+        self._run, self._reply_saved = run, False
         self.refresh_bindings()
-        messages = self.query_one(MessageList)
-        await messages.add_message("user", text)
-        self._reply = await messages.add_message("assistant")
+        self._reply = await self.query_one(MessageList).add_message("assistant")
         self._stream = ChatMessage.get_stream(self._reply)
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state("generating…")
         self.dashboard.start_reply()
         self._timer = self.set_interval(DRAIN_INTERVAL_S, self._drain)
-        self._generate(self.session, run)
+        self._generate(session, run)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
     def _generate(self, session: ChatEngine, run: ReplyRun) -> None:
@@ -181,49 +443,75 @@ class ChatScreen(Screen[None]):
             self.call_later(self._finish, run)
 
     async def _finish(self, run: ReplyRun) -> None:
-        """The engine is done: flush the stream, show the final text, update the conversation.
+        """The engine is done: save the reply, flush the stream, show the final text.
 
-        The conversation and status change before the first await, and the screen counts as busy
-        until the end, so a message sent meanwhile is refused rather than sent without this reply.
+        The conversation, the store and the status change before the first await, and the screen
+        counts as busy until the end, so a message sent meanwhile is refused rather than sent
+        without this reply. A reply that brought nothing back (an error, or a full context) takes
+        the user's message with it: it goes back into an empty prompt to be sent again.
         """
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
         failed = run.error is not None or run.finish_reason == "error"
-        if run.text or not failed:
-            self.conversation.append({"role": "assistant", "content": run.text})
+        reason = "error" if failed else run.finish_reason
+        nothing_back = not run.text and reason in ("error", "context")
+        unsent = ""
+        if nothing_back:
+            unsent = self.conversation.pop()["content"]
+            self._drop_messages_from(len(self.conversation))
         else:
-            self.conversation.pop()  # nothing came back: the user can send the message again
-        reason = run.finish_reason
+            self.conversation.append({"role": "assistant", "content": run.text})
+            self._save_message("assistant", run.text, reply_stats(run, reason))
+        self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason or "", "done"))
         if failed:
             self.notify(f"Generation failed: {run.error or 'the engine reported an error'}",
                         severity="error", timeout=8)
         elif reason == "context":
-            self.notify("Context full: the conversation no longer fits the model's context.",
-                        severity="warning", timeout=8)
+            self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
         self.dashboard.flush()
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:
                 await stream.stop()
-            if reply is not None:
-                mark = STOPPED_MARK if run.stopped else ERROR_MARK if failed else ""
-                await reply.update(run.text + mark)
-                reply.set_class(run.stopped, "-stopped")
-                reply.set_class(failed, "-error")
+            if nothing_back:
+                await self.query_one(MessageList).remove_last(2)
+                if not self.prompt.text.strip():
+                    self.prompt.text = unsent
+                    self.prompt.move_cursor(self.prompt.document.end)
+            elif reply is not None:
+                await reply.finish(run.text, reason)
         finally:
             self._run = self._reply = self._stream = None
             self._finishing = False
             self.refresh_bindings()
 
-    # ---- stopping --------------------------------------------------------------------------------
+    # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:
         """Esc: ask the engine to stop after its current step; the partial reply stays."""
         if self._run is not None and not self._finishing and not self._run.stop.is_set():
             self._run.stop.set()
             self._set_state("stopping…")
 
+    def action_copy_reply(self) -> None:
+        """Ctrl+Y: the last finished reply to the clipboard (OSC 52, as Textual copies)."""
+        reply = next((m["content"] for m in reversed(self.conversation) if m["role"] == "assistant"), "")
+        if not reply:
+            self.notify("No reply to copy yet.", timeout=3)
+            return
+        self.app.copy_to_clipboard(reply)
+        self.notify(f"Copied the last reply ({len(reply)} characters) with OSC 52; "
+                    "if it does not paste, your terminal does not allow OSC 52.", timeout=5)
+
     def on_unmount(self) -> None:
-        if self._run is not None:
-            self._run.stop.set()
+        """Quitting mid-reply: stop the engine, save what came so far as a stopped reply, close the store."""
+        run = self._run
+        if run is not None:
+            run.stop.set()
+            if not self._reply_saved:
+                run.drain()
+                if run.text:
+                    self._reply_saved = True
+                    self._save_message("assistant", run.text, reply_stats(run, "stopped"))
+        self.store.close()

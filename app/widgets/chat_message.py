@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
+
+# How a reply that did not end normally is marked (after its text) and styled (CSS class).
+FINISH_MARKS = {
+    "stopped": "\n\n*(stopped)*",
+    "error": "\n\n*(error)*",
+    "context": "\n\n**Context full:** this chat no longer fits the model's context window; "
+               "press **Ctrl+N** for a new chat.",
+}
+FINISH_CLASSES = {"stopped": "-stopped", "error": "-error", "context": "-context"}
 
 
 def user_markdown(text: str) -> str:
     """What the user typed, as Markdown that keeps their line breaks (hard breaks)."""
     return text.replace("\n", "  \n")
+
+
+def reply_markdown(text: str, finish_reason: str | None) -> str:
+    """A reply's text with the mark of how it ended (none for eos / length)."""
+    return text + FINISH_MARKS.get(finish_reason or "", "")
 
 
 class ChatMessage(Markdown):
@@ -18,10 +34,20 @@ class ChatMessage(Markdown):
     the conversation sent to the engine is kept by the chat screen, not read back from here.
     """
 
-    def __init__(self, role: str, content: str = "", **kwargs: object) -> None:
-        shown = user_markdown(content) if role == "user" else content
+    def __init__(self, role: str, content: str = "", finish_reason: str | None = None, **kwargs: object) -> None:
+        shown = user_markdown(content) if role == "user" else reply_markdown(content, finish_reason)
         super().__init__(shown, classes=f"-{role}", **kwargs)  # type: ignore[arg-type]
         self.role = role
+        self._mark_finish(finish_reason)
+
+    def _mark_finish(self, finish_reason: str | None) -> None:
+        for reason, css in FINISH_CLASSES.items():
+            self.set_class(reason == finish_reason, css)
+
+    async def finish(self, text: str, finish_reason: str | None) -> None:
+        """Show the whole reply (after streaming) with the mark of how it ended."""
+        await self.update(reply_markdown(text, finish_reason))
+        self._mark_finish(finish_reason)
 
 
 class MessageList(VerticalScroll, can_focus=False):
@@ -32,3 +58,18 @@ class MessageList(VerticalScroll, can_focus=False):
         await self.mount(message)
         self.anchor()
         return message
+
+    async def show(self, messages: Iterable[tuple[str, str, str | None]]) -> None:
+        """Replace what is shown by ``messages``: (role, content, finish reason) each."""
+        await self.remove_children()
+        widgets = [ChatMessage(role, content, reason) for role, content, reason in messages]
+        if widgets:
+            await self.mount_all(widgets)
+        self.scroll_end(animate=False)
+        self.anchor()
+
+    async def remove_last(self, count: int = 1) -> None:
+        """Remove the last ``count`` messages (regenerate, a send that got nothing back)."""
+        shown = list(self.query_children(ChatMessage))
+        if count > 0 and shown:
+            await self.remove_children(shown[-count:])

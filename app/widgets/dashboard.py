@@ -9,6 +9,7 @@ second and only when something changed; :meth:`flush` repaints at once (end of a
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -41,11 +42,22 @@ def depth_bars(rows: list[tuple[int, float]]) -> Text:
     return out
 
 
-def speed_text(stats: DashboardStats) -> Text:
-    """tok/s now and averaged, mean tokens per step, the last step's drafted/accepted."""
+def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) -> Text:
+    """tok/s now and averaged, speedup against the measured plain-decoding baseline, mean tokens
+    per step, the last step's drafted/accepted."""
     out = Text()
     out.append("tok/s ", style="bold")
     out.append(f"now {stats.tokens_per_s_now:.1f} · avg {stats.tokens_per_s_avg:.1f}\n")
+    out.append("speedup ", style="bold")
+    if baseline is None or baseline.tokens_per_s <= 0:
+        out.append("— (plain-decoding baseline not measured yet)\n", style="dim")
+    else:
+        avg = stats.tokens_per_s_avg
+        if avg > 0:
+            out.append(f"×{avg / baseline.tokens_per_s:.2f} ", style="bold green" if avg >= baseline.tokens_per_s else "bold yellow")
+        else:
+            out.append("— ", style="dim")
+        out.append(f"vs ar {baseline.tokens_per_s:.1f} tok/s ({baseline.note})\n", style="dim")
     out.append("tok/step ", style="bold")
     out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
     ev = stats.last
@@ -57,12 +69,42 @@ def speed_text(stats: DashboardStats) -> Text:
     return out
 
 
+@dataclass(frozen=True)
+class BaselineInfo:
+    """The plain-decoding speed the speedup is measured against, and how it was measured."""
+
+    tokens_per_s: float
+    note: str  # e.g. "measured at start, 48 tokens"
+
+
+def policy_text(policy: dict | None) -> Text:
+    """The tree policy's state: bandit arms (mab) or per-rank acceptance (optimal)."""
+    if not policy:
+        return Text("static tree (no policy running)", style="dim")
+    out = Text()
+    if policy.get("policy") == "mab":
+        out.append(f"UCB bandit · round {policy['rounds']} · λγ {policy['lambda_gamma']:.2f}\n", style="bold")
+        chosen = policy.get("chosen")
+        arms = policy.get("arms", [])
+        for i, a in enumerate(arms):
+            mark = "▶ " if a["shape"] == chosen else "  "
+            out.append(mark + ",".join(map(str, a["shape"])).ljust(12), style="bold cyan" if mark.strip() else "")
+            out.append(f" n={a['count']:<4} r̄={a['mean']:+.3f}" + ("\n" if i < len(arms) - 1 else ""))
+    else:
+        ranks = " ".join(f"{r:.2f}" for r in policy.get("rank_acceptance", []))
+        out.append(f"optimal tree · {policy.get('nodes', 0)} nodes (budget {policy.get('budget', 0)}), depth {policy.get('depth', 0)}\n",
+                   style="bold")
+        out.append(f"P(accept) by child rank: {ranks}")
+    return out
+
+
 class Dashboard(VerticalScroll, can_focus=False):
     """Panel of live metrics for the reply in flight (it keeps the last reply's once done)."""
 
     def __init__(self, monitor: MemoryMonitor | None = None, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.stats = DashboardStats()
+        self.baseline: BaselineInfo | None = None
         self.monitor = monitor
         self.repaints = 0  # how many times the widgets were redrawn (tests bound it)
         self._dirty = False
@@ -73,6 +115,8 @@ class Dashboard(VerticalScroll, can_focus=False):
         yield Sparkline([], id="dash-spark")
         yield Static("acceptance by depth", classes="dash-title")
         yield Static(id="dash-depth")
+        yield Static("tree policy", classes="dash-title")
+        yield Static(id="dash-policy")
         yield Static(id="dash-memory")
         yield Static("steps  (accepted · target)", classes="dash-title")
         yield StepView(id="dash-steps")
@@ -100,6 +144,11 @@ class Dashboard(VerticalScroll, can_focus=False):
             self.stats.add(ev)
             self._dirty = True
 
+    def set_baseline(self, baseline: BaselineInfo | None) -> None:
+        """The measured plain-decoding speed (or None while it is being measured)."""
+        self.baseline = baseline
+        self._dirty = True
+
     def flush(self) -> None:
         """Repaint now if anything changed (the reply just ended, or the panel was shown)."""
         if self._dirty:
@@ -114,7 +163,8 @@ class Dashboard(VerticalScroll, can_focus=False):
         self._dirty = False
         self.repaints += 1
         stats = self.stats
-        self.query_one("#dash-speed", Static).update(speed_text(stats))
+        self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline))
+        self.query_one("#dash-policy", Static).update(policy_text(stats.last.policy if stats.last else None))
         self.query_one("#dash-spark", Sparkline).data = list(stats.per_step)
         self.query_one("#dash-depth", Static).update(depth_bars(stats.acceptance_by_depth()))
         events = list(stats.events)

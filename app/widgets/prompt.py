@@ -1,6 +1,8 @@
-"""The message box: Enter sends, Shift+Enter or Ctrl+J inserts a new line."""
+"""The message box: Enter sends, Shift+Enter or Ctrl+J inserts a new line, Up/Down recall prompts."""
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from textual import events
 from textual.message import Message
@@ -11,7 +13,12 @@ NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 
 class PromptInput(TextArea):
     """A multi-line input. Many terminals send the same byte for Enter and Shift+Enter, hence the
-    Ctrl+J fallback (Shift+Enter works in terminals with the Kitty keyboard protocol)."""
+    Ctrl+J fallback (Shift+Enter works in terminals with the Kitty keyboard protocol).
+
+    Like a shell, Up and Down walk through :attr:`prompts` (earlier prompts, oldest first) while
+    the box is empty or holds one line, or still holds the multi-line prompt Up just recalled;
+    otherwise they move the cursor. Down past the newest prompt brings back what was being typed.
+    """
 
     class Submitted(Message):
         """The user pressed Enter; ``text`` is what the box held (not yet cleared)."""
@@ -31,10 +38,50 @@ class PromptInput(TextArea):
             tab_behavior="focus",
             show_line_numbers=False,
             highlight_cursor_line=False,
-            placeholder="Message  (Enter send · Shift+Enter/Ctrl+J new line · F1 help)",
+            placeholder="Message  (Enter send · Shift+Enter/Ctrl+J new line · ↑ earlier · F1 help)",
             **kwargs,  # type: ignore[arg-type]
         )
+        self.prompts: list[str] = []
+        self._recalled: int | None = None  # index into history of the prompt on show, if any
+        self._draft = ""  # what was typed before Up was first pressed
 
+    # ---- history ---------------------------------------------------------------------------------
+    def set_history(self, prompts: Iterable[str]) -> None:
+        """Replace the history (oldest first) and stop any recall in progress."""
+        self.prompts = list(prompts)
+        self._recalled = None
+
+    def remember(self, prompt: str) -> None:
+        """Add a sent prompt to the end of the history (a repeat of the last one is not added)."""
+        if prompt and (not self.prompts or self.prompts[-1] != prompt):
+            self.prompts.append(prompt)
+        self._recalled = None
+
+    def _can_recall(self) -> bool:
+        if "\n" not in self.text:
+            return True
+        return self._recalled is not None and self.text == self.prompts[self._recalled]
+
+    def recall(self, step: int) -> bool:
+        """Show the prompt ``step`` places older (-1) or newer (+1); False if there is none."""
+        if not self.prompts or (self._recalled is None and step > 0):
+            return False
+        if self._recalled is None:
+            self._draft = self.text
+            index = len(self.prompts) - 1
+        else:
+            index = self._recalled + step
+            if index < 0:
+                return False  # already at the oldest
+        if index >= len(self.prompts):
+            self._recalled, text = None, self._draft
+        else:
+            self._recalled, text = index, self.prompts[index]
+        self.text = text
+        self.move_cursor(self.document.end)
+        return True
+
+    # ---- keys ------------------------------------------------------------------------------------
     async def _on_key(self, event: events.Key) -> None:
         if event.key == "enter":
             event.stop()
@@ -46,5 +93,9 @@ class PromptInput(TextArea):
             event.prevent_default()
             start, end = self.selection
             self._replace_via_keyboard("\n", start, end)
+            return
+        if event.key in ("up", "down") and self._can_recall() and self.recall(-1 if event.key == "up" else 1):
+            event.stop()
+            event.prevent_default()
             return
         await super()._on_key(event)

@@ -91,11 +91,27 @@ class ModelDrafter:
         logits = self.model.verify([rest[-1]], [-1])[-1]
         cache.commit([0])
         self.seen = history
-        self._root_logits = self._fit_vocab(logits)
+        self._root_logits = self._raw(logits)
         return self._root_logits
 
+    def _raw(self, logits: torch.Tensor) -> torch.Tensor:
+        """The drafter's logits in its own output space (the draft vocabulary's columns, or the
+        target's ids with padding columns beyond the target's vocabulary cut)."""
+        logits = logits.float()
+        if self.draft_vocab is None and logits.shape[-1] > self.target_vocab:
+            return logits[..., : self.target_vocab]
+        return logits
+
+    def _top(self, raw: torch.Tensor, k: int) -> list[list[int]]:
+        """Top-k target token ids of every row of ``raw``, best first (one batched topk)."""
+        idx = torch.topk(raw, min(k, raw.shape[-1]), dim=-1).indices
+        if self.draft_vocab is not None:
+            idx = self.draft_vocab[idx]
+        return idx.tolist()
+
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
-        """Drafter rows beyond the target's vocabulary (padding) can never be proposed."""
+        """Logits over the target's vocabulary: drafter rows beyond it (padding) and tokens outside
+        the draft vocabulary can never be proposed."""
         V = self.target_vocab
         logits = logits.float()
         if self.draft_vocab is not None:
@@ -126,15 +142,20 @@ class ModelDrafter:
         batch = None  # recurrent drafters: the DraftBatch whose row f is frontier[f]'s state
         srows: list[int] = [-1]  # transformer drafters: the scratch row of each frontier node
         d = 0
+        greedy = req.mode == "greedy" or req.temperature <= 0
         while frontier:
             new: list[int] = []  # the frontier index of each new node's parent
             plan_ids: list[int] = []
+            top = self._top(logits, max(len(kids.get(pid, [])) for _, pid in frontier) or 1) if greedy else None
             for f, (node, pid) in enumerate(frontier):
                 want = kids.get(pid, [])
                 n = min(len(want), budget - len(tokens))
                 if n <= 0:
                     continue
-                toks, q = self._choose(logits[f], n, d, req)
+                if top is not None:
+                    toks, q = top[f][:n], None
+                else:
+                    toks, q = self._choose(self._fit_vocab(logits[f]), n, d, req)
                 if q is not None:
                     q_rows[node + 1] = q
                 tokens.extend(toks)
@@ -157,7 +178,7 @@ class ModelDrafter:
                 out = self.model.extend(new_tokens, [srows[f] for f in new])
                 self._scratch_tokens.extend(new_tokens)
                 srows = list(range(s0, s0 + len(new)))
-            logits = self._fit_vocab(out)
+            logits = self._raw(out)
             frontier = [nxt[j] for j in keep]
             d += 1
         kind = "deterministic"

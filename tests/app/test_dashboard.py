@@ -216,3 +216,78 @@ async def test_dashboard_updates_mid_reply_and_hiding_it_returns_the_focus() -> 
         await reply_done(pilot)
         await pilot.press("ctrl+d")
         assert "step 4: drafted 4, accepted 3" in screen_text(app)  # repainted when shown again
+
+
+def test_speedup_is_against_the_measured_baseline_and_says_so() -> None:
+    from app.widgets.dashboard import BaselineInfo, speed_text
+
+    stats = DashboardStats()
+    for ev in script():
+        stats.add(ev)
+    assert "not measured yet" in speed_text(stats).plain
+    avg = stats.tokens_per_s_avg
+    text = speed_text(stats, BaselineInfo(avg / 2, "measured at start, 48 tokens")).plain
+    assert "×2.00" in text and f"vs ar {avg / 2:.1f} tok/s (measured at start, 48 tokens)" in text
+
+
+def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
+    from app.widgets.dashboard import policy_text
+
+    assert "static tree" in policy_text(None).plain
+    mab = {"policy": "mab", "rounds": 7, "lambda_gamma": 0.31, "lambda_ucb": 0.3, "chosen": [3, 2, 2, 1, 1],
+           "arms": [{"shape": [3, 2, 2, 1, 1], "count": 4, "mean": -0.41}, {"shape": [1, 1, 1, 1, 1], "count": 3, "mean": -0.52}]}
+    text = policy_text(mab).plain
+    assert "round 7" in text and "λγ 0.31" in text
+    assert "▶ 3,2,2,1,1" in text and "n=4" in text and "r̄=-0.410" in text and "  1,1,1,1,1" in text
+    opt = {"policy": "optimal", "rounds": 3, "nodes": 12, "budget": 16, "depth": 5, "rank_acceptance": [0.61, 0.2, 0.07, 0.03]}
+    text = policy_text(opt).plain
+    assert "12 nodes (budget 16), depth 5" in text and "0.61 0.20 0.07 0.03" in text
+
+
+def test_engine_measures_a_plain_decoding_baseline_on_its_own_cache(smollm2_gguf_path) -> None:
+    from engine.session import ChatSession
+
+    s = ChatSession.load(target=str(smollm2_gguf_path))
+    s.decoder.start(s.encode_chat([{"role": "user", "content": "Hi"}]))
+    before = s.decoder.target.cache.length
+    b = s.measure_baseline(new_tokens=8)
+    assert b.tokens == 8 and b.tokens_per_s > 0 and not b.stopped
+    assert s.decoder.target.cache.length == before  # the conversation's state is untouched
+
+
+class BaselineEngine(ScriptedEngine):
+    """A scripted engine that also measures a plain-decoding baseline (in the app's worker thread)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)
+        self.baseline_threads: list[str] = []
+
+    def measure_baseline(self, new_tokens: int = 48, stop: object = None):
+        from engine.session import Baseline
+
+        self.baseline_threads.append(threading.current_thread().name)
+        return Baseline(tokens_per_s=20.0, tokens=48)
+
+
+async def test_dashboard_speedup_uses_the_baseline_measured_at_load() -> None:
+    engine = BaselineEngine(script())
+    app = make_app(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: dashboard(app).baseline is not None)
+        assert engine.baseline_threads and engine.baseline_threads[0] != threading.current_thread().name
+        assert dashboard(app).baseline.tokens_per_s == 20.0
+        await send(pilot, "go")
+        await reply_done(pilot)
+        dashboard(app).flush()
+        await pilot.pause()
+        from textual.widgets import Static
+
+        text = str(app.query_one("#dash-speed", Static).content)
+        assert "vs ar 20.0 tok/s (ar measured at load, 48 tokens)" in text and "speedup ×" in text
+        # on demand, from the command palette
+        await pilot.press("ctrl+p")
+        await pilot.press(*"Measure plain")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: len(engine.baseline_threads) == 2)

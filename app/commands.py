@@ -1,0 +1,145 @@
+"""Command palette (ctrl+p) entries for every live toggle of the decode loop.
+
+Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
+and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
+loop reads the strategy once per step, so a change applies at the next step of the reply in
+flight. Entries whose result does not validate stay listed, dimmed, with the reason; choosing one
+explains instead of applying (the palette cannot grey items out itself).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from rich.text import Text
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+
+from engine.strategy import BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES, Strategy, preset
+
+TREE_SHAPES = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (2, 2, 2), (4, 2, 1))
+DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
+TEMPERATURES = (0.0, 0.7, 1.0)
+NODE_BUDGETS = (8, 16, 32)
+MEASURE = "Measure plain-decoding baseline (speedup reference)"
+
+
+@dataclass(frozen=True)
+class Toggle:
+    """One palette entry: its label and how it changes the current strategy."""
+
+    group: str
+    value: str
+    change: Callable[[Strategy], Strategy]
+    help: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.group}: {self.value}"
+
+
+def _carry(current: Strategy, name: str) -> Strategy:
+    """A preset with the sampling knobs carried over (as the ctrl+s cycle does)."""
+    s = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed)
+    if current.drafter == "ngram" and s.drafter == "model" and name in ("ersd",):
+        s = s.replace(drafter="ngram")
+    return s
+
+
+def toggles() -> list[Toggle]:
+    out: list[Toggle] = []
+    for name in STRATEGIES:
+        out.append(Toggle("Strategy", name, lambda s, n=name: _carry(s, n), "switch the decoding strategy preset"))
+    for kind in ("model", "ngram"):
+        out.append(Toggle("Drafter", kind, lambda s, k=kind: s.replace(drafter=k), "draft with the drafter model or n-gram lookup"))
+    for shape in TREE_SHAPES:
+        label = ",".join(map(str, shape))
+        out.append(Toggle("Tree shape", label, lambda s, t=shape: s.replace(name="tree", tree=t), "static tree (N1..Ngamma)"))
+    for k in DRAFT_LENGTHS:
+        out.append(Toggle("Draft length", str(k), lambda s, k=k: s.replace(draft_len=k), "chain length for sd / pld / ersd"))
+    for b in NODE_BUDGETS:
+        out.append(Toggle("Optimal tree budget", str(b), lambda s, b=b: s.replace(name="optimal", node_budget=b),
+                          "exponential-races Alg. 3 tree of at most this many nodes"))
+    for v in VERIFIERS:
+        out.append(Toggle("Verifier", v, lambda s, v=v: s.replace(verify=v), "how drafts are accepted"))
+    for v in VOCAB_BRIDGES:
+        out.append(Toggle("Vocab bridge", v, lambda s, v=v: s.replace(vocab=v), "drafters with another vocabulary"))
+    for m in SSM_TREE_MODES:
+        out.append(Toggle("SSM tree", m, lambda s, m=m: s.replace(ssm_tree=m), "how SSM targets verify a tree"))
+    for m in BACKTRACK_MODES:
+        out.append(Toggle("Backtrack", m, lambda s, m=m: s.replace(backtrack=m), "how SSM targets commit the accepted path"))
+    for t in TEMPERATURES:
+        out.append(Toggle("Temperature", f"{t:g}", lambda s, t=t: s.replace(temperature=t), "0 = greedy"))
+    return out
+
+
+def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool) -> tuple[Strategy | None, str | None]:
+    """(new strategy, None) if the toggle applies here, else (None, the one-line reason)."""
+    try:
+        new = toggle.change(current)
+        if new.verify not in ("auto",) and toggle.group not in ("Verifier",) and new.name != current.name:
+            new = new.replace(verify="auto")  # a new preset picks its own verifier
+        return new.validate(has_drafter_model=has_drafter), None
+    except ValueError as exc:  # StrategyError or a bad shape
+        return None, str(exc)
+
+
+class StrategyCommands(Provider):
+    """Live toggles of the session's strategy (applied at the next step)."""
+
+    def _session(self) -> Any:
+        return getattr(self.app, "session", None)
+
+    def _apply(self, toggle: Toggle) -> None:
+        session = self._session()
+        if session is None:
+            self.app.notify("No model loaded yet.", severity="warning")
+            return
+        new, reason = evaluate(toggle, session.strategy, session.has_drafter)
+        if new is None:
+            self.app.notify(f"{toggle.label} is unavailable: {reason}", severity="warning", timeout=8)
+            return
+        session.strategy = new
+        show = getattr(getattr(self.app, "chat", None), "show_strategy", None)
+        if show is not None:
+            show()
+        self.app.notify(f"strategy: {new.label()}", timeout=3)
+
+    def _display(self, toggle: Toggle, current: Strategy | None, has_drafter: bool) -> tuple[Text, str]:
+        if current is None:
+            return Text(toggle.label), toggle.help
+        new, reason = evaluate(toggle, current, has_drafter)
+        if new is None:
+            return Text(toggle.label, style="dim"), f"unavailable: {reason}"
+        mark = " (current)" if new == current else ""
+        return Text(toggle.label + mark), toggle.help
+
+    def _entries(self) -> list[tuple[Toggle, Text, str]]:
+        session = self._session()
+        current = session.strategy if session is not None else None
+        has = bool(session.has_drafter) if session is not None else False
+        return [(t, *self._display(t, current, has)) for t in toggles()]
+
+    def _measure(self) -> None:
+        measure = getattr(self.app, "measure_baseline", None)
+        if measure is not None:
+            measure()
+            self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
+
+    async def discover(self) -> Hits:
+        for toggle, text, help_text in self._entries():
+            yield DiscoveryHit(text, lambda t=toggle: self._apply(t), help=help_text)
+        yield DiscoveryHit(MEASURE, self._measure, help="re-measure the speedup's reference on this machine")
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        score = matcher.match(MEASURE)
+        if score > 0:
+            yield Hit(score, matcher.highlight(MEASURE), self._measure, help="re-measure the speedup's reference on this machine")
+        for toggle, text, help_text in self._entries():
+            score = matcher.match(toggle.label)
+            if score > 0:
+                hl = matcher.highlight(toggle.label)
+                hl.stylize(text.style or "")
+                yield Hit(score, hl, lambda t=toggle: self._apply(t), help=help_text)

@@ -1,0 +1,381 @@
+"""Chats and settings on disk: one SQLite file, ``specchat.db``, in the data directory.
+
+    store = ChatStore.open(data_dir() / DB_NAME)
+    chat = store.new_chat(model="SmolLM2-135M", strategy=session.strategy.to_dict())
+    store.add_message(chat, "user", "hello")           # committed before it returns
+    store.add_message(chat, "assistant", "hi", stats={"tokens": 2, "finish_reason": "eos"})
+
+The data directory is ``$SPECCHAT_DATA_DIR``, else ``$XDG_DATA_HOME/specchat``, else
+``~/.local/share/specchat``; it is created 0700 and the database 0600. The database runs in WAL
+mode with every write in its own transaction, so a crash (even ``kill -9``) loses at most the
+reply being generated. ``meta.schema_version`` says which schema the file holds; older files are
+upgraded by :data:`MIGRATIONS` on open and newer ones are refused with a one-line error.
+
+Not thread-safe: the app uses one store from its UI thread only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from engine.errors import SpecchatError
+from engine.strategy import Strategy, StrategyError
+
+DB_NAME = "specchat.db"
+DATA_DIR_ENV = "SPECCHAT_DATA_DIR"
+SCHEMA_VERSION = 1
+TITLE_MAX = 60  # characters of the first user message kept as the chat's title
+HISTORY_MAX = 1000  # prompts recalled with Up/Down
+
+
+class StoreError(SpecchatError):
+    """The chat database cannot be opened or written; the message is one line naming the file."""
+
+
+def data_dir() -> Path:
+    """Where specchat keeps its data (see the module docstring); not created here."""
+    override = os.environ.get(DATA_DIR_ENV)
+    if override:
+        return Path(override).expanduser()
+    xdg = os.environ.get("XDG_DATA_HOME")
+    base = Path(xdg).expanduser() if xdg and os.path.isabs(os.path.expanduser(xdg)) else Path.home() / ".local" / "share"
+    return base / "specchat"
+
+
+def now() -> str:
+    """A UTC timestamp, ISO 8601 with microseconds (sorts as text, so chats order by it)."""
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def title_from(text: str) -> str:
+    """A chat title from its first user message: one line, at most :data:`TITLE_MAX` characters."""
+    line = " ".join(text.split())
+    return line if len(line) <= TITLE_MAX else line[: TITLE_MAX - 1].rstrip() + "…"
+
+
+# ---- schema -------------------------------------------------------------------------------------
+SCHEMA_V1 = (
+    """CREATE TABLE chats (
+        id       INTEGER PRIMARY KEY AUTOINCREMENT,
+        title    TEXT NOT NULL DEFAULT '',
+        created  TEXT NOT NULL,
+        updated  TEXT NOT NULL,
+        model    TEXT NOT NULL DEFAULT '',
+        strategy TEXT                        -- JSON: engine.strategy.Strategy.to_dict()
+    )""",
+    """CREATE TABLE messages (
+        chat_id  INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+        idx      INTEGER NOT NULL,           -- position in the conversation, from 0
+        role     TEXT NOT NULL CHECK (role IN ('user', 'assistant', 'system')),
+        content  TEXT NOT NULL,
+        created  TEXT NOT NULL,
+        stats    TEXT,                       -- JSON: tokens, tok_s, mean_accepted, finish_reason, ...
+        PRIMARY KEY (chat_id, idx)
+    )""",
+    "CREATE INDEX chats_by_updated ON chats(updated)",
+    "CREATE INDEX user_messages_by_time ON messages(created) WHERE role = 'user'",
+    """CREATE TABLE settings (
+        key   TEXT PRIMARY KEY,
+        value TEXT NOT NULL                  -- JSON
+    )""",
+)
+
+
+def _create_v1(db: sqlite3.Connection) -> None:
+    # one statement at a time: executescript() would commit the migration's transaction early
+    for statement in SCHEMA_V1:
+        db.execute(statement)
+
+
+# MIGRATIONS[v] upgrades a version-v file to version v + 1 (0: an empty file). Each runs inside
+# the transaction that also bumps meta.schema_version, so an upgrade is all or nothing.
+MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {0: _create_v1}
+
+
+def schema_version(db: sqlite3.Connection) -> int:
+    """The file's schema version (0 for an empty file)."""
+    has_meta = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'").fetchone()
+    if not has_meta:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table'").fetchone():
+            raise sqlite3.DatabaseError("it has tables but no meta table (not a specchat database)")
+        return 0
+    row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+    if row is None:
+        raise sqlite3.DatabaseError("its meta table has no schema_version")
+    return int(row[0])
+
+
+def migrate(db: sqlite3.Connection, path: object, target: int | None = None) -> int:
+    """Bring the file up to ``target`` (default :data:`SCHEMA_VERSION`); return the version it had."""
+    target = SCHEMA_VERSION if target is None else target
+    db.execute("BEGIN IMMEDIATE")  # one writer at a time: two apps opening a new file don't race
+    try:
+        found = schema_version(db)
+        if found > target:
+            raise StoreError(
+                f"chat database schema version {found} is newer than this specchat supports ({target}): "
+                f"upgrade specchat, or set {DATA_DIR_ENV} to another directory", path=str(path))
+        for version in range(found, target):
+            step = MIGRATIONS.get(version)
+            if step is None:
+                raise StoreError(f"no migration from chat database schema version {version}", path=str(path))
+            step(db)
+        if found < target:
+            db.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(target),))
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    return found
+
+
+# ---- records ------------------------------------------------------------------------------------
+@dataclass
+class ChatRecord:
+    """A row of ``chats`` (``messages``: how many messages it holds, for the chat list)."""
+
+    id: int
+    title: str
+    created: str
+    updated: str
+    model: str
+    strategy: dict[str, Any] | None
+    messages: int = 0
+
+
+@dataclass
+class MessageRecord:
+    """A row of ``messages``; ``stats`` is None for user messages."""
+
+    chat_id: int
+    idx: int
+    role: str
+    content: str
+    created: str
+    stats: dict[str, Any] | None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return (self.stats or {}).get("finish_reason")
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _unjson(text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # a hand-edited or damaged value reads as missing
+
+
+class ChatStore:
+    """The open database. Every public method commits before it returns."""
+
+    def __init__(self, db: sqlite3.Connection, path: Path | None) -> None:
+        self._db = db
+        self.path = path  # None: in memory (nothing is saved)
+
+    # ---- opening --------------------------------------------------------------------------------
+    @classmethod
+    def open(cls, path: Path | str | None) -> "ChatStore":
+        """Open (creating or upgrading) the database at ``path``; None: a throwaway in-memory one."""
+        if path is None:
+            db = sqlite3.connect(":memory:", isolation_level=None)
+            migrate(db, ":memory:")
+            db.execute("PRAGMA foreign_keys = ON")
+            return cls(db, None)
+        path = Path(path)
+        try:
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, mode=0o700)
+                path.parent.chmod(0o700)  # mkdir's mode is masked by the umask
+            if not path.exists():
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                path.chmod(0o600)
+            db = sqlite3.connect(path, isolation_level=None, timeout=5.0)
+        except OSError as exc:
+            raise StoreError(f"cannot create the chat database: {exc.strerror or exc}", path=str(path)) from None
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open the chat database: {exc}", path=str(path)) from None
+        try:
+            db.execute("PRAGMA foreign_keys = ON")
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                raise sqlite3.DatabaseError(f"cannot use WAL mode (journal mode stays {mode})")
+            db.execute("PRAGMA synchronous = FULL")  # a committed message survives a power cut too
+            migrate(db, path)
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreError(f"not a usable chat database: {exc}", path=str(path)) from None
+        except BaseException:
+            db.close()
+            raise
+        return cls(db, path)
+
+    def close(self) -> None:
+        """Close the file (idempotent); later calls raise StoreError."""
+        self._db.close()
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One transaction, committed on exit; sqlite errors become one-line StoreErrors."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not save: {exc}", path=str(self.path or ":memory:")) from None
+
+    def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"could not read: {exc}", path=str(self.path or ":memory:")) from None
+
+    # ---- chats ----------------------------------------------------------------------------------
+    def new_chat(self, title: str = "", model: str = "", strategy: dict[str, Any] | None = None) -> int:
+        """A new, empty chat; returns its id."""
+        stamp = now()
+        with self._write() as db:
+            cur = db.execute(
+                "INSERT INTO chats (title, created, updated, model, strategy) VALUES (?, ?, ?, ?, ?)",
+                (title, stamp, stamp, model, _json(strategy)))
+            return int(cur.lastrowid or 0)
+
+    def chats(self) -> list[ChatRecord]:
+        """Every chat, the most recently updated first."""
+        rows = self._read(
+            "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)"
+            " FROM chats c ORDER BY c.updated DESC, c.id DESC")
+        return [ChatRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5]), r[6]) for r in rows]
+
+    def chat(self, chat_id: int) -> ChatRecord | None:
+        return next((c for c in self.chats() if c.id == chat_id), None)
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        with self._write() as db:
+            db.execute("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Delete the chat and its messages."""
+        with self._write() as db:
+            db.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    # ---- messages -------------------------------------------------------------------------------
+    def add_message(self, chat_id: int, role: str, content: str, stats: dict[str, Any] | None = None, *,
+                    model: str | None = None, strategy: dict[str, Any] | None = None) -> int:
+        """Append a message (committed on return); returns its index in the chat.
+
+        The chat's ``updated`` moves on; its first user message becomes its title if it has none;
+        ``model`` and ``strategy``, when given, record what the chat last ran with.
+        """
+        stamp = now()
+        with self._write() as db:
+            row = db.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()
+            idx = int(row[0])
+            db.execute("INSERT INTO messages (chat_id, idx, role, content, created, stats) VALUES (?, ?, ?, ?, ?, ?)",
+                       (chat_id, idx, role, content, stamp, _json(stats)))
+            db.execute("UPDATE chats SET updated = ? WHERE id = ?", (stamp, chat_id))
+            if role == "user":
+                db.execute("UPDATE chats SET title = ? WHERE id = ? AND title = ''", (title_from(content), chat_id))
+            if model is not None:
+                db.execute("UPDATE chats SET model = ? WHERE id = ?", (model, chat_id))
+            if strategy is not None:
+                db.execute("UPDATE chats SET strategy = ? WHERE id = ?", (_json(strategy), chat_id))
+        return idx
+
+    def messages(self, chat_id: int) -> list[MessageRecord]:
+        """The chat's messages in order."""
+        rows = self._read("SELECT chat_id, idx, role, content, created, stats FROM messages"
+                          " WHERE chat_id = ? ORDER BY idx", (chat_id,))
+        return [MessageRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5])) for r in rows]
+
+    def truncate(self, chat_id: int, keep: int) -> int:
+        """Delete the chat's messages from index ``keep`` on (regenerate, a failed send); returns how many."""
+        with self._write() as db:
+            return db.execute("DELETE FROM messages WHERE chat_id = ? AND idx >= ?", (chat_id, keep)).rowcount
+
+    def prompt_history(self, limit: int = HISTORY_MAX) -> list[str]:
+        """The user's last ``limit`` prompts over all chats, oldest first, repeats in a row merged."""
+        rows = self._read(
+            "SELECT content FROM (SELECT content, created, rowid AS r FROM messages WHERE role = 'user'"
+            " ORDER BY created DESC, r DESC LIMIT ?) ORDER BY created, r", (limit,))
+        history: list[str] = []
+        for (text,) in rows:
+            if not history or history[-1] != text:
+                history.append(text)
+        return history
+
+    # ---- settings -------------------------------------------------------------------------------
+    def get_setting(self, key: str, default: Any = None) -> Any:
+        rows = self._read("SELECT value FROM settings WHERE key = ?", (key,))
+        if not rows:
+            return default
+        value = _unjson(rows[0][0])
+        return default if value is None else value
+
+    def set_setting(self, key: str, value: Any) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, _json(value)))
+
+
+def open_store(path: Path | None = None) -> tuple[ChatStore, str | None]:
+    """The app's store: the file in :func:`data_dir` (or ``path``), or, if that cannot be used, an
+    in-memory one and the one-line reason (the app then says chats are not being saved)."""
+    try:
+        return ChatStore.open(path or data_dir() / DB_NAME), None
+    except StoreError as exc:
+        return ChatStore.open(None), str(exc)
+
+
+# ---- strategies ---------------------------------------------------------------------------------
+DERIVED_STRATEGY_KEYS = ("verify_resolved",)  # in Strategy.to_dict() but not Strategy fields
+
+
+def strategy_from_dict(data: object) -> Strategy:
+    """Rebuild a Strategy from :meth:`Strategy.to_dict` output; StrategyError (one line) if it is not one.
+
+    Validates the values (not whether this session can run it: the caller checks the drafter).
+    """
+    if not isinstance(data, dict):
+        raise StrategyError("the saved strategy is not a table of settings")
+    known = {f.name for f in fields(Strategy)}
+    extra = sorted(set(data) - known - set(DERIVED_STRATEGY_KEYS))
+    if extra:
+        raise StrategyError(f"the saved strategy has unknown settings: {', '.join(extra)}")
+    values = {k: v for k, v in data.items() if k in known}
+    try:
+        if "tree" in values:
+            values["tree"] = tuple(int(n) for n in values["tree"])
+        if "arms" in values:
+            values["arms"] = tuple(tuple(int(n) for n in arm) for arm in values["arms"])
+        strategy = Strategy(**values)
+        for f in fields(Strategy):  # JSON keeps types loosely: check the scalars match the defaults
+            default, value = f.default, getattr(strategy, f.name)
+            if isinstance(default, (int, float, str)) and not isinstance(default, bool):
+                wanted = (int, float) if isinstance(default, float) else type(default)
+                if not isinstance(value, wanted) or isinstance(value, bool):
+                    raise StrategyError(f"the saved strategy's {f.name} is {value!r}, not a {type(default).__name__}")
+        return strategy.validate(has_drafter_model=True)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, StrategyError):
+            raise
+        raise StrategyError(f"the saved strategy is damaged: {exc}") from None

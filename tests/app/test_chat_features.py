@@ -1,0 +1,467 @@
+"""Chat features against fake engines: prompt history, regenerate, copy, several chats saved across
+relaunches, the chat list, the context-full notice, and the settings that come back."""
+
+from __future__ import annotations
+
+import base64
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from textual.widgets import Static
+
+from app.keys import KEYS, documented_keys
+from app.main import SpecChatApp
+from app.screens import ChatScreen, HelpScreen
+from app.screens.chat import CONTEXT_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME
+from app.store import DB_NAME, ChatStore
+from app.widgets import Dashboard, PromptInput
+from app.widgets.chat_list import ChatList, when
+from engine.strategy import preset
+
+from .fakes import BlockingEngine, FailingEngine, FakeEngine
+from .test_chat import SIZE, make_app, messages, notices, ready, reply_done, screen_text, send, status, wait_for
+
+
+def saved(data_dir: Path) -> ChatStore:
+    """The app's database, opened the way a relaunch would."""
+    return ChatStore.open(data_dir / DB_NAME)
+
+
+def shown(app: SpecChatApp) -> list[tuple[str, str]]:
+    return [(m.role, m.source) for m in messages(app)]
+
+
+def prompt(app: SpecChatApp) -> PromptInput:
+    return app.query_one(PromptInput)
+
+
+def chat_list(app: SpecChatApp) -> ChatList:
+    return app.query_one(ChatList)
+
+
+async def chat(pilot: object, *texts: str) -> None:
+    for text in texts:
+        await send(pilot, text)  # type: ignore[arg-type]
+        await reply_done(pilot)  # type: ignore[arg-type]
+
+
+# ---- prompt history -----------------------------------------------------------------------------
+async def test_up_and_down_recall_prompts_like_a_shell() -> None:
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await chat(pilot, "one", "two\nlines", "three")
+        box = prompt(app)
+        await pilot.press("d", "r")  # a draft in progress
+        await pilot.press("up")
+        assert box.text == "three"
+        await pilot.press("up")
+        assert box.text == "two\nlines"
+        await pilot.press("up")  # a recalled multi-line prompt still walks the history
+        assert box.text == "one"
+        await pilot.press("up")
+        assert box.text == "one"  # the oldest stays
+        await pilot.press("down", "down")
+        assert box.text == "three"
+        await pilot.press("down")
+        assert box.text == "dr"  # past the newest: the draft comes back
+        await pilot.press("down")
+        assert box.text == "dr"
+
+        box.text = "typed\nby hand"  # a multi-line message being written: arrows move the cursor
+        box.move_cursor((1, 3))
+        await pilot.press("up")
+        assert box.text == "typed\nby hand" and box.cursor_location == (0, 3)
+
+        box.text = ""
+        await pilot.press("up", "enter")  # a recalled prompt is sent as it is
+        await reply_done(pilot)
+        assert shown(app)[-2] == ("user", "three")
+
+
+async def test_history_includes_earlier_chats_and_earlier_runs(data_dir: Path) -> None:
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await chat(pilot, "from the first chat")
+        await pilot.press("ctrl+n")
+        await chat(pilot, "from the second chat")
+
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+n")
+        assert messages(app) == []
+        await pilot.press("up")
+        assert prompt(app).text == "from the second chat"
+        await pilot.press("up")
+        assert prompt(app).text == "from the first chat"
+
+
+# ---- regenerate ---------------------------------------------------------------------------------
+async def test_ctrl_r_replaces_the_last_reply(data_dir: Path) -> None:
+    engine = FakeEngine(["First", " try."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "hello", "tell me more")
+        engine.script = ["Second", " try."]
+        await pilot.press("ctrl+s")  # regenerate with another strategy: same conversation, new reply
+        await pilot.press("ctrl+r")
+        await reply_done(pilot)
+
+        assert engine.calls[-1] == engine.calls[1]  # asked exactly the same question again
+        assert engine.calls[-1][-1] == {"role": "user", "content": "tell me more"}
+        assert shown(app) == [("user", "hello"), ("assistant", "First try."),
+                              ("user", "tell me more"), ("assistant", "Second try.")]
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Second try."}
+        assert any(m.startswith("Regenerating with tree") for m, _ in notices(app))
+        store = saved(data_dir)
+        (record,) = store.chats()
+        contents = [(m.role, m.content) for m in store.messages(record.id)]
+        assert contents == [("user", "hello"), ("assistant", "First try."),
+                            ("user", "tell me more"), ("assistant", "Second try.")]
+        assert store.messages(record.id)[-1].stats["strategy"].startswith("tree")  # type: ignore[index]
+
+
+async def test_ctrl_r_needs_a_reply_and_waits_for_the_running_one() -> None:
+    engine = BlockingEngine(["..."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+r")
+        assert ("Nothing to regenerate yet: send a message first.", "information") in notices(app)
+        await send(pilot, "one")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("ctrl+r")
+        assert any("still running" in m and sev == "warning" for m, sev in notices(app))
+        assert len(engine.calls) == 1
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+
+# ---- copy ---------------------------------------------------------------------------------------
+async def test_ctrl_y_copies_the_last_reply_with_osc_52(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app(FakeEngine(["Some **Markdown**", " reply."]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+y")
+        assert ("No reply to copy yet.", "information") in notices(app)
+        written: list[str] = []
+        assert app._driver is not None
+        monkeypatch.setattr(app._driver, "write", written.append)
+        await chat(pilot, "hi")
+        prompt(app).text = "draft"
+        await pilot.press("ctrl+y")  # even from the prompt (whose TextArea binds ctrl+y to redo)
+        assert app.clipboard == "Some **Markdown** reply."
+        osc = "\x1b]52;c;" + base64.b64encode("Some **Markdown** reply.".encode()).decode() + "\a"
+        assert osc in written
+        assert prompt(app).text == "draft"
+        assert any(m.startswith("Copied the last reply (24 characters) with OSC 52") for m, _ in notices(app))
+
+
+# ---- several chats, the chat list, persistence ------------------------------------------------------
+async def test_new_chat_switch_and_relaunch(data_dir: Path) -> None:
+    engine = FakeEngine(["Answer."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+n")
+        assert ("This is already a new chat.", "information") in notices(app)
+        await chat(pilot, "alpha question", "alpha follow-up")
+        assert "alpha question" in screen_text(app).splitlines()[0]  # the title line
+        await pilot.press("ctrl+n")
+        assert messages(app) == [] and app.chat.conversation == [] and app.chat.chat_id is None
+        assert "New chat" in screen_text(app).splitlines()[0]
+        await chat(pilot, "beta question")
+
+        await pilot.press("ctrl+l")
+        listing = chat_list(app)
+        assert listing.display and app.focused is listing.options
+        assert [c.title for c in listing.chats] == ["beta question", "alpha question"]
+        assert listing.options.highlighted == 1  # the open chat
+        text = screen_text(app)
+        assert "● beta question" in text and "alpha question" in text and "4 messages" in text
+        await pilot.press("down", "enter")
+        assert not listing.display and app.focused is prompt(app)
+        assert shown(app) == [("user", "alpha question"), ("assistant", "Answer."),
+                              ("user", "alpha follow-up"), ("assistant", "Answer.")]
+        await chat(pilot, "alpha third")  # goes on with the reopened conversation
+        assert engine.calls[-1][:4] == [
+            {"role": "user", "content": "alpha question"}, {"role": "assistant", "content": "Answer."},
+            {"role": "user", "content": "alpha follow-up"}, {"role": "assistant", "content": "Answer."}]
+
+        await pilot.press("f4", "home", "enter")  # the "+ New chat" row
+        assert messages(app) == [] and app.chat.chat_id is None
+
+    # relaunch: the most recently updated chat is open again, the other one is in the list
+    app = make_app(FakeEngine(["Again."]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert [m for m in shown(app) if m[0] == "user"] == [
+            ("user", "alpha question"), ("user", "alpha follow-up"), ("user", "alpha third")]
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Answer."}
+        assert "alpha question" in screen_text(app).splitlines()[0]
+        await pilot.press("ctrl+l")
+        assert [c.title for c in chat_list(app).chats] == ["alpha question", "beta question"]
+        await pilot.press("down", "enter")
+        assert shown(app) == [("user", "beta question"), ("assistant", "Answer.")]
+        await pilot.press("ctrl+l", "escape")
+        assert not chat_list(app).display and app.focused is prompt(app)
+
+
+async def test_rename_and_delete_from_the_chat_list(data_dir: Path) -> None:
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "keep me")
+        await pilot.press("ctrl+n")
+        await chat(pilot, "delete me")
+        await pilot.press("ctrl+l", "r")
+        box = app.query_one("#chat-rename")
+        assert box.display and app.focused is box
+        await pilot.press(*" never", "escape")  # Esc cancels the rename, not the list
+        assert not box.display and chat_list(app).display and app.focused is chat_list(app).options
+        assert [c.title for c in saved(data_dir).chats()] == ["delete me", "keep me"]
+        await pilot.press("r", "ctrl+u", *"Doomed", "enter")
+        assert "Doomed" in screen_text(app).splitlines()[0]
+        assert [c.title for c in chat_list(app).chats] == ["Doomed", "keep me"]
+        assert app.focused is chat_list(app).options
+
+        await pilot.press("delete")
+        assert any("Press Delete again" in m for m, _ in notices(app))
+        assert len(saved(data_dir).chats()) == 2
+        await pilot.press("delete")  # the open chat goes: a new one takes its place
+        assert [c.title for c in saved(data_dir).chats()] == ["keep me"]
+        assert messages(app) == [] and app.chat.chat_id is None
+        assert [c.title for c in chat_list(app).chats] == ["keep me"]
+        await pilot.press("escape", "up")
+        assert prompt(app).text == "keep me"  # the deleted chat's prompts left the history
+
+
+async def test_switching_chats_waits_for_the_running_reply(data_dir: Path) -> None:
+    engine = BlockingEngine(["..."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "busy")
+        await wait_for(pilot, engine.blocking.is_set)
+        (record,) = saved(data_dir).chats()  # the user's message was committed when sent
+        assert [(m.role, m.content) for m in saved(data_dir).messages(record.id)] == [("user", "busy")]
+        await pilot.press("ctrl+n")
+        assert any("before starting a new chat" in m for m, _ in notices(app))
+        assert app.chat.chat_id is not None and len(messages(app)) == 2
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+
+async def test_quitting_mid_reply_saves_the_partial_reply_as_stopped(data_dir: Path) -> None:
+    engine = BlockingEngine(["Half", " way"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "long question")
+        await wait_for(pilot, lambda: "way" in messages(app)[-1].source)
+        await pilot.press("ctrl+q")
+    store = saved(data_dir)
+    (record,) = store.chats()
+    last = store.messages(record.id)[-1]
+    assert (last.role, last.content, last.finish_reason) == ("assistant", "Half way", "stopped")
+
+    app = make_app(FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        reply = messages(app)[-1]
+        assert reply.source == "Half way\n\n*(stopped)*" and reply.has_class("-stopped")
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Half way"}
+
+
+async def test_a_chat_left_without_a_reply_can_be_answered_with_ctrl_r(data_dir: Path) -> None:
+    store = ChatStore.open(data_dir / DB_NAME)  # what a kill -9 mid-reply leaves behind
+    chat_id = store.new_chat()
+    store.add_message(chat_id, "user", "unanswered")
+    store.close()
+    engine = FakeEngine(["Late answer."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert shown(app) == [("user", "unanswered")]
+        assert any("has no reply" in m and "Ctrl+R" in m for m, _ in notices(app))
+        await pilot.press("ctrl+r")
+        await reply_done(pilot)
+        assert engine.calls == [[{"role": "user", "content": "unanswered"}]]
+        assert shown(app) == [("user", "unanswered"), ("assistant", "Late answer.")]
+    assert [m.content for m in saved(data_dir).messages(chat_id)] == ["unanswered", "Late answer."]
+
+
+def test_chat_list_dates_are_short_and_local() -> None:
+    now = datetime(2026, 7, 14, 15, 0, tzinfo=timezone.utc).astimezone()
+    same_day = now.replace(hour=9, minute=5).astimezone(timezone.utc).isoformat()
+    assert when(same_day, today=now) == "09:05"
+    assert when(now.replace(month=1, day=2).astimezone(timezone.utc).isoformat(), today=now) == "Jan 02"
+    assert when("2024-03-01T10:00:00+00:00", today=now) == "2024-03-01"
+    assert when("garbage", today=now) == "?"
+
+
+async def test_chat_list_fits_80x24(data_dir: Path) -> None:
+    app = make_app(FakeEngine(["A reply that is long enough to wrap in the narrow chat column " * 2]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await chat(pilot, "a first chat whose title is far too long for the chat list")
+        await pilot.press("ctrl+n")
+        await chat(pilot, "second")
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        lines = screen_text(app).splitlines()
+        assert len(lines) == 24 and all(len(line) <= 80 for line in lines)
+        listing, box = chat_list(app), prompt(app)
+        screen = app.screen.region
+        for widget in (listing, box, app.chat.status_line):
+            assert screen.contains_region(widget.region), widget
+        assert listing.region.width == 30 and box.region.width >= 48
+        assert listing.region.right <= box.region.x
+        text = "\n".join(lines)
+        assert "Chats" in lines[0] and "● second" in text
+        assert "a first chat whose title …" in text  # cut, not wrapped
+        assert "FakeLM-1M" in text and "sd k=5 greedy T=0" in text  # the status line
+        assert "esc Close" in lines[-1] and "^s Strategy" in lines[-1]  # the footer
+        assert not app.query_one(Dashboard).display  # 80 columns: no room for the dashboard
+
+
+# ---- failures and the context -------------------------------------------------------------------
+async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Path) -> None:
+    engine = FakeEngine(["It is"], finish_reason="context")
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "long chat")
+        reply = messages(app)[-1]
+        assert reply.has_class("-context") and reply.source.startswith("It is")
+        assert "Context full" in reply.source and "Ctrl+N" in reply.source
+        assert (CONTEXT_NOTICE, "warning") in notices(app)
+        assert "Ctrl+N" in CONTEXT_NOTICE and "context full" in status(app)
+        assert "Context full: this chat no longer fits" in screen_text(app)
+
+        engine.script = [""]  # the next turn does not fit at all: nothing comes back
+        await send(pilot, "one more")
+        await reply_done(pilot)
+        assert shown(app)[-1][0] == "assistant" and len(messages(app)) == 2  # the refused turn is gone
+        assert prompt(app).text == "one more"  # back in the prompt, to send in a new chat
+        assert app.chat.conversation[-1]["role"] == "assistant"
+        assert notices(app).count((CONTEXT_NOTICE, "warning")) == 2
+
+    (record,) = saved(data_dir).chats()
+    last = saved(data_dir).messages(record.id)
+    assert [m.content for m in last] == ["long chat", "It is"] and last[-1].finish_reason == "context"
+    app = make_app(FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:  # the mark comes back with the chat
+        await ready(pilot)
+        assert messages(app)[-1].has_class("-context")
+
+
+async def test_a_failed_first_message_is_not_saved_and_returns_to_the_prompt(data_dir: Path) -> None:
+    class FailsAtOnce(FailingEngine):
+        def stream_chat(self, messages, max_new_tokens, stop):  # type: ignore[no-untyped-def]
+            self.calls.append(messages)
+            raise RuntimeError("CUDA out of memory\nstack trace")
+            yield  # a generator, like the real loop
+
+    app = make_app(FailsAtOnce())
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "too big")
+        await reply_done(pilot)
+        assert messages(app) == [] and app.chat.conversation == [] and app.chat.chat_id is None
+        assert prompt(app).text == "too big"
+        assert ("Generation failed: CUDA out of memory", "error") in notices(app)
+    assert saved(data_dir).chats() == []
+
+
+# ---- settings -----------------------------------------------------------------------------------
+async def test_strategy_dashboard_and_theme_come_back(data_dir: Path) -> None:
+    app = make_app(FakeEngine())
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert not app.query_one(Dashboard).display
+        await pilot.press("ctrl+s", "ctrl+d")
+        app.theme = "nord"
+        await pilot.pause()
+    store = saved(data_dir)
+    assert store.get_setting(SETTING_STRATEGY)["name"] == "tree"
+    assert store.get_setting(SETTING_DASHBOARD) is True and store.get_setting(SETTING_THEME) == "nord"
+
+    engine = FakeEngine()
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("tree") and "tree tree=3,2,2,1,1" in status(app)
+        assert app.query_one(Dashboard).display  # shown at 80 columns: the user asked for it
+        assert app.theme == "nord"
+
+    engine = FakeEngine()
+    app = make_app(engine, initial_strategy=preset("pld"))  # the command line wins
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("pld")
+
+
+async def test_unusable_saved_settings_fall_back_with_a_notice(data_dir: Path) -> None:
+    store = ChatStore.open(data_dir / DB_NAME)
+    store.set_setting(SETTING_STRATEGY, {**preset("sd").to_dict(), "draft_len": 0})
+    store.set_setting(SETTING_THEME, "no-such-theme")
+    store.close()
+    engine = FakeEngine()
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("sd")
+        assert any(m.startswith("Saved strategy not used: draft length must be between 1 and 64; using sd")
+                   and sev == "warning" for m, sev in notices(app))
+        assert any("'no-such-theme' is not available" in m for m, _ in notices(app))
+
+    store = ChatStore.open(data_dir / DB_NAME)
+    store.set_setting(SETTING_STRATEGY, preset("tree").to_dict())
+    store.close()
+    engine = FakeEngine(has_drafter=False, strategy=preset("pld"))  # this session cannot run it
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert engine.strategy == preset("pld")
+        assert any("needs a drafter model" in m and "using pld" in m for m, _ in notices(app))
+
+
+async def test_an_unusable_data_dir_keeps_the_app_working_in_memory(data_dir: Path) -> None:
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    data_dir.write_text("a file where the directory should be")
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert app.store.path is None
+        assert any(str(data_dir) in m and "\n" not in m and sev == "error" for m, sev in notices(app))
+        await chat(pilot, "still chatting")
+        assert shown(app)[-1] == ("assistant", "ok")
+        await pilot.press("f1")
+        assert isinstance(app.screen, HelpScreen) and "not saved (in memory)" in screen_text(app)
+
+
+# ---- keys ---------------------------------------------------------------------------------------
+async def test_new_keys_are_documented_and_do_not_collide(data_dir: Path) -> None:
+    keys = {key for b in ChatScreen.BINDINGS for key in b.key.split(",")}  # type: ignore[union-attr]
+    assert {"ctrl+n", "ctrl+l", "f4", "ctrl+r", "ctrl+y"} <= keys <= documented_keys()
+    app_keys = {key for b in SpecChatApp.BINDINGS for key in b.key.split(",")}  # type: ignore[union-attr]
+    assert not keys & app_keys and "ctrl+o" not in keys
+    chat_list_help = next(what for k, what in KEYS if "ctrl+l" in k)
+    assert "r rename" in chat_list_help and "Del" in chat_list_help
+    list_keys = {b.key for b in ChatList.BINDINGS}  # type: ignore[union-attr]
+    assert list_keys == {"escape", "r", "delete"}
+    app = make_app(FakeEngine())
+    async with app.run_test(size=(80, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        text = screen_text(app)
+        for shown_key in ("Ctrl+N", "Ctrl+L / F4", "Ctrl+R", "Ctrl+Y", "Up / Down", "Ctrl+Q"):
+            assert shown_key in text
+        assert "specchat.db" in text  # where the chats are, under the keys (the full path may wrap)
+        store_line = app.screen.query_one("#help-store", Static).render()
+        assert str(data_dir / DB_NAME) in str(store_line)

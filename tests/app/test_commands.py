@@ -1,0 +1,86 @@
+"""Command palette toggles (app/commands.py): every knob is an entry; invalid ones explain why."""
+
+from __future__ import annotations
+
+from textual.app import App
+
+from app.commands import StrategyCommands, evaluate, toggles
+from engine.strategy import STRATEGIES, preset
+
+from .fakes import FakeEngine
+
+
+def _find(group: str, value: str):
+    return next(t for t in toggles() if t.group == group and t.value == value)
+
+
+def test_every_knob_has_entries():
+    groups = {t.group for t in toggles()}
+    assert groups == {"Strategy", "Drafter", "Tree shape", "Draft length", "Optimal tree budget", "Verifier", "Vocab bridge",
+                      "SSM tree", "Backtrack", "Temperature"}
+    assert {t.value for t in toggles() if t.group == "Strategy"} == set(STRATEGIES)
+
+
+def test_evaluate_applies_valid_changes_and_explains_invalid_ones():
+    sd = preset("sd")
+    new, why = evaluate(_find("Tree shape", "3,3,2,1"), sd, has_drafter=True)
+    assert why is None and new.name == "tree" and new.tree == (3, 3, 2, 1)
+    new, why = evaluate(_find("Strategy", "mab"), sd, has_drafter=False)
+    assert new is None and "needs a drafter model" in why
+    new, why = evaluate(_find("Verifier", "greedy"), sd.replace(temperature=0.7), has_drafter=True)
+    assert new is None and "temperature 0" in why
+    new, why = evaluate(_find("Temperature", "0.7"), sd, has_drafter=True)
+    assert why is None and new.temperature == 0.7 and new.name == "sd"
+    # switching preset from ersd (race) to tree resets the verifier to the preset's own
+    new, why = evaluate(_find("Tree shape", "2,2,2"), preset("ersd"), has_drafter=True)
+    assert why is None and new.resolved_verify() == "greedy"
+    new, why = evaluate(_find("Backtrack", "joint"), sd, has_drafter=True)
+    assert why is None and new.backtrack == "joint"
+
+
+class PaletteApp(App[None]):
+    COMMANDS = {StrategyCommands}
+
+    def __init__(self, engine: FakeEngine) -> None:
+        super().__init__()
+        self.session = engine
+        self.shown = 0
+
+    class _Chat:
+        def __init__(self, app: "PaletteApp") -> None:
+            self.app = app
+
+        def show_strategy(self) -> None:
+            self.app.shown += 1
+
+    @property
+    def chat(self):
+        return PaletteApp._Chat(self)
+
+
+async def _run_palette(app: PaletteApp, query: str) -> None:
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*query)
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+
+
+async def test_palette_switches_the_strategy_live():
+    engine = FakeEngine()
+    app = PaletteApp(engine)
+    await _run_palette(app, "Tree shape: 3,3,2,1")
+    assert engine.strategy.name == "tree" and engine.strategy.tree == (3, 3, 2, 1)
+    assert app.shown == 1
+
+
+async def test_palette_refuses_an_invalid_entry_with_its_reason():
+    engine = FakeEngine(has_drafter=False, strategy=preset("pld"))
+    app = PaletteApp(engine)
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    await _run_palette(app, "Strategy: mab")
+    assert engine.strategy == preset("pld")
+    assert any("unavailable" in n and "needs a drafter model" in n for n in notes)
