@@ -46,6 +46,10 @@ def add_parser(sub) -> None:
 def cmd_distill(args: argparse.Namespace) -> int:
     if args.distill_cmd == "data":
         return cmd_data(args)
+    if args.distill_cmd == "export":
+        from .distill_train import cmd_export
+
+        return cmd_export(args)
     if args.distill_cmd == "train":
         from .distill_train import cmd_train
 

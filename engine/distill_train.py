@@ -23,6 +23,10 @@ from pathlib import Path
 
 
 def add_parser(dsub) -> None:
+    e = dsub.add_parser("export", help="copy a trained drafter into a shippable directory (weights cast, no optimiser state)")
+    e.add_argument("--from", dest="src", required=True, metavar="DIR", help="a `distill train` output directory")
+    e.add_argument("--to", dest="dst", required=True, metavar="DIR")
+    e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     t = dsub.add_parser("train", help="train a Mamba-2 drafter on distillation data (resumable)")
     t.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
     t.add_argument("--out", required=True, metavar="DIR")
@@ -251,4 +255,36 @@ def cmd_train(args: argparse.Namespace) -> int:
     (out / "distill.json").write_text(json.dumps({"data": str(data_dir), "replies": len(seqs), "steps": step, "held_out_loss": held_loss, "held_out_top1": held_acc,
                                                   "params": n_params, "args": {k: v for k, v in vars(args).items() if k != "func"}}, indent=1))
     print(f"saved drafter to {out} (load it with --drafter {out})", file=sys.stderr)
+    return 0
+
+
+EXPORT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                "chat_template.jinja", "draft_vocab.json", "distill.json")
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    """Weights cast to ``--dtype`` (safetensors), config, tokenizer, draft vocabulary and the training
+    record; never train_state.pt. The result loads with ``--drafter DIR``."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from .errors import SpecchatError
+
+    src, dst = Path(args.src), Path(args.dst)
+    weights = sorted(src.glob("*.safetensors"))
+    if not (src / "config.json").exists() or not weights:
+        raise SpecchatError(f"{src}: not a trained drafter (config.json and *.safetensors expected)")
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    dst.mkdir(parents=True, exist_ok=True)
+    total = 0
+    for w in weights:
+        sd = {k: v.to(dt).contiguous() if v.is_floating_point() else v for k, v in load_file(str(w)).items()}
+        save_file(sd, str(dst / w.name), metadata={"format": "pt"})
+        total += (dst / w.name).stat().st_size
+    for name in EXPORT_FILES:
+        if (src / name).exists():
+            shutil.copy2(src / name, dst / name)
+    print(f"exported {src} -> {dst} ({args.dtype}, {total / 2**20:.1f} MiB of weights)", file=sys.stderr)
     return 0

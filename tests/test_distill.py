@@ -48,6 +48,13 @@ def test_distill_train_resumes_and_saves_a_loadable_drafter(tmp_path, smollm2_gg
     drafter = load(str(out))
     assert isinstance(drafter.model, Mamba2) and drafter.tokenizer.vocab_size == 49152
     assert json.loads((out / "distill.json").read_text())["steps"] == 3
+    shipped = tmp_path / "shipped"
+    assert main(["distill", "export", "--from", str(out), "--to", str(shipped), "--dtype", "bf16"]) == 0
+    assert not (shipped / "train_state.pt").exists() and (shipped / "draft_vocab.json").exists()
+    small = load(str(shipped), dtype="bf16")
+    full = load(str(out), dtype="bf16")
+    assert torch.equal(small.model.embed, full.model.embed)  # bf16 on disk = bf16 after load
+    assert small.model.draft_vocab.tolist() == full.model.draft_vocab.tolist()
 
 
 import pytest  # noqa: E402
