@@ -36,6 +36,8 @@ def add_parser(sub) -> None:
     data.add_argument("--max-new-tokens", type=int, default=192)
     data.add_argument("--threads", type=int, default=None, help="torch threads (leave a core free for other work)")
     data.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
+    data.add_argument("--self-prompts", type=int, default=0, metavar="N",
+                      help="also N prompts sampled from the target itself (T=1), then answered greedily")
     data.add_argument("--batch", type=int, default=16, help="prompts decoded together (1 = the lossless batch-1 path)")
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
     from .distill_train import add_parser as add_train
@@ -67,11 +69,23 @@ def _drop_partial_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
-def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch: int = 16):
+def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch: int = 16,
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
     """Greedy replies for many prompts, ``batch`` at a time: yields (prompt index, reply ids) as
     rows finish (the reply keeps its EOS token, as the batch-1 path does). Prompts are grouped by
-    length (left padding), and finished rows leave the batch so it shrinks instead of idling."""
+    length (left padding), and finished rows leave the batch so it shrinks instead of idling.
+    ``temperature`` > 0 samples instead (top-p, seeded): used to draw the target's own prompts."""
     import torch
+
+    from .sampling import probs_from_logits
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def pick(logits: torch.Tensor) -> torch.Tensor:
+        if temperature <= 0:
+            return logits.argmax(-1)
+        q = probs_from_logits(logits.float(), temperature, top_p)
+        return torch.multinomial(q, 1, generator=gen)[:, 0]
 
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
@@ -91,7 +105,7 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
         v_buf = torch.zeros_like(k_buf)
         with torch.inference_mode():
             h = model.forward_batch(tokens, pos, k_buf, v_buf, 0, key_ok)
-            nxt = model.logits(h[:, -1]).argmax(-1)
+            nxt = pick(model.logits(h[:, -1]))
             pos = lens.clone()
             alive = list(idx)
             outs: list[list[int]] = [[] for _ in idx]
@@ -110,8 +124,50 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
                     k_buf, v_buf = k_buf[:, keep], v_buf[:, keep]
                     key_ok, pos, nxt = key_ok[keep], pos[keep], nxt[keep]
                 h = model.forward_batch(nxt[:, None], pos[:, None], k_buf, v_buf, L + step, key_ok)
-                nxt = model.logits(h[:, 0]).argmax(-1)
+                nxt = pick(model.logits(h[:, 0]))
                 pos = pos + 1
+
+
+SELF_PROMPT_MAX_TOKENS = 48
+
+
+def self_prompts(session, path: Path, n: int, seed: int, batch: int) -> list[dict[str, str]]:
+    """``n`` user prompts written by the target itself (sampled at T=1, top-p 0.95 after the chat
+    template's user header, up to the end of the turn): far more varied than templates, so the
+    drafter sees the target's replies to the kind of messages people send. Appended to ``path``
+    in seeded batches (resumable); duplicates, near-empty ones and evaluation prompts are dropped."""
+    from .distill_prompts import eval_texts
+
+    _drop_partial_tail(path)
+    have = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    tok = session.tokenizer
+    marker = "\x00PROMPT\x00"
+    text = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False)
+    head = tok.encode(text[: text.index(marker)], add_special_tokens=False)
+    target = session.decoder.target
+    seen = {p["text"] for p in have} | eval_texts()
+    rounds = 0
+    while len(have) < n and rounds < 4 * (n // max(1, batch) + 1):
+        rows = [head] * min(batch, 4 * (n - len(have)))
+        added = []
+        for _, ids in batched_greedy(target, rows, SELF_PROMPT_MAX_TOKENS, tok.eos_ids, batch, temperature=1.0, top_p=0.95,
+                                     seed=seed * 100_003 + len(have) + rounds):
+            if not ids or ids[-1] not in tok.eos_ids:
+                continue  # ran out of room mid-sentence
+            t = tok.decode([i for i in ids if i not in tok.eos_ids]).strip()
+            if len(t.split()) < 4 or t in seen:
+                continue
+            seen.add(t)
+            added.append({"id": f"s{len(have) + len(added):05d}", "kind": "self", "text": t})
+            if len(have) + len(added) >= n:
+                break
+        with path.open("a", encoding="utf-8") as f:
+            f.write("".join(json.dumps(p) + "\n" for p in added))
+        have += added
+        rounds += 1
+        print(f"\rself prompts: {len(have)}/{n}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    return have[:n]
 
 
 def cmd_data(args: argparse.Namespace) -> int:
@@ -138,11 +194,13 @@ def cmd_data(args: argparse.Namespace) -> int:
                 done.add(json.loads(line)["id"])
             except (json.JSONDecodeError, KeyError):
                 pass  # a line cut by a kill: its prompt is simply redone
+    session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
+    tok = session.tokenizer
+    if args.self_prompts:
+        prompts = prompts + self_prompts(session, out / "self_prompts.jsonl", args.self_prompts, args.seed, args.batch)
     todo = [p for p in prompts if p["id"] not in done]
     if args.limit:
         todo = todo[: args.limit]
-    session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
-    tok = session.tokenizer
     strategy = preset("pld")
     encoded = [session.encode_chat([{"role": "user", "content": p["text"]}]) for p in todo]
     target = session.decoder.target

@@ -112,3 +112,18 @@ def test_distill_train_byte_level_drafter(tmp_path, smollm2_gguf_path):
     assert drafter.model.vocab_size == 264 and drafter.tokenizer.vocab_size == 259
     assert drafter.tokenizer.decode(list("héllo".encode())) == "héllo"
     assert not (out / "draft_vocab.json").exists()
+
+
+def test_distill_data_self_prompts_are_sampled_resumable_and_answered(tmp_path, smollm2_gguf_path):
+    out = tmp_path / "d"
+    argv = ["distill", "data", "--out", str(out), "--n", "1", "--self-prompts", "3", "--batch", "4", "--max-new-tokens", "4"]
+    assert main(argv) == 0
+    selfp = [json.loads(x) for x in (out / "self_prompts.jsonl").read_text().splitlines()]
+    assert [p["id"] for p in selfp] == ["s00000", "s00001", "s00002"]
+    assert all(len(p["text"].split()) >= 4 for p in selfp) and len({p["text"] for p in selfp}) == 3
+    replies = {json.loads(x)["id"] for x in (out / "responses.jsonl").read_text().splitlines()}
+    assert replies == {"p00000", "s00000", "s00001", "s00002"}
+    argv[argv.index("--self-prompts") + 1] = "4"
+    assert main(argv) == 0  # resumes: one more prompt, only its reply is new
+    assert len((out / "self_prompts.jsonl").read_text().splitlines()) == 4
+    assert len((out / "responses.jsonl").read_text().splitlines()) == 5
