@@ -111,3 +111,17 @@ def test_context_capped_where_reference_semantics_change(kind, limit, root):
     there (and match transformers below it, see test_logits_match_transformers)."""
     m = load(str(saved(kind, root))).model
     assert m.max_context == limit
+
+
+def test_bf16_single_row_matmul_matches_multi_row():
+    """engine.models.common.mm: a 1-row bf16 product equals that row of any multi-row product (the
+    GEMV path alone would differ in the last bit for long reductions)."""
+    from engine.models.common import mm
+
+    g = torch.Generator().manual_seed(0)
+    for K, N in ((1536, 576), (576, 3072), (2048, 512)):
+        W = torch.randn(K, N, generator=g).to(torch.bfloat16)
+        for _ in range(20):
+            x = torch.randn(8, K, generator=g).to(torch.bfloat16)
+            one = mm(x[:1], W)
+            assert all(torch.equal(one, (x[:M] @ W)[:1]) for M in range(2, 9))

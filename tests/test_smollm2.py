@@ -37,10 +37,21 @@ def test_logits_match_transformers_gguf(smol, smollm2_gguf_path):
     assert (ref - out).abs().max().item() <= 1e-4
 
 
-def test_greedy_strategies_identical_on_smollm2(smol):
+@pytest.fixture(scope="module")
+def smol_bf16(smollm2_gguf_path):
+    return load(str(smollm2_gguf_path), dtype="bf16")
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_greedy_strategies_identical_on_smollm2(dtype, request):
+    """Lossless in the dtype used: greedy speculative output == greedy plain decoding, fp32 and
+    bf16 (bf16 rounds every op, so a verify pass must compute each row exactly as a 1-token step
+    would: engine.models.common.mm)."""
+    smol = request.getfixturevalue("smol" if dtype == "fp32" else "smol_bf16")
     tok = smol.tokenizer
     dec = Decoder(smol.model, smol.model, eos_ids=set(tok.eos_ids))
-    strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3)]
+    strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3),
+                  preset("mab", arms=((2, 1), (1, 1, 1)))]
     for text in PROMPTS:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
         ar = [t for e in run_generation(dec, ids, preset("ar"), 32)[0] for t in e.emitted]

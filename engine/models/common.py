@@ -204,6 +204,18 @@ def cached_attention(
     return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
 
 
+def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w`` whose rows do not depend on how many rows go together. CPU bf16 GEMMs are
+    row-independent for 2+ rows, but a single row takes a GEMV path that splits long reductions
+    differently (measured: K = 1536, ~7% of rows differ in the last bit), which would make a
+    1-token decode step and a k-token verify pass disagree at near-ties. One row is therefore run
+    as two: plain decoding and speculative verification then see bit-identical numbers, which is
+    what lossless means in bf16 (reference/cpu-performance.md: a 2-row bf16 pass costs ~1 row's)."""
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1:
+        return (x.expand(2, -1) @ w)[:1]
+    return x @ w
+
+
 def as_t(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Store a [out, in] weight transposed and contiguous as [in, out]: `x @ W_t` is the faster
     GEMV layout on this CPU (reference/cpu-performance.md: ~1.4x in fp32)."""

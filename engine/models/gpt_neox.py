@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rope_params, tensor_getter
+from .common import as_t, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -143,7 +143,7 @@ class GPTNeoX(CausalLM):
         return torch.addmm(L["b2"], self.act(torch.addmm(L["b1"], h, L["w1"])), L["w2"])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.lm_head_t
+        return mm(hidden, self.lm_head_t)
 
 
 def _bias(sd: dict[str, torch.Tensor], name: str, n: int, dtype: torch.dtype) -> torch.Tensor:

@@ -35,7 +35,7 @@ from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, DraftPool
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, tensor_getter
+from .common import as_t, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
 from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, config_int, parse_dt_limit
 
 MODEL_TYPES = ("granitemoehybrid",)
@@ -265,7 +265,7 @@ class GraniteHybrid(CausalLM):
         return HybridCache(SSMCache.for_config(self.cfg.mamba, capacity, self._dtype), KVCache(*self.kv_dims, capacity, self._dtype))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return (hidden @ self.lm_head_t) / self.cfg.logits_scaling  # (T, V)
+        return mm(hidden, self.lm_head_t) / self.cfg.logits_scaling  # (T, V)
 
     # verify / extend / prefill / commit / rollback come from CausalLM and HybridCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
@@ -328,7 +328,7 @@ class GraniteHybrid(CausalLM):
         """q (H, T, E), k, v (K, T, E) of rows h (T, D) at ``positions`` (T,) or one shared (1,)."""
         c = self.cfg
         T, E = h.shape[0], c.head_dim
-        qkv = h @ L["wqkv"]
+        qkv = mm(h, L["wqkv"])
         if L["bqkv"] is not None:
             qkv = qkv + L["bqkv"]
         q, k, v = (t.reshape(T, -1, E).transpose(0, 1) for t in qkv.split([c.num_heads * E, c.num_kv_heads * E, c.num_kv_heads * E], -1))
@@ -337,14 +337,14 @@ class GraniteHybrid(CausalLM):
         return q, k, v
 
     def _attn_out(self, L: dict[str, Any], o: torch.Tensor) -> torch.Tensor:
-        out = o @ L["wo"]
+        out = mm(o, L["wo"])
         return out if L["bo"] is None else out + L["bo"]
 
     def _mlp(self, L: dict[str, Any], x: torch.Tensor) -> torch.Tensor:
         """x + residual_multiplier · SwiGLU(RMSNorm(x))."""
         c = self.cfg
-        g, u = (rms_norm(x, L["ln2"], c.rms_norm_eps) @ L["w_mlp_in"]).chunk(2, dim=-1)
-        return x + ((F.silu(g) * u) @ L["w_mlp_out"]) * c.residual_multiplier
+        g, u = mm(rms_norm(x, L["ln2"], c.rms_norm_eps), L["w_mlp_in"]).chunk(2, dim=-1)
+        return x + mm(F.silu(g) * u, L["w_mlp_out"]) * c.residual_multiplier
 
     def _prefix_tail_attention(self, q: torch.Tensor, slot: int, n: int, k_tail: torch.Tensor, v_tail: torch.Tensor) -> torch.Tensor:
         """Draft rows attending over [committed K/V rows [0, n) of ``slot``, shared ; their own

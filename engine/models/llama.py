@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, require, rms_norm, rope_params, rotate_half, tensor_getter
+from .common import Rope, as_t, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -130,7 +130,7 @@ class Llama(CausalLM):
         kc, vc = self.cache.k, self.cache.v
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["ln1"], c.rms_norm_eps)
-            qkv = h @ L["wqkv"]
+            qkv = mm(h, L["wqkv"])
             if L["bqkv"] is not None:
                 qkv = qkv + L["bqkv"]
             q = qkv[:, : H * E].view(T, H, E).transpose(0, 1)  # (H, T, E)
@@ -138,7 +138,7 @@ class Llama(CausalLM):
             v = qkv[:, (H + K) * E:].view(T, K, E).transpose(0, 1)
             q = self.rope.apply(q, positions)
             k = self.rope.apply(k, positions)
-            a = cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale) @ L["wo"]
+            a = mm(cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale), L["wo"])
             if L["bo"] is not None:
                 a = a + L["bo"]
             x = x + a
@@ -147,15 +147,15 @@ class Llama(CausalLM):
 
     @staticmethod
     def _mlp(L: dict, h: torch.Tensor) -> torch.Tensor:
-        gu = h @ L["wgu"]
+        gu = mm(h, L["wgu"])
         if L["bgu"] is not None:
             gu = gu + L["bgu"]
         g, u = gu.chunk(2, dim=-1)
-        m = (F.silu(g) * u) @ L["wd"]
+        m = mm(F.silu(g) * u, L["wd"])
         return m + L["bd"] if L["bd"] is not None else m
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden @ self.lm_head_t  # (T, V)
+        return mm(hidden, self.lm_head_t)  # (T, V)
 
     def forward_batch(self, tokens: torch.Tensor, positions: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
                       start: int, key_ok: torch.Tensor) -> torch.Tensor:

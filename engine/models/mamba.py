@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..errors import ModelLoadError
 from .base import CausalLM
 from ..ssm_cache import DraftBatch, RecurrentCache
-from .common import as_t, require, rms_norm, tensor_getter
+from .common import as_t, mm, require, rms_norm, tensor_getter
 
 MODEL_TYPES = ("mamba",)
 NO_CONTEXT_LIMIT = 1 << 20  # a recurrent state has no positional limit; this only bounds the decode loop
@@ -305,7 +305,7 @@ class Mamba(CausalLM):
     def _mix_in(self, L: dict, res: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Residual rows (T, D) -> pre-conv x and gate z, (T, I) each."""
         h = rms_norm(res.to(self._dtype), L["norm"], self.cfg.layer_norm_epsilon)
-        xz = h @ L["w_in"]
+        xz = mm(h, L["w_in"])
         if L["b_in"] is not None:
             xz = xz + L["b_in"]
         I = self.cfg.intermediate_size
@@ -316,9 +316,9 @@ class Mamba(CausalLM):
         R, N = self.cfg.time_step_rank, self.cfg.state_size
         x = conv if L["b_conv"] is None else conv + L["b_conv"]
         x = F.silu(x)
-        proj = x @ L["w_x"]  # (T, R + 2N)
+        proj = mm(x, L["w_x"])  # (T, R + 2N)
         dt_low, B, C = proj[:, :R], proj[:, R:R + N], proj[:, R + N:]
-        dt = F.softplus((dt_low @ L["w_dt"]).to(self.scan_dtype) + L["b_dt"])
+        dt = F.softplus(mm(dt_low, L["w_dt"]).to(self.scan_dtype) + L["b_dt"])
         return x, dt, B, C
 
     def _mix_out(self, L: dict, S: torch.Tensor, C: torch.Tensor, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
@@ -326,12 +326,12 @@ class Mamba(CausalLM):
         sdt = self.scan_dtype
         y = torch.einsum("tin,tn->ti", S, C.to(sdt)) + L["D"] * x.to(sdt)
         y = y * F.silu(z.to(sdt))
-        out = y.to(self._dtype) @ L["w_out"]
+        out = mm(y.to(self._dtype), L["w_out"])
         return out if L["b_out"] is None else out + L["b_out"]
 
     def _head(self, res: torch.Tensor) -> torch.Tensor:
         h = rms_norm(res, self.norm_f, self.cfg.layer_norm_epsilon)
-        return h.to(self._dtype) @ self.lm_head_t  # (T, V)
+        return mm(h.to(self._dtype), self.lm_head_t)  # (T, V)
 
     def _forward(self, tokens: Sequence[int], parents: Sequence[int], mode: str) -> torch.Tensor | None:
         """mode "verify": keep activations in scratch, return logits. "commit": ``parents`` is a

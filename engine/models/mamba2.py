@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, RecurrentCache
 from .base import CausalLM
-from .common import as_t, require, rms_norm, tensor_getter
+from .common import as_t, mm, require, rms_norm, tensor_getter
 
 MODEL_TYPES = ("mamba2",)
 DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
@@ -349,7 +349,7 @@ class Mamba2Mixer:
 
     def _project(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(T, D) -> z (T, I), raw xBC (T, C), raw dt (T, H)."""
-        zxbcdt = h @ self.w_in
+        zxbcdt = mm(h, self.w_in)
         if self.b_in is not None:
             zxbcdt = zxbcdt + self.b_in
         return zxbcdt.split([self.c.d_inner, self.c.conv_dim, self.c.num_heads], dim=-1)
@@ -372,7 +372,7 @@ class Mamba2Mixer:
         y = y.reshape(T, I) * F.silu(z.float())
         yg = y.view(T, G, I // G)
         y = (yg * torch.rsqrt(yg.pow(2).mean(-1, keepdim=True) + c.gate_norm_eps)).view(T, I) * self.gate_norm
-        out = y.to(self.dtype) @ self.w_out
+        out = mm(y.to(self.dtype), self.w_out)
         return out if self.b_out is None else out + self.b_out
 
 
@@ -406,7 +406,7 @@ class Mamba2(CausalLM):
         return SSMCache.for_config(self.cfg, capacity, self._dtype)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return hidden.to(self._dtype) @ self.lm_head_t  # (T, V)
+        return mm(hidden.to(self._dtype), self.lm_head_t)  # (T, V)
 
     # verify / extend / prefill / commit / rollback come from CausalLM and SSMCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
