@@ -125,3 +125,38 @@ def test_bf16_single_row_matmul_matches_multi_row():
             x = torch.randn(8, K, generator=g).to(torch.bfloat16)
             one = mm(x[:1], W)
             assert all(torch.equal(one, (x[:M] @ W)[:1]) for M in range(2, 9))
+
+
+def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path():
+    """A tree row sees the prefix and its ancestors with siblings' rows masked in between; in bf16
+    it must equal attention over those keys laid out contiguously (what plain decoding of that path
+    computes), bit for bit."""
+    from engine.models.common import cached_attention
+
+    g = torch.Generator().manual_seed(0)
+    K, G, E, P = 3, 3, 64, 301
+    from engine.policy import plan_from_shape
+
+    parents = list(plan_from_shape((3, 2, 2, 1, 1)))  # packed tree below the root (row 0 = root)
+    T = len(parents) + 1
+    anc = [[0]]
+    for i, p in enumerate(parents):
+        anc.append(anc[p + 1] + [i + 1])
+    mask = torch.zeros(T, P + T, dtype=torch.bool)
+    mask[:, :P] = True
+    for r in range(T):
+        mask[r, [P + a for a in anc[r]]] = True
+    diffs = 0
+    for _ in range(6):
+        q = (3 * torch.randn(K * G, T, E, generator=g)).to(torch.bfloat16)
+        kn, vn = (torch.randn(K, T, E, generator=g).to(torch.bfloat16) for _ in range(2))
+        kc, vc = (torch.randn(K, P + T, E, generator=g).to(torch.bfloat16) for _ in range(2))
+        out = cached_attention(q, kn, vn, kc.clone(), vc.clone(), P, mask, E ** -0.5)
+        for r in range(T):
+            keys = list(range(P)) + [P + a for a in anc[r]]
+            kc1, vc1 = kc.clone(), vc.clone()
+            kc1[:, P:P + T], vc1[:, P:P + T] = kn, vn
+            ref = cached_attention(q[:, r:r + 1], kc1[:, keys[-1:]], vc1[:, keys[-1:]], kc1[:, keys].contiguous(),
+                                   vc1[:, keys].contiguous(), len(keys) - 1, None, E ** -0.5)
+            diffs += not torch.equal(out[r], ref[0])
+    assert diffs == 0

@@ -201,7 +201,27 @@ def cached_attention(
     if mask is not None:
         scores.masked_fill_(~mask.repeat(G, 1), float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)  # (K, G*T, E)
+    if mask is not None and q.dtype == torch.bfloat16:
+        _exact_tree_rows(out, qg, k, v, mask, scale, T)
     return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
+
+
+def _exact_tree_rows(out: torch.Tensor, qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     scale: float, T: int) -> None:
+    """Recompute, in place, the rows of a tree pass whose visible keys are not a contiguous prefix
+    (a node sees the committed prefix and its ancestors, with siblings' rows in between).
+
+    In bf16 the softmax sum and the probabilities-times-values reduction round differently when
+    masked keys sit *between* visible ones than when the same keys are contiguous, which is what
+    plain decoding of the accepted path computes; gathering the visible keys into one contiguous
+    run makes the row bit-identical to that (trailing masked keys, the chain case, do not change
+    the result). Lossless greedy trees in bf16 depend on it (tests/test_smollm2.py)."""
+    lead = mask.int().cumprod(dim=-1).sum(-1)
+    for t in torch.nonzero(lead != mask.sum(-1)).flatten().tolist():
+        idx = torch.nonzero(mask[t]).flatten()
+        rows = torch.arange(t, qg.shape[1], T)  # row t of each of the G query heads of a kv head
+        s = torch.matmul(qg[:, rows], k[:, idx].transpose(1, 2)).float() * scale
+        out[:, rows] = torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v[:, idx])
 
 
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
