@@ -42,6 +42,7 @@ class StepEvent:
     rss_mb: float = 0.0
     segments: list[tuple[str, str]] = field(default_factory=list)  # (text, "accepted" | "target")
     tree_text: list[str] = field(default_factory=list)  # readable token per tree node
+    gpu_mb: tuple[float, float] | None = None  # torch CUDA allocator (allocated, peak) MB; None without CUDA
     shape: list[int] = field(default_factory=list)  # the tree shape drafted (widths per depth)
     accepted_ranks: list[int] = field(default_factory=list)  # rank among its siblings of each accepted node
     policy: dict[str, Any] | None = None  # mab / optimal telemetry: arms, counts, means, lambdas, ranks

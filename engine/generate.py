@@ -38,6 +38,14 @@ def peak_rss_mb() -> float:
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
 
 
+def torch_gpu_mb() -> tuple[float, float] | None:
+    """torch's CUDA allocator: (allocated, peak) MB, or None when CUDA is not in use (never
+    initialises CUDA itself)."""
+    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+        return None
+    return torch.cuda.memory_allocated() / 2**20, torch.cuda.max_memory_allocated() / 2**20
+
+
 @dataclass
 class Decoder:
     """Owns the target, the drafters and the token history of one conversation."""
@@ -172,7 +180,7 @@ class Decoder:
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
                 segments=[(seg_acc, "accepted"), (seg_tgt, "target")],
                 tree_text=[self.token_str(t) for t in tree.tokens] if self.token_str else [],
-                shape=tree.widths(), accepted_ranks=[ranks[i] for i in path] if (ranks := child_ranks(tree.parents)) else [],
+                gpu_mb=torch_gpu_mb(), shape=tree.widths(), accepted_ranks=[ranks[i] for i in path] if (ranks := child_ranks(tree.parents)) else [],
                 policy=policy,
             )
             if reason is not None:

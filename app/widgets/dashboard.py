@@ -174,4 +174,6 @@ class Dashboard(VerticalScroll, can_focus=False):
     def _sample_memory(self) -> None:
         if self.monitor is None or not self.display:
             return
-        self.query_one("#dash-memory", Static).update("\n".join(memory_lines(self.monitor.read())))
+        last = self.stats.last
+        torch_gpu = last.gpu_mb if last is not None else None
+        self.query_one("#dash-memory", Static).update("\n".join(memory_lines(self.monitor.read(), torch_gpu)))

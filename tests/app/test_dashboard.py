@@ -291,3 +291,16 @@ async def test_dashboard_speedup_uses_the_baseline_measured_at_load() -> None:
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(engine.baseline_threads) == 2)
+
+
+def test_torch_cuda_allocator_line_only_with_cuda() -> None:
+    reading = MemoryReading(rss_mb=500.0, ram_used_mb=4096.0, ram_total_mb=8192.0, gpus=[])
+    assert not any("torch CUDA" in line for line in memory_lines(reading))
+    lines = memory_lines(reading, (1234.4, 2048.0))
+    assert lines[-1] == "torch CUDA allocated 1234 MB · peak 2048 MB"
+    from engine.generate import torch_gpu_mb
+
+    import torch
+
+    if not torch.cuda.is_available():
+        assert torch_gpu_mb() is None
