@@ -242,3 +242,11 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+
+
+def write_models_file(tmp_path, text: str):
+    """A models.toml with ``text`` beside a stub local.gguf (the picker's "local" entry) in tmp_path."""
+    (tmp_path / "local.gguf").write_bytes(b"GGUF" + b"\0" * 100)
+    path = tmp_path / "models.toml"
+    path.write_text(text)
+    return path

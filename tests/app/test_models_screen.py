@@ -23,7 +23,7 @@ from app.widgets.prompt import PromptInput
 from engine import hub
 from engine.registry import load_registry
 
-from ..fakehub import FakeHub
+from ..fakehub import FakeHub, write_models_file
 from .fakes import FakeEngine
 
 SIZE = (100, 30)
@@ -100,10 +100,7 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
 
 @pytest.fixture
 def models_file(tmp_path: Path) -> Path:
-    (tmp_path / "local.gguf").write_bytes(b"GGUF" + b"\0" * 100)
-    path = tmp_path / "models.toml"
-    path.write_text(MODELS_TOML)
-    return path
+    return write_models_file(tmp_path, MODELS_TOML)
 
 
 def make_app(models_file: Path, loader: Loader, engine: FakeEngine | None = None) -> SpecChatApp:

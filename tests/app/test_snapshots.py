@@ -31,7 +31,7 @@ from app.widgets.download import DownloadPanel
 from engine import hub
 from engine.events import StepEvent
 
-from ..fakehub import FakeHub
+from ..fakehub import FakeHub, write_models_file
 from .fakes import ScriptedEngine, tree_step
 from .test_chat import make_app, screen_text, send, wait_for
 from .test_models_screen import MODELS_TOML, Loader, engine_named, open_picker, pick
@@ -208,10 +208,7 @@ def fake_hub(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHu
 
 @pytest.fixture
 def models_file(tmp_path: Path) -> Path:
-    (tmp_path / "local.gguf").write_bytes(b"GGUF" + b"\0" * 100)
-    path = tmp_path / "models.toml"
-    path.write_text(MODELS_TOML)
-    return path
+    return write_models_file(tmp_path, MODELS_TOML)
 
 
 def picker_app(models_file: Path) -> SpecChatApp:
