@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
     data.add_argument("--self-prompts", type=int, default=0, metavar="N",
                       help="also N prompts sampled from the target itself (T=1), then answered greedily")
     data.add_argument("--batch", type=int, default=16, help="prompts decoded together (1 = the lossless batch-1 path)")
+    data.add_argument("--prompts", default=None, metavar="FILE",
+                      help="answer these prompts instead of the generated set (a JSON list of {name, text}, "
+                           "e.g. assets/prompts/bench.json: replies to the evaluation prompts for `train --eval-data`)")
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
     from .distill_train import add_parser as add_train
 
@@ -52,6 +55,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
         from .distill_train import cmd_export
 
         return cmd_export(args)
+    if args.distill_cmd == "topk":
+        from .distill_train import cmd_topk
+
+        return cmd_topk(args)
     if args.distill_cmd == "train":
         from .distill_train import cmd_train
 
@@ -183,7 +190,15 @@ def cmd_data(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts_path, resp_path = out / "prompts.jsonl", out / "responses.jsonl"
-    prompts = make_prompts(args.n, args.seed)
+    if args.prompts:
+        from .errors import SpecchatError
+
+        try:
+            prompts = [{"id": p["name"], "kind": p["name"], "text": p["text"]} for p in json.loads(Path(args.prompts).read_text())]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SpecchatError(f"{args.prompts}: not a JSON list of {{name, text}} prompts ({e})") from None
+    else:
+        prompts = make_prompts(args.n, args.seed)
     if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
         prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     done = set()

@@ -51,10 +51,26 @@ def add_parser(dsub) -> None:
                         "(0 = the full vocabulary); the replies use a few thousand of the target's tokens, so this cuts "
                         "the output layer's cost several-fold and still pushes unseen tokens down")
     t.add_argument("--holdout", type=float, default=0.05, help="fraction of replies held out for the loss report")
+    t.add_argument("--kd", type=int, default=0, metavar="K",
+                   help="distil the target's top-K next-token distribution (from `distill topk --k K`) instead of "
+                        "only its greedy token: soft targets carry far more signal per token and curb overfitting")
+    t.add_argument("--eval-data", default=None, metavar="DIR",
+                   help="another `distill data` directory (e.g. replies to the evaluation prompts): its top-1 "
+                        "agreement is reported beside the held-out one")
+    k = dsub.add_parser("topk", help="the target's top-K next-token probabilities over distillation data (resumable)")
+    k.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
+    k.add_argument("--target", default=None, metavar="REF")
+    k.add_argument("--models", default=None, metavar="FILE")
+    k.add_argument("--k", type=int, default=8)
+    k.add_argument("--dtype", choices=["fp32", "bf16"], default=None)
+    k.add_argument("--batch", type=int, default=8, help="replies per forward pass")
+    k.add_argument("--threads", type=int, default=None)
+    k.add_argument("--chunk", type=int, default=256, help="replies per part file (the unit of resumption)")
 
 
-def load_sequences(data_dir: Path) -> list[tuple[list[int], int]]:
-    """(prompt + reply ids, index where the reply starts) per finished reply."""
+def load_sequences(data_dir: Path, with_ids: bool = False) -> list:
+    """(prompt + reply ids, index where the reply starts) per finished reply, in file order;
+    ``with_ids`` prepends the reply's id."""
     seqs = []
     for line in (data_dir / "responses.jsonl").read_text().splitlines():
         try:
@@ -62,23 +78,123 @@ def load_sequences(data_dir: Path) -> list[tuple[list[int], int]]:
         except json.JSONDecodeError:
             continue  # a line cut by a kill
         if r.get("response_ids"):
-            seqs.append((r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"])))
+            row = (r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]))
+            seqs.append((r["id"], *row) if with_ids else row)
     return seqs
 
 
-def pack(seqs: list[tuple[list[int], int]], seq_len: int, pad: int):
+def cmd_topk(args: argparse.Namespace) -> int:
+    """The target's top-``k`` next-token probabilities at every reply position (the position
+    whose hidden state predicts reply token i, i.e. sequence positions start-1 .. n-2), written as
+    DIR/topk{k}/part-NNNNN.pt = {"ids": [reply ids], "lens": [positions per reply], "tok": int32
+    (P, k), "p": fp16 (P, k)}. One part per ``--chunk`` replies; finished parts are skipped, so
+    an interrupted run resumes. Rows are right-padded and batched through the family's
+    ``forward_batch`` (full prefill, no decoding)."""
+    import torch
+
+    from .errors import SpecchatError
+    from .loading import load
+    from .registry import load_registry
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    data_dir = Path(args.data)
+    if not (data_dir / "responses.jsonl").exists():
+        raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
+    seqs = load_sequences(data_dir, with_ids=True)
+    target = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models)).model
+    if not hasattr(target, "forward_batch"):
+        raise SpecchatError(f"{type(target).__name__}: no batched forward; top-k distillation needs a Llama-family target")
+    out = data_dir / f"topk{args.k}"
+    out.mkdir(exist_ok=True)
+    n_layers, KH, E = target.kv_dims
+    t0, done_pos = time.perf_counter(), 0
+    for c0 in range(0, len(seqs), args.chunk):
+        part = out / f"part-{c0 // args.chunk:05d}.pt"
+        if part.exists():
+            continue
+        chunk = seqs[c0:c0 + args.chunk]
+        res: dict[str, tuple] = {}
+        order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
+        for g in range(0, len(order), args.batch):
+            rows = [chunk[i] for i in order[g:g + args.batch]]
+            B, L = len(rows), max(len(r[1]) for r in rows)
+            tokens = torch.zeros(B, L, dtype=torch.long)
+            key_ok = torch.zeros(B, L, dtype=torch.bool)
+            for b, (_, toks, _) in enumerate(rows):
+                tokens[b, :len(toks)] = torch.tensor(toks)
+                key_ok[b, :len(toks)] = True
+            pos = torch.arange(L).expand(B, L)
+            k_buf = torch.zeros(n_layers, B, KH, L, E, dtype=target.dtype)
+            with torch.inference_mode():
+                h = target.forward_batch(tokens, pos, k_buf, torch.zeros_like(k_buf), 0, key_ok)
+                for b, (rid, toks, start) in enumerate(rows):
+                    probs = torch.softmax(target.logits(h[b, start - 1:len(toks) - 1]).float(), -1)
+                    p, t = probs.topk(args.k, dim=-1)
+                    res[rid] = (t.to(torch.int32), p.to(torch.float16))
+                    done_pos += len(toks) - start
+            el = time.perf_counter() - t0
+            print(f"\r[{c0 + g + B}/{len(seqs)}] {done_pos / el:6.0f} positions/s", end="", file=sys.stderr, flush=True)
+        ids = [r[0] for r in chunk]
+        torch.save({"ids": ids, "lens": [res[i][0].shape[0] for i in ids], "tok": torch.cat([res[i][0] for i in ids]),
+                    "p": torch.cat([res[i][1] for i in ids])}, part.with_suffix(".tmp"))
+        part.with_suffix(".tmp").replace(part)
+    print(file=sys.stderr)
+    return 0
+
+
+def load_topk(data_dir: Path, k: int) -> dict:
+    """reply id -> (tok int32 (n, k), p fp16 (n, k)) from `distill topk` parts."""
+    import torch
+
+    from .errors import SpecchatError
+
+    parts = sorted((data_dir / f"topk{k}").glob("part-*.pt"))
+    if not parts:
+        raise SpecchatError(f"{data_dir}: no topk{k}/ parts (run `specchat distill topk --data {data_dir} --k {k}`)")
+    out = {}
+    for part in parts:
+        d = torch.load(part, map_location="cpu", weights_only=True)
+        o = 0
+        for rid, n in zip(d["ids"], d["lens"]):
+            out[rid] = (d["tok"][o:o + n], d["p"][o:o + n])
+            o += n
+    return out
+
+
+def pack(seqs: list, seq_len: int, pad: int, kd: int = 0):
     """Pack sequences into rows of ``seq_len`` tokens; the loss covers reply tokens only (and the
-    last prompt token's prediction of the first reply token)."""
+    last prompt token's prediction of the first reply token).
+
+    With ``kd`` = K, sequences are (toks, start, (tok, p) | None) and two more tensors come back:
+    soft targets (rows, seq_len, K) ids (int32) and probabilities (fp16), indexed by the position
+    whose hidden state makes the prediction. Positions without top-K data get a one-hot of the
+    next token."""
     import torch
 
     ids, mask = [], []
-    for toks, start in seqs:
+    for s in seqs:
+        toks, start = s[0], s[1]
         ids.extend(toks)
         mask.extend([0] * (start - 1) + [1] * (len(toks) - start + 1))
     n = max(1, math.ceil(len(ids) / seq_len))
     ids += [pad] * (n * seq_len - len(ids))
     mask += [0] * (n * seq_len - len(mask))
-    return torch.tensor(ids).view(n, seq_len), torch.tensor(mask, dtype=torch.bool).view(n, seq_len)
+    X, M = torch.tensor(ids).view(n, seq_len), torch.tensor(mask, dtype=torch.bool).view(n, seq_len)
+    if not kd:
+        return X, M
+    flat = X.flatten()
+    KT = torch.zeros(n * seq_len, kd, dtype=torch.int32)
+    KP = torch.zeros(n * seq_len, kd, dtype=torch.float16)
+    KT[:-1, 0] = flat[1:].to(torch.int32)
+    KP[:, 0] = 1.0
+    o = 0
+    for toks, start, soft in seqs:
+        if soft is not None and soft[0].shape[0] == len(toks) - start:
+            KT[o + start - 1:o + len(toks) - 1] = soft[0][:, :kd]
+            KP[o + start - 1:o + len(toks) - 1] = soft[1][:, :kd]
+        o += len(toks)
+    return X, M, KT.view(n, seq_len, kd), KP.view(n, seq_len, kd)
 
 
 def _as_bytes(target_tok, ids: list[int], start: int, eos: int) -> tuple[list[int], int]:
@@ -115,11 +231,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not (data_dir / "responses.jsonl").exists():
         raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
     out.mkdir(parents=True, exist_ok=True)
-    seqs = load_sequences(data_dir)
+    seqs = load_sequences(data_dir, with_ids=bool(args.kd))
+    if args.kd:
+        if args.byte_level:
+            raise SpecchatError("--kd needs the target's vocabulary; it does not combine with --byte-level")
+        soft = load_topk(data_dir, args.kd)
+        seqs = [(toks, start, soft.get(rid)) for rid, toks, start in seqs]
+        print(f"top-{args.kd} targets for {sum(s[2] is not None for s in seqs)}/{len(seqs)} replies", file=sys.stderr)
     if len(seqs) < 2:
         raise SpecchatError(f"{data_dir}: only {len(seqs)} replies; generate more data first")
-    n_hold = max(1, int(len(seqs) * args.holdout))
-    held, train = seqs[:n_hold], seqs[n_hold:]
+    # every k-th reply is held out, so the held-out set mixes every prompt kind (templates, the
+    # target's own prompts) in the proportions of the data
+    every = max(2, round(1 / max(args.holdout, 1e-6)))
+    held = [s for i, s in enumerate(seqs) if i % every == 0]
+    train = [s for i, s in enumerate(seqs) if i % every != 0]
 
     target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
     tok = target.tokenizer
@@ -155,8 +280,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     del target
     model.to(device).train()
     pad = tok.pad_id if tok.pad_id is not None else 0
-    X, M = pack(train, args.seq_len, pad)
-    Xh, Mh = pack(held, args.seq_len, pad)
+    if args.kd:
+        X, M, KT, KP = pack(train, args.seq_len, pad, args.kd)
+        Xh, Mh = pack([s[:2] for s in held], args.seq_len, pad)
+    else:
+        X, M = pack(train, args.seq_len, pad)
+        Xh, Mh = pack(held, args.seq_len, pad)
+    evals = []
+    if args.eval_data:
+        Xe, Me = pack(load_sequences(Path(args.eval_data)), args.seq_len, pad)
+        evals.append(("eval-data", Xe, Me))
     g = torch.Generator().manual_seed(order_seed)
     perm = torch.randperm(X.shape[0], generator=g)
     n_params = sum(p.numel() for p in model.parameters())
@@ -169,7 +302,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
 
-    seen = torch.unique(torch.cat([X.flatten(), torch.tensor([pad])])).to(device)
+    seen = torch.unique(torch.cat([X.flatten(), torch.tensor([pad])] + ([KT[KP > 0].long()] if args.kd else []))).to(device)
     unseen = torch.ones(V, dtype=torch.bool, device=device)
     unseen[seen] = False
     unseen = torch.nonzero(unseen).flatten()
@@ -183,14 +316,24 @@ def cmd_train(args: argparse.Namespace) -> int:
         keep = m[:, 1:].to(device)
         return h[keep], x[:, 1:].to(device)[keep]
 
-    def loss_of(x, m):
+    def loss_of(x, m, idx):
         h, y = hidden_and_targets(x, m)
         W = model.get_input_embeddings().weight
         if full_softmax:
-            return torch.nn.functional.cross_entropy((h @ W.T).float(), y)
-        neg = unseen[torch.randint(len(unseen), (args.negatives,), device=device)]
-        sub = torch.cat([seen, neg])
-        return torch.nn.functional.cross_entropy((h @ W[sub].T).float(), remap[y])
+            logits, y_sub = (h @ W.T).float(), y
+        else:
+            neg = unseen[torch.randint(len(unseen), (args.negatives,), device=device)]
+            sub = torch.cat([seen, neg])
+            logits, y_sub = (h @ W[sub].T).float(), remap[y]
+        if not args.kd:
+            return torch.nn.functional.cross_entropy(logits, y_sub)
+        keep = m[:, 1:].to(device)
+        kt = KT[idx][:, :-1].to(device)[keep].long()
+        kp = KP[idx][:, :-1].to(device)[keep].float()
+        if not full_softmax:
+            kt = remap[kt].clamp(min=0)  # unseen ids only sit in zero-probability slots
+        logq = torch.log_softmax(logits, -1).gather(1, kt)
+        return -((kp * logq).sum(1) / kp.sum(1)).mean()
 
     def held_out_metrics(x, m) -> tuple[float, float]:
         """Full-vocabulary loss and top-1 agreement with the target's next token: the per-token
@@ -222,7 +365,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 idx = perm[: args.batch]
             for group in opt.param_groups:
                 group["lr"] = lr_at(step)
-            loss = loss_of(X[idx], M[idx])
+            loss = loss_of(X[idx], M[idx], idx)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -236,8 +379,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                 model.eval()
                 with torch.no_grad():
                     hl, ha = held_out_metrics(Xh[:16], Mh[:16])
+                    extra = "".join(f", {name} loss {l:.3f} top-1 {a:.3f}" for name, Xe, Me in evals
+                                    for l, a in [held_out_metrics(Xe, Me)])
                 model.train()
-                print(f"\nstep {step}: held-out loss {hl:.3f}, top-1 agreement {ha:.3f}", file=sys.stderr)
+                print(f"\nstep {step}: held-out loss {hl:.3f}, top-1 agreement {ha:.3f}{extra}", file=sys.stderr)
     except KeyboardInterrupt:
         save_state()
         print(f"\ninterrupted at step {step}; state saved to {state_path}", file=sys.stderr)
@@ -246,6 +391,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     model.eval()
     with torch.no_grad():
         held_loss, held_acc = held_out_metrics(Xh[:32], Mh[:32])
+        eval_scores = {name: held_out_metrics(Xe, Me) for name, Xe, Me in evals}
+    for name, (l, a) in eval_scores.items():
+        print(f"\n{name}: loss {l:.3f}, top-1 agreement {a:.3f}", file=sys.stderr, end="")
     print(f"\nheld-out loss {held_loss:.3f} (perplexity {math.exp(held_loss):.1f}), top-1 agreement {held_acc:.3f}", file=sys.stderr)
     model.to("cpu").save_pretrained(out, safe_serialization=True)
     tok.save(out)
@@ -253,6 +401,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         # the tokens the drafter was trained to propose: its output layer shrinks to them at load time
         (out / "draft_vocab.json").write_text(json.dumps({"token_ids": seen.cpu().tolist()}))
     (out / "distill.json").write_text(json.dumps({"data": str(data_dir), "replies": len(seqs), "steps": step, "held_out_loss": held_loss, "held_out_top1": held_acc,
+                                                  **{f"{n}_top1": a for n, (_, a) in eval_scores.items()},
                                                   "params": n_params, "args": {k: v for k, v in vars(args).items() if k != "func"}}, indent=1))
     print(f"saved drafter to {out} (load it with --drafter {out})", file=sys.stderr)
     return 0

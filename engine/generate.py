@@ -55,6 +55,8 @@ class Decoder:
     eos_ids: set[int] = field(default_factory=set)
     detokenize: Callable[[], object] | None = None  # factory of a StreamDecoder (push(ids) -> str)
     token_str: Callable[[int], str] | None = None  # readable token text, for the tree view
+    target_tokenizer: object | None = None  # with drafter_tokenizer: a drafter of another vocabulary
+    drafter_tokenizer: object | None = None  # is wrapped in a vocabulary bridge (engine/drafters/vocab.py)
 
     def __post_init__(self) -> None:
         self.target.allocate()
@@ -67,7 +69,17 @@ class Decoder:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
                 dm = dm.with_own_cache()  # self-drafting: shared weights, separate cache
-            self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size, draft_vocab=getattr(dm, "draft_vocab", None))
+            from .drafters.vocab import BridgeDrafter, same_vocabulary
+
+            if same_vocabulary(self.target_tokenizer, self.drafter_tokenizer):
+                self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size, draft_vocab=getattr(dm, "draft_vocab", None))
+            else:
+                self.drafters["model"] = BridgeDrafter(dm, self.target_tokenizer, self.drafter_tokenizer, self.target.vocab_size)
+
+    @property
+    def bridged(self) -> bool:
+        """The drafter model speaks another vocabulary (a bridge translates its drafts)."""
+        return type(self.drafters.get("model")).__name__ == "BridgeDrafter"
 
     @property
     def has_drafter_model(self) -> bool:
@@ -290,8 +302,16 @@ class Decoder:
         mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
-                           max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan)
-        tree = drafter.propose(self.history, req)
+                           max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan,
+                           vocab=s.resolved_vocab(bridged=s.drafter == "model" and self.bridged))
+        try:
+            tree = drafter.propose(self.history, req)
+        except ValueError as e:
+            from .drafters.vocab import BridgeError
+
+            if isinstance(e, BridgeError):
+                raise StrategyError(str(e)) from None
+            raise
         return tree, time.perf_counter() - t0
 
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:

@@ -54,6 +54,8 @@ class ChatSession:
             eos_ids=set(tok.eos_ids) if tok is not None else set(),
             detokenize=(lambda: _stream_decoder(tok)) if tok is not None else None,
             token_str=tok.token_str if tok is not None else None,
+            target_tokenizer=tok,
+            drafter_tokenizer=drafter.tokenizer if drafter is not None else None,
         )
         self.strategy = strategy or default_strategy(self.has_drafter)
 
@@ -76,7 +78,7 @@ class ChatSession:
             drafter_ref = pairing.drafter if pairing else None
         if drafter_ref and drafter_ref not in ("ngram", "none"):
             drf = load(drafter_ref, dtype=dtype, registry=reg, max_context=max_context)
-            check_same_vocab(tgt, drf)
+            check_bridgeable(tgt, drf)
         strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
         if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
             strat = strat.replace(drafter="ngram")
@@ -165,14 +167,10 @@ def default_strategy(has_drafter_model: bool) -> Strategy:
     return preset("sd") if has_drafter_model else preset("pld")
 
 
-def check_same_vocab(target, drafter) -> None:
-    """Same-vocabulary drafting needs the same tokenizer; other pairs need a [vocab] bridge."""
+def check_bridgeable(target, drafter) -> None:
+    """A drafter with another vocabulary is bridged (engine/drafters/vocab.py), which translates
+    text between the two tokenizers: both must be there (without tokenizers, ids are trusted)."""
     from .errors import SpecchatError
 
-    tt, dt = target.tokenizer, drafter.tokenizer
-    if tt is None or dt is None:
-        return  # id-level use (--prompt-ids): trust the caller, sizes are reconciled by the drafter
-    if tt.vocab_size != dt.vocab_size or any(tt.token_str(i) != dt.token_str(i) for i in range(0, tt.vocab_size, max(1, tt.vocab_size // 64))):
-        raise SpecchatError(
-            f"drafter {drafter.name} uses a different vocabulary than {target.name}; "
-            "vocabulary bridges (--vocab tli/slem/slrs) are not available yet: they land with [vocab]")
+    if (target.tokenizer is None) != (drafter.tokenizer is None):
+        raise SpecchatError(f"drafter {drafter.name} and target {target.name} both need a tokenizer to be paired")

@@ -20,7 +20,7 @@ BACKTRACK_MODES = ("replay", "joint", "recompute")
 # Options whose implementation lands in a later issue: they answer clearly instead of falling back.
 NOT_YET = {
     "strategy": {},
-    "vocab": {"union": "[vocab]", "tli": "[vocab]", "slem": "[vocab]", "slrs": "[vocab]"},
+    "vocab": {"slrs": "[vocab] (its engine path is not wired yet)"},
 }
 
 
@@ -86,6 +86,16 @@ class Strategy:
             return "mss"
         return "rs"
 
+    def resolved_vocab(self, bridged: bool) -> str:
+        """The vocabulary bridge in use: "none" for a drafter sharing the target's tokenizer;
+        ``auto`` is slem at T = 0 (exact match loses nothing there) and tli when sampling
+        (heterogeneous-vocab §5: TLI is the sampling default of transformers too)."""
+        if not bridged:
+            return "none"
+        if self.vocab != "auto":
+            return self.vocab
+        return "slem" if self.greedy else "tli"
+
     def label(self) -> str:
         """Short description for status lines."""
         parts = [self.name]
@@ -98,6 +108,8 @@ class Strategy:
         if self.name == "optimal":
             parts.append(f"nodes<={self.node_budget}")
         parts.append(self.resolved_verify())
+        if self.vocab != "auto":
+            parts.append(f"vocab={self.vocab}")
         parts.append("T=0" if self.greedy else f"T={self.temperature:g}")
         return " ".join(parts)
 

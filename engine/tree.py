@@ -68,6 +68,9 @@ class TokenTree:
     draft_probs: "torch.Tensor | None" = None  # [T + 1, V] or None
     sampling: str = "deterministic"
     depth: list[int] = field(default_factory=list)
+    # rows whose (single) drafted child was drawn outside the target's vocabulary and dropped: the
+    # union bridge (Alg. 1); rejection sampling treats the draw as rejected at that row
+    rejected_rows: set[int] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):

@@ -106,7 +106,9 @@ def verify_rejection(
 
     Node i (drawn from draft_probs[i]) is accepted with probability min(1, p(x)/q(x)); at the first
     rejection emit a sample of norm(max(p - q, 0)) at that row; if all are accepted, sample the
-    bonus from p at the last node. Refuses non-chains (use ``verify_mss``).
+    bonus from p at the last node — unless that row is in ``tree.rejected_rows`` (a draw outside
+    the target's vocabulary, union bridge): then it was rejected, and the residual is sampled.
+    Refuses non-chains (use ``verify_mss``).
     """
     if tree.parents != list(range(-1, len(tree) - 1)):
         raise ValueError("rejection sampling verifies a chain; use mss or membership for trees")
@@ -118,7 +120,10 @@ def verify_rejection(
         if not _accept_draft(float(p[x]), float(q[x]), generator):
             return path, sample(residual(p, q), generator)
         path.append(i)
-    return path, sample(target_probs[len(tree)], generator)
+    last = len(tree)
+    if last in tree.rejected_rows:  # the union bridge's draw outside T: p = 0 there, so rejected
+        return path, sample(residual(target_probs[last], draft_probs[last]), generator)
+    return path, sample(target_probs[last], generator)
 
 
 def verify_mss(

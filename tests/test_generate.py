@@ -4,16 +4,14 @@ switch live, sampling strategies keep the target's distribution, ERSD equals rac
 from __future__ import annotations
 
 import itertools
-from collections import Counter
 
 import pytest
-from scipy.stats import chi2_contingency
 
 from engine.generate import Decoder, run_generation
 from engine.loading import load
 from engine.strategy import StrategyError, preset
 
-from .tiny import hf_greedy, saved
+from .tiny import hf_greedy, saved, two_sample_p
 
 PROMPTS = [
     [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9],
@@ -143,15 +141,7 @@ def _samples(dec, prompt, strategy, n_samples, length):
     return outs
 
 
-def _two_sample_p(a, b):
-    keys = sorted(set(a) | set(b))
-    ca, cb = Counter(a), Counter(b)
-    # pool rare outcomes so the chi-square approximation holds
-    table = [[ca[k], cb[k]] for k in keys if ca[k] + cb[k] >= 10]
-    rest = [sum(ca[k] for k in keys if ca[k] + cb[k] < 10), sum(cb[k] for k in keys if ca[k] + cb[k] < 10)]
-    if sum(rest) > 0:
-        table.append(rest)
-    return chi2_contingency(table)[1]
+_two_sample_p = two_sample_p
 
 
 SAMPLING = {

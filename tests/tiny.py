@@ -63,14 +63,33 @@ def hf_model(kind: str, seed: int = 0):
     mt = spec.pop("model_type")
     cfg = AutoConfig.for_model(mt, **spec)
     torch.manual_seed(seed)
-    m = AutoModelForCausalLM.from_config(cfg)
-    # random init gives near-uniform logits; sharpen them so greedy paths are not ties (SSM decay
-    # and skip parameters keep their init: scaling them makes the recurrences degenerate)
+    return sharpen(AutoModelForCausalLM.from_config(cfg)).eval()
+
+
+def sharpen(m):
+    """Random init gives near-uniform logits; sharpen them so greedy paths are not ties (SSM decay
+    and skip parameters keep their init: scaling them makes the recurrences degenerate)."""
     with torch.no_grad():
         for name, p in m.named_parameters():
             if not name.endswith(("A_log", "dt_bias", ".D")):
                 p.mul_(3.0)
-    return m.eval()
+    return m
+
+
+def two_sample_p(a, b) -> float:
+    """Chi-square two-sample p-value of two lists of outcomes (rare outcomes pooled so the
+    approximation holds)."""
+    from collections import Counter
+
+    from scipy.stats import chi2_contingency
+
+    keys = sorted(set(a) | set(b))
+    ca, cb = Counter(a), Counter(b)
+    table = [[ca[k], cb[k]] for k in keys if ca[k] + cb[k] >= 10]
+    rest = [sum(ca[k] for k in keys if ca[k] + cb[k] < 10), sum(cb[k] for k in keys if ca[k] + cb[k] < 10)]
+    if sum(rest) > 0:
+        table.append(rest)
+    return chi2_contingency(table)[1]
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,6 +24,7 @@ class DraftRequest:
     noise_at_depth(d)  Exp(1) noise for the output position at depth d+1 (race mode only)
     max_nodes          hard cap (context room)
     ngram_min/max      n-gram lookup: shortest / longest suffix match tried (model-free drafters)
+    vocab              union | tli | slem: how a drafter with another vocabulary proposes
     """
 
     shape: tuple[int, ...]
@@ -36,6 +37,7 @@ class DraftRequest:
     plan: tuple[int, ...] | None = None  # an arbitrary tree (parent per node, rank order); overrides shape
     ngram_min: int = 2
     ngram_max: int = 6
+    vocab: str = "tli"  # the bridge for a drafter with another vocabulary (engine/drafters/vocab.py)
 
 
 class Drafter(Protocol):

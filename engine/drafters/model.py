@@ -40,11 +40,25 @@ class ModelDrafter:
             model.lm_head_t = model.lm_head_t[:, draft_vocab].contiguous()
             self.draft_vocab = draft_vocab
         self.model = model
+        self._cols: torch.Tensor | None = None  # restrict(): the output columns proposals may use
+        self._col_ids: torch.Tensor | None = self.draft_vocab  # the token id of each usable column (None: the column index)
         self.label = label
         self.model.allocate()
         self.seen: list[int] = []  # tokens committed in the drafter's cache
         self._scratch_tokens: list[int] = []  # token of each scratch node (index = scratch row)
         self._root_logits: torch.Tensor | None = None
+
+    def restrict(self, ids: torch.Tensor | None) -> None:
+        """Propose only tokens in ``ids`` (None: every token): q is renormalised over them. The
+        TLI bridge (engine/drafters/vocab.py) restricts a drafter to the vocabularies'
+        intersection this way."""
+        if ids is None:
+            self._cols, self._col_ids = None, self.draft_vocab
+            return
+        n = min(self.model.vocab_size, self.target_vocab) if self.draft_vocab is None else len(self.draft_vocab)
+        have = self.draft_vocab if self.draft_vocab is not None else torch.arange(n)
+        cols = torch.nonzero(torch.isin(have, ids.to(have.dtype))).flatten()
+        self._cols, self._col_ids = cols, have[cols]
 
     def reset(self) -> None:
         self.model.cache.reset()
@@ -102,11 +116,15 @@ class ModelDrafter:
             return logits[..., : self.target_vocab]
         return logits
 
+    def _view(self, raw: torch.Tensor) -> torch.Tensor:
+        """``raw`` cut to the columns ``restrict`` allows."""
+        return raw if self._cols is None else raw[..., self._cols]
+
     def _top(self, raw: torch.Tensor, k: int) -> list[list[int]]:
-        """Top-k target token ids of every row of ``raw``, best first (one batched topk)."""
+        """Top-k target token ids of every row of ``raw`` (a ``_view``), best first (one batched topk)."""
         idx = torch.topk(raw, min(k, raw.shape[-1]), dim=-1).indices
-        if self.draft_vocab is not None:
-            idx = self.draft_vocab[idx]
+        if self._col_ids is not None:
+            idx = self._col_ids[idx]
         return idx.tolist()
 
     def _fit_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -114,9 +132,9 @@ class ModelDrafter:
         the draft vocabulary can never be proposed."""
         V = self.target_vocab
         logits = logits.float()
-        if self.draft_vocab is not None:
+        if self._col_ids is not None:
             full = torch.full((*logits.shape[:-1], V), float("-inf"))
-            full[..., self.draft_vocab] = logits
+            full[..., self._col_ids] = logits
             return full
         if logits.shape[-1] > V:
             return logits[..., :V]
@@ -137,7 +155,7 @@ class ModelDrafter:
         parents: list[int] = []
         q_rows: dict[int, torch.Tensor] = {}
         frontier: list[tuple[int, int]] = [(-1, -1)]  # (tree node, plan node) of the current depth (-1 = root)
-        logits = root_logits[None]  # (F, V): row f predicts the children of frontier[f]
+        logits = self._view(root_logits[None])  # (F, V): row f predicts the children of frontier[f]
         budget = min(req.max_nodes, cache.capacity - cache.length - 1)
         batch = None  # recurrent drafters: the DraftBatch whose row f is frontier[f]'s state
         srows: list[int] = [-1]  # transformer drafters: the scratch row of each frontier node
@@ -178,7 +196,7 @@ class ModelDrafter:
                 out = self.model.extend(new_tokens, [srows[f] for f in new])
                 self._scratch_tokens.extend(new_tokens)
                 srows = list(range(s0, s0 + len(new)))
-            logits = self._raw(out)
+            logits = self._view(self._raw(out))
             frontier = [nxt[j] for j in keep]
             d += 1
         kind = "deterministic"

@@ -1,0 +1,333 @@
+"""Drafters with another vocabulary (heterogeneous-vocab paper; ALGORITHMS.md §6).
+
+A ``BridgeDrafter`` wraps a drafter model whose tokenizer differs from the target's and answers
+the usual ``propose(history, request) -> TokenTree`` with a tree **in the target's ids**, so the
+verifiers and the decode loop do not change. Text (exactly: bytes) is the common ground:
+
+* the target's history is turned into bytes token by token (``Tokenizer.token_bytes``: byte-level
+  markers and sentencepiece ``▁``/``<0xNN>`` undone, special tokens spelled as written) and
+  re-encoded with the drafter's tokenizer every step, so the drafter always sees the text the
+  target produced, whatever the target's own segmentation (§3.2: the accepted history stays in
+  target tokens; the drafter's copy is derived from it). The drafter's cache keeps its common
+  prefix, so only the new tail runs (KV caching, §3.1);
+* ``VocabMap`` pairs tokens that spell the same bytes (T ∩ D), specials by their text, and the
+  drafter's end-of-sequence with the target's end of turn.
+
+Bridges, per step (``DraftRequest.vocab``):
+
+``tli``   Alg. 4: the drafter's distribution restricted to T ∩ D and renormalised (its output
+          columns outside the intersection are dropped before softmax/top-k), tokens mapped to
+          target ids, q carried over to the target's vocabulary; standard (tree) rejection
+          sampling verifies. Any tree shape or policy.
+``union`` Alg. 1: the drafter samples its full q; a token outside T has p = 0 and is always
+          rejected. The chain stops at that draw and the tree records the rejected draw
+          (``TokenTree.rejected_rows``) so the verifier samples the residual norm(max(p - q|T, 0))
+          there, exactly as rejection sampling over T ∪ D would. Chains only: a sibling drawn
+          outside T has no target row to sit in.
+``slem``  Alg. 2: the drafter's draft is decoded to bytes and re-tokenized with the target's
+          tokenizer, with a look-behind: the pending root token's bytes are re-encoded together
+          with the draft and the proposal starts after the root when that re-encoding keeps it
+          (else the draft alone is encoded). Exact-match verification (greedy at T = 0,
+          target-sampling membership otherwise) makes it lossless for any proposal. Trees work:
+          every root-to-leaf draft is re-tokenized and the results merged into a trie.
+``slrs``  Alg. 3: string-level rejection sampling; see ``engine/slrs.py``.
+
+Race (ERSD) drafting is refused through a bridge: its noise is indexed by target ids.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from ..errors import SpecchatError
+from ..tree import TokenTree
+from .base import DraftRequest
+from .model import ModelDrafter
+
+BRIDGES = ("union", "tli", "slem", "slrs")
+
+
+class BridgeError(SpecchatError, ValueError):
+    """A bridge cannot serve this request (one user-facing line)."""
+
+
+def is_byte_tokenizer(tok) -> bool:
+    from ..tokenizer import ByteTokenizer
+
+    return isinstance(tok, ByteTokenizer) or getattr(tok, "name", "") == "bytes"
+
+
+def token_key(tok, i: int):
+    """What a token means as text: ("special", its text) or ("bytes", the bytes it adds)."""
+    if tok.is_special(i):
+        return ("special", tok.id_to_token(i))
+    return ("bytes", tok.token_bytes(i))
+
+
+def same_vocabulary(a, b) -> bool:
+    """True when two tokenizers give every id the same meaning (no bridge needed)."""
+    if a is None or b is None:
+        return True  # id-level use: trust the caller
+    if a.vocab_size != b.vocab_size:
+        return False
+    step = max(1, a.vocab_size // 512)
+    return all(token_key(a, i) == token_key(b, i) for i in range(0, a.vocab_size, step))
+
+
+class VocabMap:
+    """Token correspondence between a target tokenizer T and a drafter tokenizer D.
+
+    ``d2t[d]`` is the target id spelling the same bytes as drafter token d (-1 if none);
+    ``shared_d`` / ``shared_t`` list the intersection pairs (ascending drafter id). The
+    drafter's EOS maps to the target's first end-of-turn id when their texts differ (a byte
+    drafter's ``<|eos|>`` ends a reply as SmolLM2's ``<|im_end|>`` does).
+    """
+
+    def __init__(self, target_tok, drafter_tok, drafter_vocab: int | None = None):
+        self.target_tok, self.drafter_tok = target_tok, drafter_tok
+        t_index: dict = {}
+        for i in range(target_tok.vocab_size):
+            k = token_key(target_tok, i)
+            if k == ("bytes", b""):
+                continue  # unused ids
+            t_index.setdefault(k, i)
+        D = drafter_vocab or drafter_tok.vocab_size
+        d2t = torch.full((D,), -1, dtype=torch.long)
+        for d in range(min(D, drafter_tok.vocab_size)):
+            k = token_key(drafter_tok, d)
+            if k != ("bytes", b""):
+                d2t[d] = t_index.get(k, -1)
+        self.target_eos = _turn_end(target_tok)
+        if drafter_tok.eos_id is not None and drafter_tok.eos_id < D and d2t[drafter_tok.eos_id] < 0 and self.target_eos is not None:
+            d2t[drafter_tok.eos_id] = self.target_eos
+        self.d2t = d2t
+        self.shared_d = torch.nonzero(d2t >= 0).flatten()
+        self.shared_t = d2t[self.shared_d]
+        self.drafter_eos = drafter_tok.eos_id
+
+    @property
+    def size(self) -> int:
+        return int(self.shared_d.numel())
+
+    def to_target_probs(self, probs_d: torch.Tensor, target_vocab: int) -> torch.Tensor:
+        """q over D (rows) -> q restricted to T ∩ D, laid out over the target's ids (not
+        renormalised: for TLI q is already zero outside the intersection)."""
+        out = torch.zeros(probs_d.shape[0], target_vocab, dtype=probs_d.dtype)
+        out[:, self.shared_t] = probs_d[:, self.shared_d]
+        return out
+
+
+def _turn_end(tok) -> int | None:
+    """The target token that ends a reply: the chat template's end of turn if it has one."""
+    from ..tokenizer import END_OF_TURN_TOKENS
+
+    for name in END_OF_TURN_TOKENS:
+        i = tok.token_to_id(name)
+        if i is not None and i in tok.eos_ids:
+            return i
+    return tok.eos_id if tok.eos_id is not None else (min(tok.eos_ids) if tok.eos_ids else None)
+
+
+class HistoryBytes:
+    """The bytes of a target token history, kept incrementally (common prefix reused)."""
+
+    def __init__(self, tok):
+        self.tok = tok
+        self.ids: list[int] = []
+        self.ends: list[int] = []  # byte offset after each token
+        self.buf = bytearray()
+
+    def of(self, history: Sequence[int]) -> bytes:
+        n = 0
+        m = min(len(self.ids), len(history))
+        while n < m and self.ids[n] == history[n]:
+            n += 1
+        if n < len(self.ids):
+            del self.buf[self.ends[n - 1] if n else 0:]
+            del self.ids[n:], self.ends[n:]
+        for t in history[n:]:
+            self.buf += self.tok.token_bytes(int(t))
+            self.ids.append(int(t))
+            self.ends.append(len(self.buf))
+        return bytes(self.buf)
+
+
+def _utf8_complete(data: bytes) -> int:
+    """Length of the longest prefix of ``data`` that does not end inside a UTF-8 character."""
+    n = len(data)
+    for back in range(1, min(4, n) + 1):
+        b = data[n - back]
+        if b & 0xC0 == 0x80:  # continuation byte: keep looking for the lead byte
+            continue
+        need = 1 if b < 0x80 else 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+        return n if back >= need else n - back
+    return n
+
+
+class BridgeDrafter:
+    """A drafter model with its own tokenizer, proposing trees in the target's ids."""
+
+    name = "bridge"
+
+    def __init__(self, model, target_tok, drafter_tok, target_vocab: int, label: str = "model"):
+        D = max(int(getattr(model, "vocab_size", 0) or 0), drafter_tok.vocab_size)
+        self.map = VocabMap(target_tok, drafter_tok, D)
+        if self.map.size == 0:
+            raise BridgeError("the drafter's vocabulary shares no token with the target's: no bridge can work")
+        self.inner = ModelDrafter(model, D, label=label)
+        self.target_tok, self.drafter_tok = target_tok, drafter_tok
+        self.target_vocab = target_vocab
+        self.bytes = HistoryBytes(target_tok)
+        self.byte_level = is_byte_tokenizer(drafter_tok)
+        self.last: dict = {}  # telemetry of the last proposal (bridge, drafted tokens, proposals)
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.bytes = HistoryBytes(self.target_tok)
+
+    # ---- history ----------------------------------------------------------------------------------
+    def drafter_history(self, history: Sequence[int]) -> tuple[list[int], bytes]:
+        """The drafter's ids for the target's history, and the trailing bytes it does not see yet
+        (an unfinished UTF-8 character, for text tokenizers)."""
+        data = self.bytes.of(history)
+        if self.byte_level:
+            return list(data), b""
+        cut = _utf8_complete(data)
+        ids = self.drafter_tok.encode(data[:cut].decode("utf-8", errors="replace"))
+        return ids or [self.drafter_tok.bos_id or 0], data[cut:]
+
+    # ---- proposals --------------------------------------------------------------------------------
+    def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
+        bridge = req.vocab if req.vocab in BRIDGES else "tli"
+        if req.mode == "race":
+            raise BridgeError("ersd races on target ids; with a drafter of another vocabulary use sd, tree, mab or optimal")
+        hist_d, held = self.drafter_history(history)
+        if bridge == "tli":
+            self.inner.restrict(self.map.shared_d)
+        else:
+            self.inner.restrict(None)
+        if bridge == "union":
+            if req.plan is not None and any(p != i - 1 for i, p in enumerate(req.plan)) or any(n != 1 for n in req.shape):
+                raise BridgeError("the union bridge verifies chains only (a draw outside the target's vocabulary has no "
+                                  "target row); use tli for trees")
+            return self._union(hist_d, req)
+        if bridge == "slem":
+            return self._slem(history, hist_d, held, req)
+        if bridge == "slrs":
+            raise BridgeError("slrs drafts through engine.slrs, not as a tree")
+        return self._tli(hist_d, req)
+
+    def _tli(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
+        tree = self.inner.propose(hist_d, req)
+        tokens = self.map.d2t[torch.tensor(tree.tokens, dtype=torch.long)].tolist() if len(tree) else []
+        probs = self.map.to_target_probs(tree.draft_probs, self.target_vocab) if tree.draft_probs is not None else None
+        self.last = {"bridge": "tli", "drafted": len(tree)}
+        return TokenTree(tokens, list(tree.parents), probs, tree.sampling)
+
+    def _union(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
+        tree = self.inner.propose(hist_d, req)
+        tokens: list[int] = []
+        rejected: set[int] = set()
+        for d in tree.tokens:  # a chain: node i hangs under row i
+            t = int(self.map.d2t[d])
+            if t < 0:
+                rejected.add(len(tokens))  # row len(tokens) drew a token outside T: rejected for sure
+                break
+            tokens.append(t)
+        probs = None
+        if tree.draft_probs is not None:
+            probs = self.map.to_target_probs(tree.draft_probs[: len(tokens) + 1], self.target_vocab)
+        self.last = {"bridge": "union", "drafted": len(tree), "outside_target": len(rejected)}
+        kind = tree.sampling if probs is not None else "deterministic"
+        if req.mode == "greedy" or req.temperature <= 0:
+            rejected = set()  # greedy verification ignores q: nothing to record
+        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), probs, kind, rejected_rows=rejected)
+
+    def _slem(self, history: Sequence[int], hist_d: list[int], held: bytes, req: DraftRequest) -> TokenTree:
+        from dataclasses import replace
+
+        greedy = req.mode == "greedy" or req.temperature <= 0
+        tree = self.inner.propose(hist_d, replace(req, mode="greedy" if greedy else "sample"))
+        root = int(history[-1])
+        root_bytes = self.target_tok.token_bytes(root)
+        trie: dict[tuple[int, int], int] = {}  # (parent node, target token) -> node
+        tokens: list[int] = []
+        parents: list[int] = []
+        for leaf_path in _leaf_paths(tree):
+            proposal = self._retokenize([tree.tokens[i] for i in leaf_path], root, root_bytes, held)
+            parent = -1
+            for t in proposal[: req.max_nodes]:
+                node = trie.get((parent, t))
+                if node is None:
+                    if len(tokens) >= req.max_nodes:
+                        break
+                    node = len(tokens)
+                    trie[(parent, t)] = node
+                    tokens.append(t)
+                    parents.append(parent)
+                parent = node
+        self.last = {"bridge": "slem", "drafted": len(tree), "proposed": len(tokens)}
+        return TokenTree(tokens, parents, None, "deterministic")
+
+    def _retokenize(self, draft_d: list[int], root: int, root_bytes: bytes, held: bytes) -> list[int]:
+        """Drafter tokens -> the target tokens that continue the history after the root
+        (SLEM, Alg. 2 line 7, with the look-behind of §3.2)."""
+        data = bytearray()
+        eos = False
+        for d in draft_d:
+            if d == self.map.drafter_eos or self.drafter_tok.is_special(d):
+                eos = d == self.map.drafter_eos
+                break
+            data += self.drafter_tok.token_bytes(d)
+        if held:  # the drafter did not see the end of an unfinished character: its draft must redo it
+            if not data.startswith(held):
+                return []
+            data = data[len(held):]
+        data = bytes(data[: _utf8_complete(bytes(data))])
+        out: list[int] = []
+        if data:
+            tok = self.target_tok
+            if root_bytes and not tok.is_special(root):
+                both = tok.encode((root_bytes + data).decode("utf-8", errors="replace"))
+                if both and both[0] == root:
+                    out = self._spelling(both[1:], data)
+            if not out:
+                out = self._spelling(tok.encode(data.decode("utf-8", errors="replace")), data)
+        if eos and self.map.target_eos is not None:
+            out.append(self.map.target_eos)
+        return out
+
+
+    def _spelling(self, ids: list[int], data: bytes) -> list[int]:
+        """The longest prefix of ``ids`` whose bytes spell a prefix of ``data``: an encoder may add
+        what the draft did not say (a sentencepiece prefix space, a normalised character)."""
+        out, n = [], 0
+        for t in ids:
+            b = self.target_tok.token_bytes(t)
+            if not b or data[n:n + len(b)] != b:
+                break
+            out.append(t)
+            n += len(b)
+        return out
+
+
+def _leaf_paths(tree: TokenTree) -> list[list[int]]:
+    """Node indices of every root-to-leaf path."""
+    if not len(tree):
+        return []
+    has_child = [False] * len(tree)
+    for p in tree.parents:
+        if p >= 0:
+            has_child[p] = True
+    paths = []
+    for leaf in range(len(tree)):
+        if has_child[leaf]:
+            continue
+        path, r = [], leaf
+        while r >= 0:
+            path.append(r)
+            r = tree.parents[r]
+        paths.append(path[::-1])
+    return paths

@@ -1,0 +1,280 @@
+"""Vocabulary bridges (heterogeneous-vocab paper; engine/drafters/vocab.py): token maps on real
+tokenizer pairs, SLEM's re-tokenization, greedy equivalence for every bridge, distribution tests
+for union and TLI, and a permuted-vocabulary drafter that bridges back to perfect agreement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.drafters.base import DraftRequest
+from engine.drafters.vocab import BridgeDrafter, VocabMap, same_vocabulary
+from engine.generate import Decoder, run_generation
+from engine.loading import load
+from engine.strategy import StrategyError, preset
+from engine.tokenizer import ByteTokenizer
+
+from .tiny import saved, sharpen, two_sample_p
+from .vocab_pairs import permuted, smollm2, trained_bpe
+
+ALPHA = "abcdefghijklmnopqrstuvwxyz .,"
+
+
+def tokens_of(events):
+    return [t for e in events for t in e.emitted]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("vocab"))
+
+
+def tiny_model(root: str, name: str, vocab: int, kind: str = "llama", seed: int = 0) -> Path:
+    """A tiny random model with ``vocab`` ids (transformers save_pretrained), sharpened as tests/tiny.py does."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, Mamba2Config
+
+    path = Path(root) / f"{name}-{vocab}-{kind}-{seed}"
+    if (path / "config.json").exists():
+        return path
+    if kind == "llama":
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=1, max_position_embeddings=1024, tie_word_embeddings=False)
+    else:
+        cfg = Mamba2Config(vocab_size=vocab, hidden_size=32, num_hidden_layers=1, num_heads=4, head_dim=16, state_size=8,
+                           n_groups=1, expand=2, conv_kernel=4, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    sharpen(AutoModelForCausalLM.from_config(cfg)).save_pretrained(path)
+    return path
+
+
+def permuted_copy(src: Path, dst: Path, perm: list[int]) -> Path:
+    """The model at ``src`` with its vocabulary re-indexed: new id d is old id perm[d]."""
+    from transformers import AutoModelForCausalLM
+
+    if (dst / "config.json").exists():
+        return dst
+    m = AutoModelForCausalLM.from_pretrained(src)
+    idx = torch.tensor(perm)
+    with torch.no_grad():
+        m.get_input_embeddings().weight.copy_(m.get_input_embeddings().weight[idx].clone())
+        m.get_output_embeddings().weight.copy_(m.get_output_embeddings().weight[idx].clone())
+    m.save_pretrained(dst)
+    return dst
+
+
+# ---- token maps ----------------------------------------------------------------------------------------
+PAIRS = {
+    "bytes": lambda: ByteTokenizer(),
+    "bpe-bytelevel": lambda: trained_bpe(1200, "bytelevel"),
+    "bpe-lowercase": lambda: trained_bpe(1200, "metaspace", "lower"),
+    "bpe-collapse": lambda: trained_bpe(1200, "metaspace", "collapse"),
+}
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_vocab_map_pairs_tokens_that_spell_the_same_bytes(pair):
+    t, d = smollm2(), PAIRS[pair]()
+    assert not same_vocabulary(t, d)
+    m = VocabMap(t, d)
+    assert m.size > 200
+    for dd, tt in zip(m.shared_d.tolist(), m.shared_t.tolist()):
+        if d.is_special(dd):
+            continue
+        assert d.token_bytes(dd) == t.token_bytes(tt), (d.token_str(dd), t.token_str(tt))
+    # the drafter's end of sequence ends the target's turn
+    assert m.d2t[d.eos_id] == m.target_eos and t.id_to_token(m.target_eos) == "<|im_end|>"
+    if pair == "bytes":
+        # every byte SmolLM2 has as a token of its own (235 of 256: it lacks e.g. 0xC0, 0xFF), plus EOS
+        singles = {t.token_bytes(i) for i in range(t.vocab_size) if len(t.token_bytes(i)) == 1 and not t.is_special(i)}
+        assert m.size == len(singles) + 1 and len(singles) == 235
+
+
+def test_same_vocabulary_is_not_bridged():
+    t = smollm2()
+    assert same_vocabulary(t, t) and same_vocabulary(None, t)
+    p, _ = permuted(trained_bpe(96, alphabet=ALPHA))
+    assert not same_vocabulary(trained_bpe(96, alphabet=ALPHA), p)
+
+
+# ---- history and re-tokenization ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def smol_byte_bridge(root):
+    """A bridge from a tiny random byte-level Mamba-2 drafter to SmolLM2's tokenizer."""
+    drafter = load(str(tiny_model(root, "bytes", 264, "mamba2"))).model
+    return BridgeDrafter(drafter, smollm2(), ByteTokenizer(), 49152)
+
+
+def test_drafter_history_is_the_exact_text(smol_byte_bridge, root):
+    t = smollm2()
+    text = "<|im_start|>user\nHé, 中文 and emoji 🙂 ok<|im_end|>\n<|im_start|>assistant\n"
+    ids = t.encode(text)
+    hist, held = smol_byte_bridge.drafter_history(ids)
+    assert bytes(hist) == text.encode() and held == b""
+    # an unfinished character: a text drafter waits for the rest of its bytes
+    lower = trained_bpe(1200, "metaspace", "lower")
+    br = BridgeDrafter(load(str(tiny_model(root, "lower", lower.vocab_size, "llama"))).model, t, lower, 49152)
+    cut = [i for i in t.encode("x 🙂")]
+    partial = cut[:-1] if len(t.token_bytes(cut[-1])) < 4 else cut
+    h, held = br.drafter_history(partial)
+    assert lower.decode(h).startswith("x")
+    assert held == b"".join(t.token_bytes(i) for i in partial)[len("x ".encode()):] or held == b""
+
+
+def test_slem_retokenizes_with_a_look_behind(smol_byte_bridge):
+    t = smollm2()
+    br = smol_byte_bridge
+    hello = t.encode("Hello")
+    root = hello[-1]
+    # a draft that starts a new word: exactly the target's tokens for it
+    assert br._retokenize(list(b" world, again"), root, t.token_bytes(root), b"") == t.encode(" world, again")
+    # a draft that finishes the root's word: the look-behind would merge it into one token with the
+    # root, which is not the history; the draft alone is encoded
+    hel = t.encode("Hel")
+    assert len(hel) == 1
+    got = br._retokenize(list(b"lo there"), hel[0], t.token_bytes(hel[0]), b"")
+    assert b"".join(t.token_bytes(i) for i in got) == b"lo there"
+    # the drafter's end of sequence becomes the target's end of turn; a cut character is dropped
+    got = br._retokenize(list(b" ok") + [ByteTokenizer.EOS], root, t.token_bytes(root), b"")
+    assert got == t.encode(" ok") + [t.token_to_id("<|im_end|>")]
+    got = br._retokenize(list(" é".encode())[:-1], root, t.token_bytes(root), b"")
+    assert b"".join(t.token_bytes(i) for i in got) == b" "
+
+
+# ---- greedy: every bridge is plain greedy decoding ----------------------------------------------------------
+GREEDY = [
+    ("tli", preset("sd", draft_len=4, vocab="tli")),
+    ("union", preset("sd", draft_len=4, vocab="union")),
+    ("slem", preset("sd", draft_len=4, vocab="slem")),
+    ("auto", preset("sd", draft_len=4)),
+    ("tli-tree", preset("tree", tree=(2, 2, 1), vocab="tli")),
+    ("slem-tree", preset("tree", tree=(2, 2, 1), vocab="slem")),
+    ("tli-mab", preset("mab", vocab="tli", arms=((2, 1), (1, 1, 1)))),
+    ("slem-optimal", preset("optimal", node_budget=5, vocab="slem")),
+]
+
+
+@pytest.mark.parametrize("pair", ["bytes", "bpe-bytelevel", "bpe-lowercase"])
+def test_every_bridge_is_plain_greedy_on_smollm2_pairs(pair, root):
+    """SmolLM2's tokenizer on a tiny random target; drafters of another vocabulary."""
+    t, d = smollm2(), PAIRS[pair]()
+    target = load(str(tiny_model(root, "smol-target", 49152, "llama"))).model
+    kind = "mamba2" if pair == "bytes" else "llama"
+    drafter = load(str(tiny_model(root, pair, d.vocab_size, kind, seed=1))).model
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=d)
+    assert dec.bridged
+    prompt = t.encode("<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n")
+    ref = tokens_of(run_generation(dec, prompt, preset("ar"), 24)[0])
+    for name, s in GREEDY:
+        assert tokens_of(run_generation(dec, prompt, s, 24)[0]) == ref, name
+
+
+@pytest.fixture(scope="module")
+def self_pair(root):
+    """A tiny target with a trained 96-token BPE, and the same model under shuffled ids with the
+    same shuffle applied to its tokenizer: bridged, the drafter is the target."""
+    tok = trained_bpe(96, alphabet=ALPHA)
+    ptok, perm = permuted(tok, seed=3)
+    src = saved("llama", root)
+    drafter = permuted_copy(src, Path(root) / "llama-permuted", perm)
+    return load(str(src)).model, load(str(drafter)).model, tok, ptok
+
+
+def test_a_permuted_self_drafter_is_accepted_in_full(self_pair):
+    target, drafter, tok, ptok = self_pair
+    dec = Decoder(target, drafter, target_tokenizer=tok, drafter_tokenizer=ptok)
+    assert dec.bridged and dec.drafters["model"].map.size == 96
+    prompt = tok.encode("the cat sat on the mat, and then")
+    ref = tokens_of(run_generation(dec, prompt, preset("ar"), 40)[0])
+    for vocab in ("tli", "union"):
+        evs, summ = run_generation(dec, prompt, preset("sd", draft_len=4, vocab=vocab), 40)
+        assert tokens_of(evs) == ref
+        assert all(e.accepted == e.drafted for e in evs if e.drafted), vocab  # q = p: nothing rejected
+    evs, _ = run_generation(dec, prompt, preset("sd", draft_len=4, vocab="slem"), 40)
+    assert tokens_of(evs) == ref
+    # sampling: TLI's q is p, so rejection sampling accepts every draft
+    evs, _ = run_generation(dec, prompt, preset("sd", draft_len=4, vocab="tli", temperature=1.0, seed=5), 40)
+    drafted = sum(e.drafted for e in evs)
+    assert drafted and sum(e.accepted for e in evs) >= 0.97 * drafted
+
+
+# ---- sampling: union and TLI keep the target's distribution --------------------------------------------------
+def _samples(dec, prompt, strategy, n, length):
+    return [tuple(tokens_of(run_generation(dec, prompt, strategy.replace(seed=s), length)[0])) for s in range(n)]
+
+
+_two_sample_p = two_sample_p
+
+
+@pytest.fixture(scope="module")
+def hetero_pair(root):
+    """Target: tiny llama + a 96-token BPE; drafter: another tiny model + a 96-token BPE trained on
+    other text (shared letters and some merges; other merges exist only in the drafter)."""
+    t = trained_bpe(96, alphabet=ALPHA)
+    d = trained_bpe(96, alphabet=ALPHA, offset=2000)
+    return load(str(saved("llama", root))).model, load(str(saved("draft", root))).model, t, d
+
+
+@pytest.mark.parametrize("case", ["tli-sd", "tli-tree", "union-sd", "slem-sd"])
+def test_bridged_sampling_keeps_the_target_distribution(case, hetero_pair):
+    target, drafter, t, d = hetero_pair
+    m = VocabMap(t, d)
+    assert 0 < m.size < 96  # a partial overlap: union meets draws outside T
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=d)
+    s = {"tli-sd": preset("sd", draft_len=3, vocab="tli", temperature=1.0),
+         "tli-tree": preset("tree", tree=(2, 2), vocab="tli", temperature=1.0),
+         "union-sd": preset("sd", draft_len=3, vocab="union", temperature=1.0),
+         "slem-sd": preset("sd", draft_len=3, vocab="slem", temperature=1.0)}[case]
+    prompt = t.encode("the cat sat on the")
+    runs = [run_generation(dec, prompt, s.replace(seed=i), 12)[0] for i in range(100)]
+    assert sum(e.accepted for r in runs for e in r) > 0  # the bridge's drafts do get accepted
+    ref = _samples(dec, prompt, preset("ar", temperature=1.0), 1500, 2)
+    got = _samples(dec, prompt, s, 1500, 2)
+    assert _two_sample_p(ref, got) > 1e-3
+    bad = _samples(Decoder(drafter), prompt, preset("ar", temperature=1.0), 1500, 2)
+    assert _two_sample_p(ref, bad) < 1e-3
+
+
+def test_union_records_rejected_draws_and_refuses_trees(hetero_pair):
+    target, drafter, t, d = hetero_pair
+    br = BridgeDrafter(drafter, t, d, 96)
+    prompt = t.encode("the cat sat on the")
+    gen = torch.Generator().manual_seed(0)
+    seen = 0
+    for _ in range(200):
+        tree = br.propose(prompt, DraftRequest(shape=(1, 1, 1), mode="sample", temperature=1.0, generator=gen, vocab="union"))
+        if tree.rejected_rows:
+            seen += 1
+            assert tree.rejected_rows == {len(tree)}
+            assert float(tree.draft_probs[len(tree)].sum()) < 1.0  # q restricted to T: the rest was a draw outside
+    assert seen > 0
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=d)
+    with pytest.raises(StrategyError, match="chains only"):
+        run_generation(dec, prompt, preset("tree", tree=(2, 2), vocab="union", temperature=1.0), 5)
+    with pytest.raises(StrategyError, match="ersd"):
+        run_generation(dec, prompt, preset("ersd", temperature=1.0), 5)
+
+
+def test_tli_acceptance_is_at_least_union_s(hetero_pair):
+    """Theorem 4.1 on this pair: per-token acceptance Σ min(p, q') (TLI, q renormalised on T ∩ D)
+    >= Σ min(p, q|T) (union), measured from the models' real distributions at many contexts."""
+    target, drafter, t, d = hetero_pair
+    m = VocabMap(t, d)
+    dec_t, dec_d = Decoder(target), Decoder(drafter)
+    worse = 0
+    for s in range(30):
+        ids = tokens_of(run_generation(dec_t, t.encode("the cat"), preset("ar", temperature=1.0, seed=s), 6)[0])
+        ctx = t.encode("the cat") + ids
+        dec_t.start(ctx)
+        p = torch.softmax(dec_t.target.verify([ctx[-1]], [-1])[-1].float(), -1)
+        text = t.decode(ctx)
+        dctx = d.encode(text)
+        dec_d.start(dctx)
+        q = torch.softmax(dec_d.target.verify([dctx[-1]], [-1])[-1].float(), -1)
+        q_t = torch.zeros(96)
+        q_t[m.shared_t] = q[m.shared_d]
+        union = float(torch.minimum(p, q_t).sum())
+        tli = float(torch.minimum(p, q_t / q_t.sum()).sum())
+        worse += tli < union - 1e-6
+    assert worse == 0
