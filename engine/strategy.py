@@ -20,7 +20,7 @@ BACKTRACK_MODES = ("replay", "joint", "recompute")
 # Options whose implementation lands in a later issue: they answer clearly instead of falling back.
 NOT_YET = {
     "strategy": {},
-    "vocab": {"slrs": "[vocab] (its engine path is not wired yet)"},
+    "vocab": {"slrs": "[vocab] (engine/slrs.py has the algorithm; the decode-loop path is not wired yet)"},
 }
 
 
