@@ -35,11 +35,13 @@ class Row:
     peak_mem_mb: float
     new_tokens: int
     identical: bool | None = None
+    acceptance: float | None = None  # accepted / drafted tokens (None: nothing drafted, or a peer)
 
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy, "engine": self.engine, "prompt": self.prompt, "tokens_per_s": round(self.tokens_per_s, 2),
                 "speedup": round(self.speedup, 3), "mean_accepted": round(self.mean_accepted, 3) if self.mean_accepted is not None else None, "peak_mem_mb": round(self.peak_mem_mb, 1),
-                "new_tokens": self.new_tokens, "identical_to_ar": self.identical}
+                "new_tokens": self.new_tokens, "identical_to_ar": self.identical,
+                "acceptance": round(self.acceptance, 3) if self.acceptance is not None else None}
 
 
 def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
@@ -103,11 +105,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
             identical = (out == ar_out.get(name)) if s.greedy else None
             label = labels[id(s)]
             rows.append(Row(label, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
-                            summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical))
-            t = totals.setdefault((label, "specchat"), [0.0, 0.0, 0.0, 0.0])
+                            summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical,
+                            summ.accepted / summ.drafted if summ.drafted else None))
+            t = totals.setdefault((label, "specchat"), [0.0, 0.0, 0.0, 0.0, 0.0])
             t[0] += summ.new_tokens
             t[1] += summ.decode_s
             t[2] += summ.steps
+            t[3] += summ.drafted
+            t[4] += summ.accepted
             _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
 
     if args.compare:
@@ -119,10 +124,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     ar_total = totals.get(("ar", "specchat"))
     ar_rate = ar_total[0] / ar_total[1] if ar_total and ar_total[1] else 0.0
     summary = []
-    for (sname, engine), (ntok, secs, steps, _) in totals.items():
+    for (sname, engine), (ntok, secs, steps, drafted, accepted) in totals.items():
         rate = ntok / secs if secs else 0.0
         summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, peak_rss_mb(), int(ntok),
-                           all(r.identical for r in rows if r.strategy == sname and r.engine == engine and r.identical is not None) if engine == "specchat" and strategies[0].greedy else None))
+                           all(r.identical for r in rows if r.strategy == sname and r.engine == engine and r.identical is not None) if engine == "specchat" and strategies[0].greedy else None,
+                           accepted / drafted if drafted else None))
     if args.json:
         print(json.dumps({"rows": [r.to_json() for r in rows + summary], "settings": _settings(session, args, len(prompts))}))
     else:
@@ -132,13 +138,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, strategy_from_args):
     """A --strategies entry: NAME, or NAME:PARAM to compare variants in one run —
-    ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` (draft length), ``optimal:24`` (node budget)."""
+    ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` (draft length), ``optimal:24`` (node budget);
+    ``@tli`` / ``@slem`` / ``@slrs`` / ``@union`` picks the vocabulary bridge (``sd:5@slrs``)."""
     from .strategy import from_spec
 
-    name, _, param = spec.partition(":")
+    name, _, param = spec.partition("@")[0].partition(":")
     args.strategy = name
     s = strategy_from_args(args, has_drafter)
-    if not param:
+    if not param and "@" not in spec:
         return s
     try:
         return from_spec(spec, s).validate(has_drafter)
@@ -166,10 +173,11 @@ def _progress(msg: str) -> None:
 def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
     print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}; "
           f"{_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    print(f"{'strategy':<16} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'peak MB':>8} {'same as ar':>10}")
+    print(f"{'strategy':<16} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'acc rate':>8} {'peak MB':>8} {'same as ar':>10}")
     for r in rows:
         same = "" if r.identical is None else ("yes" if r.identical else "NO")
-        print(f"{r.strategy:<16} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {r.peak_mem_mb:8.0f} {same:>10}")
+        rate = "-" if r.acceptance is None else f"{r.acceptance:.2f}"
+        print(f"{r.strategy:<16} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {rate:>8} {r.peak_mem_mb:8.0f} {same:>10}")
 
 
 def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:
@@ -207,7 +215,7 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
             rate = (n - 1) / (tn - t1) if n > 1 and tn > t1 else 0.0
             ident = out == ar_out.get(name) if args.temperature <= 0 else None
             rows.append(Row(label, "transformers", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, peak_rss_mb(), n, ident))
-            t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0])
+            t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0, 0.0])
             t[0] += n - 1
             t[1] += tn - t1
             t[2] += n - 1

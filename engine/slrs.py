@@ -149,6 +149,8 @@ class Procedure:
         one q_batch call per depth; raises PsiTooLarge past ``max_terms`` prefixes."""
         target = self.trie.string.get(t)
         eos_only = t == self.target_eos and target is None
+        if target is None and not eos_only:
+            return 0.0  # a special token other than the end of turn: never proposed
         total = 0.0
         level: list[tuple[tuple[int, ...], int, float]] = [((), 0, 1.0)]  # (prefix, trie node, probability)
         explored = 0

@@ -20,7 +20,7 @@ BACKTRACK_MODES = ("replay", "joint", "recompute")
 # Options whose implementation lands in a later issue: they answer clearly instead of falling back.
 NOT_YET = {
     "strategy": {},
-    "vocab": {"slrs": "[vocab] (engine/slrs.py has the algorithm; the decode-loop path is not wired yet)"},
+    "vocab": {},
 }
 
 
@@ -136,6 +136,9 @@ class Strategy:
             raise StrategyError(f"unknown vocab bridge {self.vocab!r}; choose one of {', '.join(VOCAB_BRIDGES)}")
         if self.vocab in NOT_YET["vocab"]:
             raise StrategyError(f"vocab bridge {self.vocab!r} is not available yet: it lands with {NOT_YET['vocab'][self.vocab]}")
+        if self.vocab != "auto" and self.name in ("pld", "ar") or self.vocab != "auto" and self.drafter == "ngram":
+            raise StrategyError(f"--vocab {self.vocab} bridges a drafter model of another vocabulary; "
+                                f"{'n-gram drafts are' if self.name != 'ar' else 'plain decoding has'} no drafter vocabulary")
         if self.ssm_tree not in SSM_TREE_MODES:
             raise StrategyError(f"unknown --ssm-tree {self.ssm_tree!r}; choose stree or unrolled")
         if self.backtrack not in BACKTRACK_MODES:
@@ -207,10 +210,16 @@ def preset(name: str, **overrides: Any) -> Strategy:
 def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     """A strategy from ``NAME`` or ``NAME:PARAM`` (bench --strategies, models.toml pairings):
     ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` / ``ersd:5`` (draft length), ``optimal:24``
-    (node budget). ``base``: the strategy NAME already built with the caller's other knobs
-    (default: the preset). Not validated here."""
-    name, _, param = spec.strip().partition(":")
+    (node budget); a ``@BRIDGE`` suffix picks the vocabulary bridge (``sd:5@tli``, ``sd@slrs``).
+    ``base``: the strategy NAME already built with the caller's other knobs (default: the
+    preset). Not validated here."""
+    spec, _, vocab = spec.strip().partition("@")
+    name, _, param = spec.partition(":")
     s = base if base is not None else preset(name)
+    if vocab:
+        if vocab not in VOCAB_BRIDGES:
+            raise StrategyError(f"strategy {spec + '@' + vocab!r}: unknown vocab bridge {vocab!r}; choose one of {', '.join(VOCAB_BRIDGES)}")
+        s = s.replace(vocab=vocab)
     if not param:
         return s
     try:

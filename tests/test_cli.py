@@ -67,7 +67,7 @@ def test_ersd_equals_race_ar_from_the_cli(tiny, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["generate", "--target", "/nonexistent/model", "--prompt-ids", "1"], "no such file or directory"),
     (["generate", "--strategy", "mab", "--drafter", "ngram", "--prompt-ids", "1"], "chooses trees for a drafter model"),
-    (["generate", "--vocab", "slrs", "--prompt-ids", "1"], "not available yet"),
+    (["generate", "--vocab", "slrs", "--strategy", "pld", "--prompt-ids", "1"], "no drafter vocabulary"),
     (["generate", "--strategy", "sd", "--prompt-ids", "1"], "needs a drafter model"),
     (["generate", "--tree", "3,x", "--strategy", "tree", "--drafter", "ngram", "--prompt-ids", "1"], "bad tree shape"),
     (["models", "--models", "/nonexistent/models.toml"], "models file not found"),

@@ -128,8 +128,8 @@ def test_invalid_combinations_are_refused():
         preset("sd").validate(has_drafter_model=False)
     with pytest.raises(StrategyError, match="n-gram drafts have none"):
         preset("pld", temperature=1.0, verify="rs").validate()
-    with pytest.raises(StrategyError, match="not available yet"):
-        preset("sd", vocab="slrs").validate()
+    with pytest.raises(StrategyError, match="no drafter vocabulary"):
+        preset("pld", vocab="slrs").validate()
 
 
 # ---- sampling: end-to-end distribution tests ----------------------------------------------------------------

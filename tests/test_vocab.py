@@ -278,3 +278,36 @@ def test_tli_acceptance_is_at_least_union_s(hetero_pair):
         tli = float(torch.minimum(p, q_t / q_t.sum()).sum())
         worse += tli < union - 1e-6
     assert worse == 0
+
+
+# ---- SLRS through the decode loop (byte-level Mamba drafter) --------------------------------------------------
+def test_slrs_is_plain_greedy_with_a_byte_drafter_on_smollm2(root):
+    t = smollm2()
+    target = load(str(tiny_model(root, "smol-target", 49152, "llama"))).model
+    drafter = load(str(tiny_model(root, "bytes", 264, "mamba2", seed=1))).model
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=ByteTokenizer())
+    prompt = t.encode("<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n")
+    ref = tokens_of(run_generation(dec, prompt, preset("ar"), 24)[0])
+    assert tokens_of(run_generation(dec, prompt, preset("sd", draft_len=4, vocab="slrs"), 24)[0]) == ref
+    with pytest.raises(StrategyError, match="chains"):
+        run_generation(dec, prompt, preset("tree", tree=(2, 1), vocab="slrs"), 4)
+
+
+@pytest.fixture(scope="module")
+def byte_pair(root):
+    """Target: tiny llama + a 96-token sentencepiece-style BPE; drafter: a tiny byte-level Mamba-2."""
+    t = trained_bpe(96, alphabet=ALPHA)
+    return (load(str(saved("llama", root))).model, load(str(tiny_model(root, "bytes", 264, "mamba2", seed=2))).model,
+            t, ByteTokenizer())
+
+
+def test_slrs_sampling_keeps_the_target_distribution(byte_pair):
+    target, drafter, t, d = byte_pair
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=d)
+    s = preset("sd", draft_len=3, vocab="slrs", temperature=1.0)
+    prompt = t.encode("the cat sat on the")
+    ref = _samples(dec, prompt, preset("ar", temperature=1.0), 1500, 2)
+    got = _samples(dec, prompt, s, 1500, 2)
+    assert _two_sample_p(ref, got) > 1e-3
+    bad = _samples(Decoder(target), t.encode("the dog sat on the"), preset("ar", temperature=1.0), 1500, 2)
+    assert _two_sample_p(ref, bad) < 1e-3

@@ -216,7 +216,9 @@ class BridgeDrafter:
         if bridge == "slem":
             return self._slem(history, hist_d, held, req)
         if bridge == "slrs":
-            raise BridgeError("slrs drafts through engine.slrs, not as a tree")
+            if held:
+                raise BridgeError("slrs needs the drafter to see every byte of the history (a byte-level drafter)")
+            return self._slrs(hist_d, req)
         return self._tli(hist_d, req)
 
     def _tli(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
@@ -311,6 +313,122 @@ class BridgeDrafter:
             out.append(t)
             n += len(b)
         return out
+
+
+    # ---- SLRS (engine/slrs.py) ------------------------------------------------------------------------
+    def _procedure(self):
+        from ..slrs import Procedure, TargetTrie
+
+        if getattr(self, "_proc", None) is None:
+            dt = self.drafter_tok
+            D = self.inner.target_vocab
+            draft_bytes = [None if (i >= dt.vocab_size or dt.is_special(i)) else dt.token_bytes(i) for i in range(D)]
+            self._proc = Procedure(TargetTrie.of_tokenizer(self.target_tok), draft_bytes, dt.eos_id, self.map.target_eos,
+                                   lookahead=self.slrs_lookahead)
+        return self._proc
+
+    slrs_lookahead = 16
+
+    def _slrs(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
+        """Chain of target tokens, one fresh Alg. 3 procedure per position (each starts from the
+        drafter's state right after the previous token's bytes: the lookahead draws that fixed
+        the previous token are not reused, they are conditioned on its end)."""
+        from ..sampling import probs_from_logits
+
+        if not self.inner.recurrent or set(self.inner.model.fork(1).state) - {"conv", "ssm"}:
+            raise BridgeError("slrs drafts byte by byte from forked states: it needs a pure recurrent (Mamba) drafter")
+        if req.plan is not None and any(p != i - 1 for i, p in enumerate(req.plan)) or any(n != 1 for n in req.shape):
+            raise BridgeError("slrs verifies chains (one procedure per position); use tli or slem for trees")
+        proc = self._procedure()
+        greedy = req.mode == "greedy" or req.temperature <= 0
+        logits = self.inner._sync(hist_d)[None]
+        state = _copy_batch(self.inner.model.fork(1))
+        starts: list[tuple[object, torch.Tensor]] = []  # per position: (state, logits) where its procedure starts
+        tokens: list[int] = []
+        empty_last = False
+        m = len(req.shape) if req.plan is None else len(req.plan)
+        while len(tokens) < min(m, req.max_nodes):
+            starts.append((_copy_batch(state), logits.clone()))
+            seq: list[int] = []
+            snaps = [(state, logits)]  # after k draft tokens of this procedure
+            t = -2
+            while t == -2:
+                if greedy:
+                    d = int(logits[0].argmax())
+                else:
+                    q = probs_from_logits(logits[0].float(), req.temperature, req.top_p)
+                    d = int(torch.multinomial(q, 1, generator=req.generator))
+                seq.append(d)
+                t, used, nbytes = proc.run(seq)
+                if t == -2:
+                    state = _copy_batch(state)
+                    logits = state.step(torch.tensor([d]))
+                    snaps.append((state, logits))
+            if t is None:
+                empty_last = True
+                break
+            tokens.append(t)
+            if t == self.map.target_eos and nbytes == 0:
+                break
+            acc, k = 0, 0
+            while k < len(seq) and acc < nbytes:
+                acc += len(proc.draft_bytes[seq[k]] or b"")
+                k += 1
+            if acc != nbytes or k >= len(snaps):
+                break  # t ends inside a draft token: no drafter state to start the next procedure from
+            state, logits = snaps[k]
+        self._slrs_ctx = {"starts": starts, "tokens": tokens, "empty_last": empty_last, "temperature": req.temperature,
+                          "top_p": req.top_p, "psi": {}}
+        self.last = {"bridge": "slrs", "proposed": len(tokens)}
+        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic")
+
+    def slrs_verify(self, tree: TokenTree, target_logits: torch.Tensor, temperature: float, top_p: float,
+                    generator: torch.Generator | None) -> tuple[list[int], int]:
+        """Alg. 3 along the chain drafted by ``_slrs`` (sampling; at T = 0 exact match does)."""
+        from ..sampling import probs_from_logits, sample
+        from ..slrs import slrs_accept
+
+        ctx = self._slrs_ctx
+        proc = self._procedure()
+        rows = [probs_from_logits(target_logits[i].float(), temperature, top_p) for i in range(len(tree) + 1)]
+
+        def psi_of(i: int, t: int) -> float:
+            key = (i, t)
+            if key not in ctx["psi"]:
+                st, lg = ctx["starts"][i]
+                ctx["psi"][key] = proc.psi(t, lambda prefixes: self._q_after(st, lg, prefixes, ctx["temperature"], ctx["top_p"]))
+            return ctx["psi"][key]
+
+        chain = list(tree.tokens) + ([None] if ctx["empty_last"] else [])
+        path, nxt = slrs_accept(chain, rows, psi_of, generator, greedy=False)
+        path = [i for i in path if i < len(tree)]
+        if nxt is None:
+            nxt = sample(rows[len(tree)], generator)
+        return path, nxt
+
+    def _q_after(self, start, start_logits, prefixes, temperature, top_p) -> torch.Tensor:
+        """The drafter's (tempered) distribution after each prefix of draft tokens, from ``start``."""
+        from ..sampling import probs_from_logits
+
+        L = len(prefixes[0])
+        if L == 0:
+            logits = start_logits.expand(len(prefixes), -1)
+        else:
+            batch = _copy_batch(start, rows=len(prefixes))
+            for j in range(L):
+                logits = batch.step(torch.tensor([p[j] for p in prefixes]))
+        return torch.stack([probs_from_logits(r.float(), temperature, top_p) for r in logits])
+
+
+def _copy_batch(batch, rows: int | None = None):
+    """A private copy of a one-row recurrent DraftBatch (``rows`` copies of its row): pool
+    buffers are shared between forks of one depth and size, snapshots must not be."""
+    from ..ssm_cache import DraftBatch
+
+    n = rows or batch.rows
+    idx = torch.zeros(n, dtype=torch.long) if rows else torch.arange(batch.rows)
+    state = {k: v.index_select(1, idx) for k, v in batch.state.items()}
+    return DraftBatch(batch.model, batch.pool, batch.depth, n, state, batch.start, batch.steps)
 
 
 def _leaf_paths(tree: TokenTree) -> list[list[int]]:
