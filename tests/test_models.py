@@ -127,17 +127,19 @@ def test_bf16_single_row_matmul_matches_multi_row():
             assert all(torch.equal(one, (x[:M] @ W)[:1]) for M in range(2, 9))
 
 
-def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path():
+@pytest.mark.parametrize("P, G, shape", [(301, 3, (3, 2, 2, 1, 1)), (5, 3, (2, 2, 1)), (64, 1, (3, 3, 2, 1)),
+                                          (127, 2, (1, 1, 1, 1)), (190, 3, (4, 1, 1))])
+def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path(P, G, shape):
     """A tree row sees the prefix and its ancestors with siblings' rows masked in between; in bf16
     it must equal attention over those keys laid out contiguously (what plain decoding of that path
     computes), bit for bit."""
     from engine.models.common import cached_attention
 
     g = torch.Generator().manual_seed(0)
-    K, G, E, P = 3, 3, 64, 301
+    K, E = 3, 64
     from engine.policy import plan_from_shape
 
-    parents = list(plan_from_shape((3, 2, 2, 1, 1)))  # packed tree below the root (row 0 = root)
+    parents = list(plan_from_shape(shape))  # packed tree below the root (row 0 = root)
     T = len(parents) + 1
     anc = [[0]]
     for i, p in enumerate(parents):

@@ -195,33 +195,122 @@ def cached_attention(
     k = k_cache[:, :end]
     v = v_cache[:, :end]
     qg = q.reshape(K, G * T, E)  # head h = k*G + g -> rows g*T + t of group k
+    if q.dtype == torch.bfloat16:
+        out = blockwise_attention(qg, k_cache, v_cache, end, mask, scale, T)
+        return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
     # Explicit softmax attention: at these sizes (T <= a few hundred rows, L <= a few thousand)
     # torch's CPU SDPA kernel costs ~0.3-7 ms of fixed overhead per call vs ~30 us for this.
     scores = torch.matmul(qg, k.transpose(1, 2)).float() * scale  # (K, G*T, L)
     if mask is not None:
         scores.masked_fill_(~mask.repeat(G, 1), float("-inf"))
     out = torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)  # (K, G*T, E)
-    if mask is not None and q.dtype == torch.bfloat16:
-        _exact_tree_rows(out, qg, k, v, mask, scale, T)
     return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
 
 
-def _exact_tree_rows(out: torch.Tensor, qg: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     scale: float, T: int) -> None:
-    """Recompute, in place, the rows of a tree pass whose visible keys are not a contiguous prefix
-    (a node sees the committed prefix and its ancestors, with siblings' rows in between).
+ATTN_BLOCK = 64  # keys per block of the bf16 attention's fixed reduction order
 
-    In bf16 the softmax sum and the probabilities-times-values reduction round differently when
-    masked keys sit *between* visible ones than when the same keys are contiguous, which is what
-    plain decoding of the accepted path computes; gathering the visible keys into one contiguous
-    run makes the row bit-identical to that (trailing masked keys, the chain case, do not change
-    the result). Lossless greedy trees in bf16 depend on it (tests/test_smollm2.py)."""
-    lead = mask.int().cumprod(dim=-1).sum(-1)
-    for t in torch.nonzero(lead != mask.sum(-1)).flatten().tolist():
-        idx = torch.nonzero(mask[t]).flatten()
-        rows = torch.arange(t, qg.shape[1], T)  # row t of each of the G query heads of a kv head
-        s = torch.matmul(qg[:, rows], k[:, idx].transpose(1, 2)).float() * scale
-        out[:, rows] = torch.matmul(torch.softmax(s, dim=-1).to(v.dtype), v[:, idx])
+
+def blockwise_attention(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, end: int,
+                        mask: torch.Tensor | None, scale: float, T: int) -> torch.Tensor:
+    """Softmax attention whose every row is computed in the same order whatever the other rows
+    are: bit-identical for one decode row, a chain verify, a tree row and a prefill row that see
+    the same keys. bf16 needs it (lossless means greedy SD == greedy AR in the chosen dtype).
+
+    A row's keys are taken in its own logical order (the committed prefix, then its ancestors)
+    and reduced in blocks of ATTN_BLOCK logical positions: exp-sums and value sums per block
+    (fixed shapes), then added block after block (cumsum: a fixed sequential order). Masked keys
+    *between* visible ones (a tree row's siblings) would shift a plain reduction's vector lanes
+    and round differently; here they never enter a block. Blocks entirely below the rows' common
+    contiguous prefix are read from the cache in place (shared by all rows); only the tail blocks
+    of tree rows with gaps are gathered (at most ATTN_BLOCK + depth keys per row).
+
+    qg (K, G*T, E) bf16; k_cache, v_cache (K, P, E); keys [0, end) are valid; mask (T, end) bool
+    or None (every row sees every key). Returns (K, G*T, E) in qg's dtype.
+    """
+    K, R, E = qg.shape
+    G = R // T
+    B = ATTN_BLOCK
+    if mask is None:
+        lens = torch.full((T,), end)
+        gaps = False
+    else:
+        lead = mask.int().cumprod(dim=-1).sum(-1)  # leading visible keys per row
+        lens = mask.sum(-1)
+        gaps = bool((lead != lens).any())
+    if not gaps:
+        # every row sees a contiguous prefix of the keys: blocks straight from the cache
+        nb = -(-end // B)
+        kb, vb = _padded(k_cache, nb * B), _padded(v_cache, nb * B)
+        valid = torch.arange(nb * B)[None, :] < lens[:, None]  # (T, nb*B)
+        return _blocks(qg, kb, vb, valid.repeat(G, 1), scale, nb, 0, None, None, None)
+    shared = int(lead.min()) // B  # full blocks every row sees in place
+    Bf = shared * B
+    tails = [torch.nonzero(mask[t]).flatten()[Bf:] for t in range(T)]
+    nt = max(-(-len(x) // B) for x in tails)
+    idx = torch.zeros(T, nt * B, dtype=torch.long)
+    tvalid = torch.zeros(T, nt * B, dtype=torch.bool)
+    for t, x in enumerate(tails):
+        idx[t, :len(x)] = x
+        tvalid[t, :len(x)] = True
+    kt = k_cache[:, idx.flatten()].view(K, T, nt * B, E)  # (K, T, nt*B, E): each row's tail, gathered
+    vt = v_cache[:, idx.flatten()].view(K, T, nt * B, E)
+    kb, vb = _padded(k_cache, Bf), _padded(v_cache, Bf)
+    valid = torch.ones(T, Bf, dtype=torch.bool)
+    return _blocks(qg, kb, vb, valid.repeat(G, 1), scale, shared, nt, kt, vt, tvalid.repeat(G, 1))
+
+
+def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x[:, :n], zero-padded when the cache is shorter than n (the pad is masked out)."""
+    if x.shape[1] >= n:
+        return x[:, :n]
+    return torch.cat([x, x.new_zeros(x.shape[0], n - x.shape[1], x.shape[2])], dim=1)
+
+
+def _mm_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b with at least two rows per product (a single bf16 row takes a GEMV path that rounds
+    differently; see ``mm``)."""
+    if a.shape[-2] == 1:
+        return torch.matmul(torch.cat([a, a], dim=-2), b)[..., :1, :]
+    return torch.matmul(a, b)
+
+
+def _blocks(qg, kb, vb, valid, scale, nb, nt, kt, vt, tvalid) -> torch.Tensor:
+    """The block reduction of ``blockwise_attention``: ``nb`` shared blocks (kb, vb: (K, nb*B, E),
+    valid (R, nb*B)) then ``nt`` per-row tail blocks (kt, vt: (K, T, nt*B, E), tvalid (R, nt*B))."""
+    K, R, E = qg.shape
+    B = ATTN_BLOCK
+    parts_s = []
+    if nb:
+        s = _mm_rows(qg, kb.transpose(1, 2)).float() * scale  # (K, R, nb*B)
+        parts_s.append(s.masked_fill_(~valid, float("-inf")))
+    if nt:
+        T = kt.shape[1]
+        G = R // T
+        qt = qg.view(K, G, T, E).transpose(1, 2)  # (K, T, G, E): a row's G heads against its own tail
+        st = _mm_rows(qt, kt.transpose(2, 3)).float() * scale  # (K, T, G, nt*B)
+        st = st.transpose(1, 2).reshape(K, R, nt * B)
+        parts_s.append(st.masked_fill_(~tvalid, float("-inf")))
+    s = parts_s[0] if len(parts_s) == 1 else torch.cat(parts_s, dim=-1)  # (K, R, (nb+nt)*B)
+    m = s.amax(-1, keepdim=True)
+    e = torch.exp(s - m)
+    nblk = nb + nt
+    eb = e.view(K, R, nblk, B)
+    total = eb.sum(-1).cumsum(-1)[..., -1:]  # block sums, added in block order
+    # probabilities in the values' dtype, as a plain bf16 attention does: bf16 GEMMs give every
+    # row the same bits whatever the row count (fp32 GEMMs do not: measured, M = 3 vs 138)
+    p = (eb / total[..., None]).to(vb.dtype)  # (K, R, nblk, B)
+    outs = []
+    if nb:
+        ps = p[:, :, :nb].permute(0, 2, 1, 3)  # (K, nb, R, B)
+        outs.append(_mm_rows(ps, vb.view(K, nb, B, E)))  # (K, nb, R, E)
+    if nt:
+        T = kt.shape[1]
+        G = R // T
+        pt = p[:, :, nb:].reshape(K, G, T, nt, B).permute(0, 2, 3, 1, 4)  # (K, T, nt, G, B)
+        ot = _mm_rows(pt, vt.view(K, T, nt, B, E))  # (K, T, nt, G, E)
+        outs.append(ot.permute(0, 2, 3, 1, 4).reshape(K, nt, R, E))
+    o = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (K, nblk, R, E)
+    return o.float().cumsum(1)[:, -1].to(qg.dtype)  # blocks added in order, in fp32
 
 
 def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
