@@ -41,8 +41,10 @@ from typing import Callable, Sequence
 
 import torch
 
+from .errors import SpecchatError
 
-class PsiTooLarge(ValueError):
+
+class PsiTooLarge(SpecchatError, ValueError):
     """ψ(t) has more terms than allowed (heterogeneous-vocab Lemma 3.1)."""
 
 

@@ -54,9 +54,16 @@ class BridgeError(SpecchatError, ValueError):
 
 
 def is_byte_tokenizer(tok) -> bool:
+    """Ids 0..255 are the 256 bytes and nothing else is text (ByteTokenizer, also once saved and
+    loaded back from its tokenizer.json)."""
     from ..tokenizer import ByteTokenizer
 
-    return isinstance(tok, ByteTokenizer) or getattr(tok, "name", "") == "bytes"
+    if isinstance(tok, ByteTokenizer) or getattr(tok, "name", "") == "bytes":
+        return True
+    if tok is None or tok.vocab_size > 272:
+        return False
+    return all(tok.token_bytes(i) == bytes([i]) for i in range(256)) and all(
+        tok.is_special(i) for i in range(256, tok.vocab_size) if tok.id_to_token(i) is not None)
 
 
 def token_key(tok, i: int):
