@@ -83,6 +83,7 @@ class Arm:
     shape: tuple[int, ...]
     count: int = 0
     total: float = 0.0
+    draft_step_ms: float | None = None  # this shape's own drafting time per depth (EMA)
 
     @property
     def mean(self) -> float:
@@ -121,27 +122,43 @@ class ShapeBandit:
         self.last = max(range(len(self.arms)), key=scores.__getitem__)
         return self.arms[self.last].shape
 
+    def lam(self, shape: tuple[int, ...]) -> float:
+        """λγ for ``shape``: its own measured drafting time per depth over a 1-row target pass.
+        On a GPU a depth of any width costs about the same (the paper's single λγ); on a CPU a wide
+        depth costs more than a chain's, so each arm keeps its own (the shared one until measured)."""
+        a = self._arm(shape)
+        if a is None or a.draft_step_ms is None or not self.times.target_ms:
+            return self.times.lambda_gamma
+        return a.draft_step_ms / self.times.target_ms
+
     def reward(self, shape: tuple[int, ...], emitted: int) -> float:
         rows = len(plan_from_shape(shape)) + 1
         rel = self.cost.relative(rows) if self.cost is not None else 1.0
-        return -(rel + self.times.lambda_gamma * len(shape)) / max(1, emitted)
+        return -(rel + self.lam(shape) * len(shape)) / max(1, emitted)
+
+    def _arm(self, shape: tuple[int, ...]) -> Arm | None:
+        return next((a for a in self.arms if a.shape == tuple(shape)), None)
 
     def update(self, shape: tuple[int, ...], emitted: int, draft_ms: float, verify_ms: float, rows: int) -> float:
         """Book one round for the arm with ``shape``: ``emitted`` tokens, measured times."""
         self.times.update(draft_ms, len(shape), verify_ms, rows, self.cost)
+        a = self._arm(shape)
+        if a is not None and draft_ms > 0 and len(shape):
+            d = draft_ms / len(shape)
+            al = self.times.alpha
+            a.draft_step_ms = d if a.draft_step_ms is None else (1 - al) * a.draft_step_ms + al * d
         r = self.reward(shape, emitted)
-        for a in self.arms:
-            if a.shape == tuple(shape):
-                a.count += 1
-                a.total += r
-                break
+        if a is not None:
+            a.count += 1
+            a.total += r
         self.rounds += 1
         return r
 
     def snapshot(self) -> dict:
         return {"policy": "mab", "rounds": self.rounds, "lambda_gamma": round(self.times.lambda_gamma, 4),
                 "lambda_ucb": self.lambda_ucb,
-                "arms": [{"shape": list(a.shape), "count": a.count, "mean": round(a.mean, 4)} for a in self.arms],
+                "arms": [{"shape": list(a.shape), "count": a.count, "mean": round(a.mean, 4),
+                          "lambda": round(self.lam(a.shape), 4)} for a in self.arms],
                 "chosen": list(self.arms[self.last].shape) if self.last >= 0 else None}
 
 

@@ -143,3 +143,14 @@ def test_policy_telemetry_in_step_events(root):
     assert all(e.policy["policy"] == "optimal" and e.drafted <= 6 for e in steps)
     dec.reset()
     assert dec.policies == {}
+
+
+def test_bandit_charges_each_shape_its_own_drafting_time():
+    """On a CPU a wide depth costs more to draft than a chain's: each arm's λγ is its own."""
+    b = ShapeBandit.of([(1, 1, 1), (3, 3, 1)])
+    b.update((1, 1, 1), 2, draft_ms=3.0, verify_ms=10.0, rows=4)  # 1 ms per depth
+    b.update((3, 3, 1), 2, draft_ms=9.0, verify_ms=10.0, rows=22)  # 3 ms per depth
+    t1 = b.times.target_ms
+    assert b.lam((1, 1, 1)) == pytest.approx(1.0 / t1)
+    assert b.lam((3, 3, 1)) == pytest.approx(3.0 / t1)
+    assert [a["lambda"] for a in b.snapshot()["arms"]] == [round(1.0 / t1, 4), round(3.0 / t1, 4)]
