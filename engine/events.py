@@ -46,6 +46,7 @@ class StepEvent:
     shape: list[int] = field(default_factory=list)  # the tree shape drafted (widths per depth)
     accepted_ranks: list[int] = field(default_factory=list)  # rank among its siblings of each accepted node
     policy: dict[str, Any] | None = None  # mab / optimal telemetry: arms, counts, means, lambdas, ranks
+    bridge: dict[str, Any] | None = None  # vocabulary bridge of a drafter with another vocabulary: name, drafter tokens, proposals
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:

@@ -193,7 +193,7 @@ class Decoder:
                 segments=[(seg_acc, "accepted"), (seg_tgt, "target")],
                 tree_text=[self.token_str(t) for t in tree.tokens] if self.token_str else [],
                 gpu_mb=torch_gpu_mb(), shape=tree.widths(), accepted_ranks=[ranks[i] for i in path] if (ranks := child_ranks(tree.parents)) else [],
-                policy=policy,
+                policy=policy, bridge=self._bridge_telemetry(s),
             )
             if reason is not None:
                 return
@@ -271,6 +271,11 @@ class Decoder:
         else:
             pol.update(tree.parents, path)
         return pol.snapshot()
+
+    def _bridge_telemetry(self, s: Strategy) -> dict | None:
+        if s.name == "ar" or s.drafter != "model" or not self.bridged:
+            return None
+        return dict(self.drafters["model"].last) or None
 
     def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
         text = decoder.flush() if decoder else ""

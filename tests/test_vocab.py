@@ -311,3 +311,17 @@ def test_slrs_sampling_keeps_the_target_distribution(byte_pair):
     assert _two_sample_p(ref, got) > 1e-3
     bad = _samples(Decoder(target), t.encode("the dog sat on the"), preset("ar", temperature=1.0), 1500, 2)
     assert _two_sample_p(ref, bad) < 1e-3
+
+
+def test_bridge_telemetry_reaches_the_step_events_and_the_dashboard(self_pair):
+    from app.widgets.dashboard import policy_text
+
+    target, drafter, tok, ptok = self_pair
+    dec = Decoder(target, drafter, target_tokenizer=tok, drafter_tokenizer=ptok)
+    evs, _ = run_generation(dec, tok.encode("the cat sat"), preset("sd", draft_len=3, vocab="slem"), 24)
+    b = evs[0].bridge
+    assert b["bridge"] == "slem" and b["drafted"] == 3
+    assert sum(e.bridge["proposed"] for e in evs if e.bridge) >= 1
+    assert "vocab bridge slem · 3 drafter tokens" in policy_text(None, b).plain
+    evs, _ = run_generation(Decoder(target, target), tok.encode("the cat sat"), preset("sd", draft_len=3), 4)
+    assert evs[0].bridge is None

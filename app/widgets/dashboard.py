@@ -77,8 +77,17 @@ class BaselineInfo:
     note: str  # e.g. "measured at start, 48 tokens"
 
 
-def policy_text(policy: dict | None) -> Text:
-    """The tree policy's state: bandit arms (mab) or per-rank acceptance (optimal)."""
+def policy_text(policy: dict | None, bridge: dict | None = None) -> Text:
+    """The tree policy's state: bandit arms (mab) or per-rank acceptance (optimal); under it the
+    vocabulary bridge's last step when the drafter speaks another vocabulary."""
+    out = policy_only_text(policy)
+    if bridge:
+        out.append(f"\nvocab bridge {bridge.get('bridge')} · {bridge.get('drafted', 0)} drafter tokens → "
+                   f"{bridge.get('proposed', 0)} target tokens proposed", style="magenta")
+    return out
+
+
+def policy_only_text(policy: dict | None) -> Text:
     if not policy:
         return Text("static tree (no policy running)", style="dim")
     out = Text()
@@ -164,7 +173,8 @@ class Dashboard(VerticalScroll, can_focus=False):
         self.repaints += 1
         stats = self.stats
         self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline))
-        self.query_one("#dash-policy", Static).update(policy_text(stats.last.policy if stats.last else None))
+        last = stats.last
+        self.query_one("#dash-policy", Static).update(policy_text(last.policy if last else None, getattr(last, "bridge", None) if last else None))
         self.query_one("#dash-spark", Sparkline).data = list(stats.per_step)
         self.query_one("#dash-depth", Static).update(depth_bars(stats.acceptance_by_depth()))
         events = list(stats.events)

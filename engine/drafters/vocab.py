@@ -232,7 +232,7 @@ class BridgeDrafter:
         tree = self.inner.propose(hist_d, req)
         tokens = self.map.d2t[torch.tensor(tree.tokens, dtype=torch.long)].tolist() if len(tree) else []
         probs = self.map.to_target_probs(tree.draft_probs, self.target_vocab) if tree.draft_probs is not None else None
-        self.last = {"bridge": "tli", "drafted": len(tree)}
+        self.last = {"bridge": "tli", "drafted": len(tree), "proposed": len(tree)}
         return TokenTree(tokens, list(tree.parents), probs, tree.sampling)
 
     def _union(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
@@ -248,7 +248,7 @@ class BridgeDrafter:
         probs = None
         if tree.draft_probs is not None:
             probs = self.map.to_target_probs(tree.draft_probs[: len(tokens) + 1], self.target_vocab)
-        self.last = {"bridge": "union", "drafted": len(tree), "outside_target": len(rejected)}
+        self.last = {"bridge": "union", "drafted": len(tree), "proposed": len(tokens), "outside_target": len(rejected)}
         kind = tree.sampling if probs is not None else "deterministic"
         if req.mode == "greedy" or req.temperature <= 0:
             rejected = set()  # greedy verification ignores q: nothing to record
@@ -353,6 +353,7 @@ class BridgeDrafter:
         starts: list[tuple[object, torch.Tensor]] = []  # per position: (state, logits) where its procedure starts
         tokens: list[int] = []
         empty_last = False
+        drafted = 0  # drafter tokens drawn, over all procedures
         m = len(req.shape) if req.plan is None else len(req.plan)
         while len(tokens) < min(m, req.max_nodes):
             starts.append((_copy_batch(state), logits.clone()))
@@ -366,6 +367,7 @@ class BridgeDrafter:
                     q = probs_from_logits(logits[0].float(), req.temperature, req.top_p)
                     d = int(torch.multinomial(q, 1, generator=req.generator))
                 seq.append(d)
+                drafted += 1
                 t, used, nbytes = proc.run(seq)
                 if t == -2:
                     state = _copy_batch(state)
@@ -386,7 +388,7 @@ class BridgeDrafter:
             state, logits = snaps[k]
         self._slrs_ctx = {"starts": starts, "tokens": tokens, "empty_last": empty_last, "temperature": req.temperature,
                           "top_p": req.top_p, "psi": {}}
-        self.last = {"bridge": "slrs", "proposed": len(tokens)}
+        self.last = {"bridge": "slrs", "drafted": drafted, "proposed": len(tokens)}
         return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic")
 
     def slrs_verify(self, tree: TokenTree, target_logits: torch.Tensor, temperature: float, top_p: float,
