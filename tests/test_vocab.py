@@ -155,7 +155,7 @@ GREEDY = [
 ]
 
 
-@pytest.mark.parametrize("pair", ["bytes", "bpe-bytelevel", "bpe-lowercase"])
+@pytest.mark.parametrize("pair", ["bytes", "bpe-bytelevel", "bpe-lowercase", "bpe-collapse"])
 def test_every_bridge_is_plain_greedy_on_smollm2_pairs(pair, root):
     """SmolLM2's tokenizer on a tiny random target; drafters of another vocabulary."""
     t, d = smollm2(), PAIRS[pair]()
