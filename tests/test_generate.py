@@ -232,3 +232,17 @@ def test_strategy_specs():
     for bad, msg in (("ar:3", "takes no parameter"), ("tree:3-x", "bad tree shape"), ("sd:x", "invalid literal"), ("nope", "unknown strategy")):
         with pytest.raises(StrategyError, match=msg):
             from_spec(bad)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt_neox", "mamba2", "granite"])
+def test_greedy_strategies_identical_in_bf16(kind, root):
+    """Lossless in the chosen dtype: in bf16 every greedy strategy equals bf16 plain decoding
+    (one-row products run as two, attention reduces keys in a fixed block order)."""
+    target = load(str(saved(kind, root)), dtype="bf16").model
+    dec = Decoder(target, load(str(saved("draft", root)), dtype="bf16").model)
+    strategies = [preset("pld"), preset("sd", draft_len=3), preset("tree", tree=(3, 2, 1)), preset("ersd"),
+                  preset("mab", arms=((2, 1), (1, 1, 1))), preset("optimal", node_budget=6)]
+    for prompt in PROMPTS:
+        ref = tokens_of(run_generation(dec, prompt, preset("ar"), 30)[0])
+        for s in strategies:
+            assert tokens_of(run_generation(dec, prompt, s, 30)[0]) == ref, (kind, s.label())

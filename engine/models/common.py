@@ -325,6 +325,13 @@ def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return x @ w
 
 
+def addmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``b + x @ w`` (torch.addmm) with ``mm``'s guarantee: a single bf16 row runs as two."""
+    if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1:
+        return torch.addmm(b, x.expand(2, -1), w)[:1]
+    return torch.addmm(b, x, w)
+
+
 def as_t(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Store a [out, in] weight transposed and contiguous as [in, out]: `x @ W_t` is the faster
     GEMV layout on this CPU (reference/cpu-performance.md: ~1.4x in fp32)."""

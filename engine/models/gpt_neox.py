@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import as_t, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
+from .common import addmm, as_t, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -124,13 +124,13 @@ class GPTNeoX(CausalLM):
         kc, vc = self.cache.k, self.cache.v
         for i, L in enumerate(self.layers):
             h = F.layer_norm(x, (D,), *L["ln1"], c.layer_norm_eps)
-            qkv = torch.addmm(L["bqkv"], h, L["wqkv"])
+            qkv = addmm(L["bqkv"], h, L["wqkv"])
             q = qkv[:, :D].view(T, H, E).transpose(0, 1)
             k = qkv[:, D:2 * D].view(T, H, E).transpose(0, 1)
             v = qkv[:, 2 * D:].view(T, H, E).transpose(0, 1)
             q = self.rope.apply(q, positions)
             k = self.rope.apply(k, positions)
-            a = torch.addmm(L["bo"], cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale), L["wo"])
+            a = addmm(L["bo"], cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale), L["wo"])
             if c.use_parallel_residual:
                 h2 = F.layer_norm(x, (D,), *L["ln2"], c.layer_norm_eps)
                 x = x + a + self._mlp(h2, L)
@@ -140,7 +140,7 @@ class GPTNeoX(CausalLM):
         return F.layer_norm(x, (D,), *self.ln_f, c.layer_norm_eps)
 
     def _mlp(self, h: torch.Tensor, L: dict) -> torch.Tensor:
-        return torch.addmm(L["b2"], self.act(torch.addmm(L["b1"], h, L["w1"])), L["w2"])
+        return addmm(L["b2"], self.act(addmm(L["b1"], h, L["w1"])), L["w2"])
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return mm(hidden, self.lm_head_t)
