@@ -37,7 +37,9 @@ class ModelDrafter:
             # proposed. Lossless: verification never depends on which tokens were proposed, and q
             # is still a distribution over the target's vocabulary (zero outside the list).
             model = model.with_own_cache()
-            model.lm_head_t = model.lm_head_t[:, draft_vocab].contiguous()
+            from ..models.common import take_cols
+
+            model.lm_head_t = take_cols(model.lm_head_t, draft_vocab)
             self.draft_vocab = draft_vocab
         self.model = model
         self._cols: torch.Tensor | None = None  # restrict(): the output columns proposals may use
