@@ -119,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:
+        for opt in ("max_new_tokens", "max_context"):  # argparse checks the type, not the sign
+            if (getattr(args, opt, None) or 0) < 0:
+                raise SpecchatError(f"--{opt.replace('_', '-')} must be >= 0, got {getattr(args, opt)}")
         if args.cmd == "chat":
             return cmd_chat(args)
         if args.cmd == "generate":

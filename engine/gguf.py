@@ -340,6 +340,8 @@ def _hf_config(md: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
     if md.get("tokenizer.ggml.padding_token_id") is not None:
         cfg["pad_token_id"] = md["tokenizer.ggml.padding_token_id"]
     rot = count("rope.dimension_count", head_dim)
+    if rot > head_dim or rot % 2:
+        raise ModelLoadError(f"{arch}.rope.dimension_count = {rot} does not fit heads of {head_dim} (corrupt metadata?)", path=path)
     if rot != head_dim:
         cfg["partial_rotary_factor"] = rot / head_dim
     kind = get("rope.scaling.type", None)
@@ -379,7 +381,12 @@ def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path) -> tupl
         "output_norm.weight": ("model.norm.weight", None),
     }
     required = set(plan)
-    for i in range(cfg["num_hidden_layers"]):
+    n_layers = cfg["num_hidden_layers"]
+    if n_layers * len(_LAYER_TENSORS) > len(f.tensors):  # a corrupt block_count must not build a huge plan
+        have = next(i for i in range(n_layers) if any(f"blk.{i}.{g}" not in f.tensors for g, _, _ in _LAYER_TENSORS))
+        raise ModelLoadError(f"{arch}.block_count is {n_layers} but the file has the tensors of only {have} blocks "
+                             "(corrupt metadata, or incomplete file)", path=path)
+    for i in range(n_layers):
         for g, h, perm in _LAYER_TENSORS:
             plan[f"blk.{i}.{g}"] = (f"model.layers.{i}.{h}", perm if permuted else None)
             required.add(f"blk.{i}.{g}")

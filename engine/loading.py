@@ -8,6 +8,7 @@ checkpoints only through ``torch.load(weights_only=True)``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -103,6 +104,8 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
          max_context: int | None = None, need_tokenizer: bool = False) -> Loaded:
     """Load REF. The context is the model's own limit, capped at DEFAULT_CONTEXT unless
     ``max_context`` asks for more (or less)."""
+    if max_context is not None and (not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 0):
+        raise ModelLoadError(f"max_context (--max-context) must be a number of tokens >= 0 (0: the default), got {max_context!r}")
     max_context = max_context or DEFAULT_CONTEXT
     name, path = resolve(ref, registry)
     dt = parse_dtype(dtype)
@@ -129,20 +132,133 @@ def read_config(path: Path) -> dict[str, Any]:
         raise ModelLoadError(f"{cfg_path}: invalid JSON ({e})") from None
     if not isinstance(cfg, dict):
         raise ModelLoadError(f"{cfg_path}: expected a JSON object")
+    if cfg.get("model_type") is not None and not isinstance(cfg["model_type"], str):
+        raise ModelLoadError(f"{cfg_path}: model_type must be a string, not {cfg['model_type']!r}")
     if cfg.get("auto_map") and cfg.get("model_type") not in _families():
         raise ModelLoadError(f"{cfg_path}: this model needs its own remote code (auto_map); specchat never runs remote code")
+    _check_config_values(cfg, cfg_path)
     return cfg
 
 
+# Fields several families share: when present (and not null) they must be sane, whatever the family
+# does with them later (a string or a negative size would otherwise fail deep inside a model).
+_SIZE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "d_model", "n_layer")
+_CONTEXT_FIELDS = ("max_position_embeddings", "sliding_window")
+_EPS_FIELDS = ("rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")
+
+
+def _check_config_values(cfg: dict[str, Any], cfg_path: Path) -> None:
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_num(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+    for key in _SIZE_FIELDS:
+        v = cfg.get(key)
+        if v is not None and not (is_int(v) and 0 < v <= 10_000_000):
+            raise ModelLoadError(f"{cfg_path}: config field {key!r} has an absurd value {v!r} (expected a positive integer)")
+    for key in _CONTEXT_FIELDS:
+        v = cfg.get(key)
+        if v is not None and not (is_int(v) and v > 0):
+            raise ModelLoadError(f"{cfg_path}: config field {key!r} has an absurd value {v!r} (expected a positive integer)")
+    for key in _EPS_FIELDS:
+        v = cfg.get(key)
+        if v is not None and not (is_num(v) and 0 <= v < 1):
+            raise ModelLoadError(f"{cfg_path}: config field {key!r} has an absurd value {v!r} (expected a small non-negative number)")
+    v = cfg.get("rope_theta")
+    if v is not None and not (is_num(v) and v > 0):
+        raise ModelLoadError(f"{cfg_path}: config field 'rope_theta' has an absurd value {v!r} (expected a positive number)")
+    for key in ("rope_scaling", "rope_parameters"):
+        v = cfg.get(key)
+        if v is not None and not isinstance(v, dict):
+            raise ModelLoadError(f"{cfg_path}: config field {key!r} must be an object, not {v!r}")
+        factor = (v or {}).get("factor")
+        if factor is not None and not (is_num(factor) and factor > 0):
+            raise ModelLoadError(f"{cfg_path}: {key}.factor has an absurd value {factor!r} (expected a positive number)")
+    for key in ("partial_rotary_factor", "rotary_pct"):
+        v = cfg.get(key)
+        if v is not None and not (is_num(v) and 0 < v <= 1):
+            raise ModelLoadError(f"{cfg_path}: config field {key!r} has an absurd value {v!r} (expected 0 < x <= 1)")
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    kv = cfg.get("num_key_value_heads")
+    if heads and kv and heads % kv:
+        raise ModelLoadError(f"{cfg_path}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv}")
+    if heads and hidden and cfg.get("head_dim") is None and hidden % heads:
+        raise ModelLoadError(f"{cfg_path}: hidden_size {hidden} is not a multiple of num_attention_heads {heads} (and no head_dim is given)")
+
+
 def build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype, max_context: int | None, where: str) -> CausalLM:
+    """The model of a config.json dict and its state dict. Every failure is a one-line
+    ``ModelLoadError`` naming ``where``: the families raise their own for what they check, and a
+    field of the wrong type or a tensor that does not fit is caught here."""
+    try:
+        return _build(cfg, sd, dtype, max_context, where)
+    except ModelLoadError as e:
+        if where in str(e):
+            raise
+        raise ModelLoadError(e.problem, path=where) from None
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError, ArithmeticError, RuntimeError) as e:
+        # a config field of the wrong type or a tensor of the wrong shape that the family did not check
+        msg = (str(e).strip().splitlines() or [""])[0][:200]
+        raise ModelLoadError(f"config and weights do not make a model ({type(e).__name__}: {msg})", path=where) from None
+
+
+def _build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype, max_context: int | None, where: str) -> CausalLM:
     mt = cfg.get("model_type")
     if mt is None and "d_model" in cfg and isinstance(cfg.get("ssm_cfg"), dict):
         return _build_mamba_ssm(cfg, sd, dtype, max_context, where)
     fams = _families()
-    if mt not in fams:
+    if not isinstance(mt, str) or mt not in fams:
         raise ModelLoadError(f"{where}: unknown architecture model_type={mt!r} (supported: {', '.join(sorted(fams))})")
     cfg_cls, model_cls = fams[mt]
-    return model_cls(cfg_cls.from_hf(cfg, where), sd, dtype=dtype, max_context=max_context)
+    model_cfg = cfg_cls.from_hf(cfg, where)
+    _check_shapes(model_cls.family, model_cfg, sd)
+    return model_cls(model_cfg, sd, dtype=dtype, max_context=max_context)
+
+
+def _check_shapes(family: str, c: Any, sd: dict[str, torch.Tensor]) -> None:
+    """Every tensor present must have the shape the config implies (the families check only some;
+    a wrong-shaped one would fail mid-generation, or not at all). Missing ones are the family's to name."""
+    want: dict[str, tuple[int, ...]] = {}
+    if family == "llama":
+        D, F, H, K, E, V = c.hidden_size, c.intermediate_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size
+        want = {"model.embed_tokens.weight": (V, D), "lm_head.weight": (V, D), "model.norm.weight": (D,)}
+        for i in range(c.num_layers):
+            p = f"model.layers.{i}."
+            for name, shape in (("input_layernorm.weight", (D,)), ("post_attention_layernorm.weight", (D,)),
+                                ("self_attn.q_proj.weight", (H * E, D)), ("self_attn.k_proj.weight", (K * E, D)),
+                                ("self_attn.v_proj.weight", (K * E, D)), ("self_attn.o_proj.weight", (D, H * E)),
+                                ("self_attn.q_proj.bias", (H * E,)), ("self_attn.k_proj.bias", (K * E,)),
+                                ("self_attn.v_proj.bias", (K * E,)), ("self_attn.o_proj.bias", (D,)),
+                                ("mlp.gate_proj.weight", (F, D)), ("mlp.up_proj.weight", (F, D)), ("mlp.down_proj.weight", (D, F)),
+                                ("mlp.gate_proj.bias", (F,)), ("mlp.up_proj.bias", (F,)), ("mlp.down_proj.bias", (D,))):
+                want[p + name] = shape
+    elif family == "gpt_neox":
+        D, F, V = c.hidden_size, c.intermediate_size, c.vocab_size
+        want = {"gpt_neox.embed_in.weight": (V, D), "embed_out.weight": (V, D), "lm_head.weight": (V, D),
+                "gpt_neox.final_layer_norm.weight": (D,), "gpt_neox.final_layer_norm.bias": (D,)}
+        for i in range(c.num_layers):
+            p = f"gpt_neox.layers.{i}."
+            for name, shape in (("input_layernorm.weight", (D,)), ("input_layernorm.bias", (D,)),
+                                ("post_attention_layernorm.weight", (D,)), ("post_attention_layernorm.bias", (D,)),
+                                ("attention.query_key_value.weight", (3 * D, D)), ("attention.query_key_value.bias", (3 * D,)),
+                                ("attention.dense.weight", (D, D)), ("attention.dense.bias", (D,)),
+                                ("mlp.dense_h_to_4h.weight", (F, D)), ("mlp.dense_h_to_4h.bias", (F,)),
+                                ("mlp.dense_4h_to_h.weight", (D, F)), ("mlp.dense_4h_to_h.bias", (D,))):
+                want[p + name] = shape
+    elif family == "mamba":
+        D, I = c.hidden_size, c.intermediate_size
+        want = {"backbone.norm_f.weight": (D,)}
+        for i in range(c.num_layers):
+            p = f"backbone.layers.{i}."
+            want.update({p + "norm.weight": (D,), p + "mixer.conv1d.bias": (I,), p + "mixer.dt_proj.bias": (I,),
+                         p + "mixer.in_proj.bias": (2 * I,), p + "mixer.out_proj.bias": (D,)})
+    for name, shape in want.items():
+        t = sd.get(name)
+        if t is not None and tuple(t.shape) != shape:
+            raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")
 
 
 def _build_mamba_ssm(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype, max_context: int | None, where: str) -> CausalLM:
@@ -177,10 +293,33 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             try:
                 obj = torch.load(str(f), map_location="cpu", weights_only=True)  # never unpickle code
             except Exception as e:
-                raise ModelLoadError(f"{f}: cannot load safely with weights_only=True ({str(e).splitlines()[0][:160]})") from None
-            sd.update(obj.get("state_dict", obj) if isinstance(obj, dict) else {})
+                raise ModelLoadError(_pickle_refusal(e), path=f) from None
+            if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
+                obj = obj["state_dict"]
+            if not isinstance(obj, dict):
+                raise ModelLoadError(f"holds a {type(obj).__name__}, not a state dict of tensors", path=f)
+            for k, v in obj.items():
+                if not isinstance(k, str) or not isinstance(v, torch.Tensor):
+                    raise ModelLoadError(f"not a state dict of tensors: entry {str(k)[:80]!r} is a {type(v).__name__} "
+                                         "(refused: only tensors are loaded from pickle checkpoints)", path=f)
+            sd.update(obj)
         return sd
     raise ModelLoadError(f"{path}: no weights (*.safetensors or pytorch_model.bin)")
+
+
+def _pickle_refusal(e: BaseException) -> str:
+    """One line for a pickle that torch.load(weights_only=True) would not load (torch's own text is
+    long, multi-line, has terminal escapes and suggests loading the file unsafely)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    m = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if m:
+        return (f"refused: the pickle holds {m.group(1)}, which is not a tensor; pickle checkpoints are read only with "
+                "torch.load(weights_only=True) and pickled code is never run (convert it to safetensors)")
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    detail = next((ln for ln in reversed(lines) if not ln.startswith(("Weights only load failed", "Check the documentation",
+                                                                       "Please file an issue", "(1)", "(2)"))), None)
+    detail = detail or (lines[0] if lines else type(e).__name__)
+    return f"not readable with torch.load(weights_only=True): corrupt, or not a plain state dict ({detail[:160]})"
 
 
 def _load_hf_dir(name: str, path: Path, dtype: torch.dtype, max_context: int | None) -> Loaded:
@@ -220,6 +359,7 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype, max_context: int | Non
     from .gguf import load_gguf
 
     ck = load_gguf(path)
+    _check_config_values(ck.config, path)
     model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
     _check_tokenizer(ck.tokenizer, model, path)
     return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None))

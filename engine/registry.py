@@ -124,6 +124,8 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
         data = tomllib.loads(p.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read models file ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: TOML syntax error: {e}") from None
     return parse_registry(data, p)
@@ -141,7 +143,7 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
     for i, raw in enumerate(models):
         entry = _typed(raw, MODEL_KEYS, f"{where}: [[model]] #{i + 1}", required=("name",))
         if "role" in entry:
-            bad = [r for r in entry["role"] if r not in ROLES]
+            bad = [r for r in entry["role"] if not isinstance(r, str) or r not in ROLES]
             if bad:
                 raise ConfigError(f"{where}: model {entry['name']!r}: unknown role(s) {bad} (expected {sorted(ROLES)})")
         if not entry.get("hub_id") and not entry.get("local"):
@@ -157,6 +159,13 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
         for k in ("target", "drafter"):
             if entry[k] not in reg.models:
                 raise ConfigError(f"{where}: [[pairing]] #{i + 1} names unknown {k} {entry[k]!r}")
+        if "strategy" in entry:
+            from .strategy import StrategyError, from_spec
+
+            try:
+                from_spec(entry["strategy"])
+            except StrategyError as e:
+                raise ConfigError(f"{where}: [[pairing]] #{i + 1}: bad strategy ({e})") from None
         reg.pairings.append(Pairing(**entry))
     return reg
 

@@ -247,7 +247,10 @@ class Tokenizer:
         extra_eos: list[int] = []
         for src in (gen, mcfg):
             e = src.get("eos_token_id")
-            extra_eos += [e] if isinstance(e, int) else [i for i in (e or []) if isinstance(i, int)]
+            if isinstance(e, int) and not isinstance(e, bool):
+                extra_eos.append(e)
+            elif isinstance(e, list):  # anything else (a float, a string, an object) is ignored
+                extra_eos += [i for i in e if isinstance(i, int) and not isinstance(i, bool)]
         if eos_id is None and extra_eos:
             eos_id = extra_eos[0]
 
