@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from .errors import SpecchatError
 from .tree import parse_shape
 
 STRATEGIES = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd")
@@ -24,7 +25,7 @@ NOT_YET = {
 }
 
 
-class StrategyError(ValueError):
+class StrategyError(SpecchatError, ValueError):
     """An invalid or unavailable combination of knobs; the message is one user-facing line."""
 
 
@@ -138,7 +139,7 @@ class Strategy:
             raise StrategyError(f"vocab bridge {self.vocab!r} is not available yet: it lands with {NOT_YET['vocab'][self.vocab]}")
         if self.vocab != "auto" and self.name in ("pld", "ar") or self.vocab != "auto" and self.drafter == "ngram":
             raise StrategyError(f"--vocab {self.vocab} bridges a drafter model of another vocabulary; "
-                                f"{'n-gram drafts are' if self.name != 'ar' else 'plain decoding has'} no drafter vocabulary")
+                                f"{'n-gram drafts have' if self.name != 'ar' else 'plain decoding has'} no drafter vocabulary")
         if self.ssm_tree not in SSM_TREE_MODES:
             raise StrategyError(f"unknown --ssm-tree {self.ssm_tree!r}; choose stree or unrolled")
         if self.backtrack not in BACKTRACK_MODES:
