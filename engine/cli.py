@@ -54,8 +54,20 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt-ids", default=None, metavar="1,2,3", help="token ids in (checkpoints without a tokenizer)")
 
 
+class _UsageError(Exception):
+    """A command line argparse rejects: main prints it as one line and returns 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad command line is one line (``specchat generate: error: ... (see --help)``)
+    instead of a usage block and a SystemExit."""
+
+    def error(self, message: str):  # noqa: D102 - argparse's hook
+        raise _UsageError(f"{self.prog}: error: {' '.join(message.split())} (see {self.prog} --help)")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="specchat", description="Chat with local models; speculative decoding shown live.")
+    ap = _Parser(prog="specchat", description="Chat with local models; speculative decoding shown live.")
     sub = ap.add_subparsers(dest="cmd")
 
     chat = sub.add_parser("chat", help="the chat TUI (default)")
@@ -108,7 +120,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
         argv = ["chat"] + argv
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except _UsageError as e:
+        print(e, file=sys.stderr)
+        return 2
     from . import USER_OMP_WAIT_POLICY
     from .errors import SpecchatError
 

@@ -71,6 +71,8 @@ def test_ersd_equals_race_ar_from_the_cli(tiny, capsys):
     (["generate", "--strategy", "sd", "--prompt-ids", "1"], "needs a drafter model"),
     (["generate", "--tree", "3,x", "--strategy", "tree", "--drafter", "ngram", "--prompt-ids", "1"], "bad tree shape"),
     (["models", "--models", "/nonexistent/models.toml"], "models file not found"),
+    (["generate", "--max-new-tokens", "abc", "--prompt-ids", "1"], "invalid int value"),  # argparse, one line too
+    (["bogus-command"], "invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, tiny, capsys):
     if "--target" not in argv and argv[0] == "generate":
