@@ -267,6 +267,7 @@ class Decoder:
             return None
         pol = self._policy(s)
         if s.name == "mab":
+            pol.observe(tree.parents, path)
             pol.update(self._last_shape, len(path) + 1, draft_ms, verify_ms, len(tree) + 1)
         else:
             pol.update(tree.parents, path)

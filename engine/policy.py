@@ -104,6 +104,7 @@ class ShapeBandit:
     times: StepTimes = field(default_factory=StepTimes)
     rounds: int = 0
     last: int = -1
+    accept: "OptimalTree" = field(default_factory=lambda: OptimalTree())  # per-rank acceptance, every arm's steps
 
     @classmethod
     def of(cls, shapes: Sequence[Sequence[int]], lambda_ucb: float = 0.3, cost: VerifyCost | None = None) -> "ShapeBandit":
@@ -112,15 +113,55 @@ class ShapeBandit:
         return cls([Arm(tuple(s)) for s in shapes], lambda_ucb, cost)
 
     def choose(self) -> tuple[int, ...]:
-        """Every arm once, then argmax mean + lambda_UCB * sqrt(2 ln t / n_k)."""
-        for i, a in enumerate(self.arms):
-            if a.count == 0:
-                self.last = i
-                return a.shape
-        t = max(1, self.rounds)
-        scores = [a.mean + self.lambda_ucb * math.sqrt(2.0 * math.log(t) / a.count) for a in self.arms]
+        """argmax of mean + lambda_UCB * sqrt(2 ln t / n_k) (eq. 1), where every arm's mean and
+        count include one pseudo-observation: the reward the cost model and the acceptance seen so
+        far (from every arm's steps, by child rank) predict for it. Plain UCB spends its first
+        rounds pulling each arm once; with a few dozen steps per reply on a CPU, where a wide tree
+        can cost twice a chain, that exploration alone loses more than the gap between good arms.
+        The prior lets evidence, not a fixed schedule, decide what is worth trying."""
+        t = self.rounds + len(self.arms)
+        scores = []
+        for a in self.arms:
+            n = a.count + 1
+            mean = (a.total + self.predicted_reward(a.shape)) / n
+            scores.append(mean + self.lambda_ucb * math.sqrt(2.0 * math.log(t) / n))
         self.last = max(range(len(self.arms)), key=scores.__getitem__)
         return self.arms[self.last].shape
+
+    def expected_accepted(self, shape: tuple[int, ...]) -> float:
+        """Expected accepted draft tokens of a static shape under the shared per-rank acceptance:
+        depth d is reached when the target's token was among the top N_j at every j <= d."""
+        total, reach = 0.0, 1.0
+        for n in shape:
+            reach *= min(1.0, sum(self.accept.r(i) for i in range(n)))
+            total += reach
+        return total
+
+    def predicted_reward(self, shape: tuple[int, ...]) -> float:
+        """eq. 2's reward predicted for ``shape`` (its own drafting time when measured, else the
+        measured arms' per-depth time scaled by width: a depth of w rows costs ~(1 + w/16) x a
+        single row's on this CPU, measured with the shipped drafter)."""
+        rows = len(plan_from_shape(shape)) + 1
+        rel = self.cost.relative(rows) if self.cost is not None else 1.0
+        a = self._arm(shape)
+        if a is not None and a.draft_step_ms is not None and self.times.target_ms:
+            lam = a.draft_step_ms / self.times.target_ms
+        else:
+            lam = self._width_scaled_lambda(shape)
+        return -(rel + lam * len(shape)) / (1.0 + self.expected_accepted(shape))
+
+    def _width_scaled_lambda(self, shape: tuple[int, ...]) -> float:
+        def width(sh):
+            return len(plan_from_shape(sh)) / max(1, len(sh))
+
+        known = [(a.draft_step_ms / (1 + width(a.shape) / 16)) for a in self.arms if a.draft_step_ms is not None]
+        if not known or not self.times.target_ms:
+            return self.times.lambda_gamma
+        return sum(known) / len(known) * (1 + width(shape) / 16) / self.times.target_ms
+
+    def observe(self, parents: Sequence[int], accepted: Sequence[int]) -> None:
+        """Acceptance by child rank from a verified tree (shared by all arms' predictions)."""
+        self.accept.update(parents, accepted)
 
     def lam(self, shape: tuple[int, ...]) -> float:
         """λγ for ``shape``: its own measured drafting time per depth over a 1-row target pass.
