@@ -73,3 +73,58 @@ def test_ssd_update_in_bf16_is_as_close_as_torch_s_own_bf16():
     ker_err = (ssd_update(state, xb, Bb, Cb, dt, A, D)[0] - exact).abs().max().item()
     print(f"bf16 inputs: reference err {ref_err:.2e}, kernel err {ker_err:.2e}")
     assert ker_err <= 2 * ref_err + 1e-5
+
+
+def _tree(shape_parents):
+    return torch.tensor(shape_parents, dtype=torch.int64)
+
+
+TREES = [[-1], [-1, 0, 1, 2], [-1, -1, 0, 0, 1, 2, 5], [-1, -1, -1, 0, 0, 1, 1, 2, 3, 4, 5, 6, 7, 9]]
+
+
+@pytest.mark.parametrize("parents", TREES, ids=lambda p: f"T{len(p)}")
+@pytest.mark.parametrize("H, P, G, N", [(1, 1, 1, 1), (4, 16, 2, 16), (6, 7, 3, 9)])
+def test_tree_scan_equals_the_recurrence_and_the_engine_s_quadratic_form(parents, H, P, G, N):
+    from engine.models.mamba2 import tree_scan as engine_tree_scan
+    from kernels.tree_scan import tree_scan, tree_scan_ref
+
+    T = len(parents)
+    state, x, B, C, dt, A, _ = _inputs(1, T, H, P, G, N, seed=T + H)
+    state, x, B, C, dt = state[0], x[0], B[0], C[0], dt[0]
+    par = _tree(parents).to(DEV)
+    y, states = tree_scan(state, x, B, C, dt, A, par, keep_states=True)
+    y_ref, states_ref = tree_scan_ref(state, x, B, C, dt, A, par, keep_states=True)
+    assert torch.allclose(y, y_ref, atol=1e-4, rtol=1e-4) and torch.allclose(states, states_ref, atol=1e-4, rtol=1e-4)
+    anc = torch.eye(T, dtype=torch.bool)
+    for i, q in enumerate(parents):
+        if q >= 0:
+            anc[i] |= anc[q]
+    y_engine = engine_tree_scan(C.cpu(), x.cpu(), B.cpu(), dt.cpu(), (dt * A).cpu(), anc, state.cpu())
+    assert torch.allclose(y.cpu(), y_engine, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("parents", TREES, ids=lambda p: f"T{len(p)}")
+@pytest.mark.parametrize("C, K", [(1, 2), (37, 4), (300, 4), (8, 3)])
+def test_tree_conv1d_equals_its_reference(parents, C, K):
+    from kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
+
+    g = torch.Generator().manual_seed(C + K)
+    T = len(parents)
+    conv_state, x = torch.randn(C, K - 1, generator=g).to(DEV), torch.randn(T, C, generator=g).to(DEV)
+    w, b = torch.randn(K, C, generator=g).to(DEV), torch.randn(C, generator=g).to(DEV)
+    par = _tree(parents).to(DEV)
+    for bias in (b, None):
+        assert torch.allclose(tree_conv1d(conv_state, x, w, bias, par), tree_conv1d_ref(conv_state, x, w, bias, par), atol=1e-5)
+
+
+def test_tree_conv1d_reference_on_a_chain_is_torch_s_causal_conv1d():
+    """Independent oracle for the reference: on a chain the tree conv is an ordinary depthwise
+    causal conv over the committed inputs followed by the chain."""
+    from kernels.tree_conv1d import tree_conv1d_ref
+
+    g = torch.Generator().manual_seed(0)
+    C, K, T = 5, 4, 6
+    conv_state, x, w = torch.randn(C, K - 1, generator=g), torch.randn(T, C, generator=g), torch.randn(K, C, generator=g)
+    seq = torch.cat([conv_state, x.t()], dim=1)[None]  # (1, C, K-1+T)
+    ref = torch.nn.functional.conv1d(seq, w.t()[:, None, :], groups=C)[0].t()  # (T, C)
+    assert torch.allclose(tree_conv1d_ref(conv_state, x, w, None, torch.arange(-1, T - 1)), ref, atol=1e-5)
