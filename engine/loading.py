@@ -53,11 +53,17 @@ class Loaded:
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+    """None is fp32 (the library default); "auto" is the faster of fp32 and bf16 on this machine
+    (engine/dtype_probe.py), the CLI's default."""
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        from .dtype_probe import auto_dtype
+
+        name = auto_dtype()
     table = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if name not in table:
-        raise ModelLoadError(f"unknown dtype {name!r} (fp32 or bf16)")
+        raise ModelLoadError(f"unknown dtype {name!r} (auto, fp32 or bf16)")
     return table[name]
 
 

@@ -162,3 +162,15 @@ def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path(P, G, shape
                                    vc1[:, keys].contiguous(), len(keys) - 1, None, E ** -0.5)
             diffs += not torch.equal(out[r], ref[0])
     assert diffs == 0
+
+
+def test_dtype_auto_picks_a_dtype_by_measurement():
+    from engine.dtype_probe import auto_dtype, cpu_costs
+    from engine.loading import parse_dtype
+
+    c = cpu_costs()
+    assert c["fp32"] > 0 and c["bf16"] > 0
+    assert auto_dtype("cpu") == ("bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32")
+    assert parse_dtype("auto") in (torch.float32, torch.bfloat16)
+    assert parse_dtype(None) == torch.float32  # the library default stays fp32
+    assert auto_dtype("cuda") == "bf16"

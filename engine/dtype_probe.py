@@ -1,0 +1,51 @@
+"""``--dtype auto``: bf16 where a start-up micro-benchmark shows it is faster on this machine.
+
+On CPUs the answer depends on the instruction set (AVX2 converts bf16 in software, AMX/AVX-512
+BF16 do not) and on the weight layout, so it is measured, not assumed: products of the shapes a
+decode step and a verify pass are made of (a projection and a vocabulary-sized head slice, 1 row
+and 8 rows), each in the layout the engine uses for that dtype (engine/models/common.as_t). CUDA
+is always bf16. ~50 ms, once per process.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+
+def _best_of(f, reps: int = 5) -> float:
+    f()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_costs(d: int = 576, f: int = 1536, v: int = 8192) -> dict[str, float]:
+    """Seconds for the probe's products per dtype (min of a few runs)."""
+    from .models.common import as_t
+
+    g = torch.Generator().manual_seed(0)
+    out = {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        ws = [as_t(torch.randn(n, d, generator=g), dt) for n in (f, v)]
+        total = 0.0
+        for rows in (1, 8):
+            x = torch.randn(rows, d, generator=g).to(dt)
+            total += sum(_best_of(lambda w=w: x @ w) for w in ws)
+        out[name] = total
+    return out
+
+
+def auto_dtype(device: str | torch.device = "cpu") -> str:
+    """"bf16" or "fp32" for ``device``: bf16 on CUDA; on CPU bf16 when the probe finds it at least
+    10% faster."""
+    if torch.device(device).type == "cuda":
+        return "bf16"
+    c = cpu_costs()
+    return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
