@@ -39,12 +39,14 @@ if HAS_TRITON:
             k = K - 1 - s
             wk = tl.load(w_ptr + k * C + c, mask=mc, other=0.0).to(tl.float32)
             from_tree = j >= 0
-            v_tree = tl.load(x_ptr + tl.maximum(j, 0) * C + c, mask=mc & from_tree, other=0.0).to(tl.float32)
+            # both candidates are read at clamped (valid) addresses and chosen with where: a scalar
+            # condition inside a block mask is not portable across Triton versions
+            v_tree = tl.load(x_ptr + tl.maximum(j, 0) * C + c, mask=mc, other=0.0).to(tl.float32)
             col = K - 1 + tl.minimum(j, 0)  # j = -e -> conv_state column K-1-e
-            v_state = tl.load(state_ptr + c * (K - 1) + tl.maximum(col, 0), mask=mc & (j < 0), other=0.0).to(tl.float32)
+            v_state = tl.load(state_ptr + c * (K - 1) + tl.maximum(col, 0), mask=mc & (K > 1), other=0.0).to(tl.float32)
             acc += wk * tl.where(from_tree, v_tree, v_state)
-            up = tl.load(par_ptr + tl.maximum(j, 0), mask=from_tree, other=-1)
-            j = tl.where(from_tree, tl.where(up >= 0, up.to(tl.int64), -1), j - 1)
+            up = tl.load(par_ptr + tl.maximum(j, 0)).to(tl.int64)
+            j = tl.where(from_tree, tl.where(up >= 0, up, -1), j - 1)
         tl.store(out_ptr + i * C + c, acc, mask=mc)
 
 

@@ -41,7 +41,9 @@ if HAS_TRITON:
         a = tl.load(A_ptr + h)
         for i in tl.static_range(T):
             par = tl.load(par_ptr + i)
-            Sp = tl.load(states_ptr + par.to(tl.int64) * H * P * N + hp, mask=m2 & (par >= 0), other=0.0)
+            # read a real node's slot even for the root (clamped index), then choose: a scalar
+            # condition inside a block mask is not portable across Triton versions
+            Sp = tl.load(states_ptr + tl.maximum(par, 0).to(tl.int64) * H * P * N + hp, mask=m2, other=0.0)
             Sp = tl.where(par >= 0, Sp, S0)
             x = tl.load(x_ptr + (i * H + h) * P + p, mask=mp, other=0.0).to(tl.float32)
             b = tl.load(B_ptr + (i * G + g) * N + n, mask=mn, other=0.0).to(tl.float32)
