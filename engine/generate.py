@@ -79,7 +79,9 @@ class Decoder:
     @property
     def bridged(self) -> bool:
         """The drafter model speaks another vocabulary (a bridge translates its drafts)."""
-        return type(self.drafters.get("model")).__name__ == "BridgeDrafter"
+        from .drafters.vocab import BridgeDrafter
+
+        return isinstance(self.drafters.get("model"), BridgeDrafter)
 
     @property
     def has_drafter_model(self) -> bool:

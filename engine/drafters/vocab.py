@@ -216,7 +216,7 @@ class BridgeDrafter:
         else:
             self.inner.restrict(None)
         if bridge == "union":
-            if req.plan is not None and any(p != i - 1 for i, p in enumerate(req.plan)) or any(n != 1 for n in req.shape):
+            if not _is_chain(req):
                 raise BridgeError("the union bridge verifies chains only (a draw outside the target's vocabulary has no "
                                   "target row); use tli for trees")
             return self._union(hist_d, req)
@@ -336,15 +336,21 @@ class BridgeDrafter:
 
     slrs_lookahead = 16
 
+    def _pure_recurrent(self) -> bool:
+        """The drafter forks a plain (conv, ssm) state (checked once: a fork allocates)."""
+        if getattr(self, "_pure", None) is None:
+            self._pure = self.inner.recurrent and not set(self.inner.model.fork(1).state) - {"conv", "ssm"}
+        return self._pure
+
     def _slrs(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
         """Chain of target tokens, one fresh Alg. 3 procedure per position (each starts from the
         drafter's state right after the previous token's bytes: the lookahead draws that fixed
         the previous token are not reused, they are conditioned on its end)."""
         from ..sampling import probs_from_logits
 
-        if not self.inner.recurrent or set(self.inner.model.fork(1).state) - {"conv", "ssm"}:
+        if not self._pure_recurrent():
             raise BridgeError("slrs drafts byte by byte from forked states: it needs a pure recurrent (Mamba) drafter")
-        if req.plan is not None and any(p != i - 1 for i, p in enumerate(req.plan)) or any(n != 1 for n in req.shape):
+        if not _is_chain(req):
             raise BridgeError("slrs verifies chains (one procedure per position); use tli or slem for trees")
         proc = self._procedure()
         greedy = req.mode == "greedy" or req.temperature <= 0
@@ -438,6 +444,13 @@ def _copy_batch(batch, rows: int | None = None):
     idx = torch.zeros(n, dtype=torch.long) if rows else torch.arange(batch.rows)
     state = {k: v.index_select(1, idx) for k, v in batch.state.items()}
     return DraftBatch(batch.model, batch.pool, batch.depth, n, state, batch.start, batch.steps)
+
+
+def _is_chain(req: DraftRequest) -> bool:
+    """The request asks for a chain (a plan or a shape with one child per node)."""
+    if req.plan is not None:
+        return all(p == i - 1 for i, p in enumerate(req.plan))
+    return all(n == 1 for n in req.shape)
 
 
 def _leaf_paths(tree: TokenTree) -> list[list[int]]:
