@@ -68,6 +68,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .cli import load_session, strategy_from_args
 
     session = load_session(args)
+    peers = _check_peers(args.compare, session)  # before the long part: a bad --compare fails at once
     if args.ignore_eos:
         session.decoder.eos_ids = set()
     prompts = load_prompts(args.prompts)
@@ -115,11 +116,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
             t[4] += summ.accepted
             _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
 
-    if args.compare:
-        for peer in [x.strip() for x in args.compare.split(",") if x.strip()]:
-            if peer != "transformers":
-                raise SpecchatError(f"--compare {peer!r} is not available yet (transformers only; llama.cpp lands with [speed])")
-            rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals)
+    for peer in peers:
+        bench_peer = _bench_transformers if peer == "transformers" else _bench_llama_cpp
+        rows += bench_peer(session, encoded, N, args, ar_tps, ar_out, totals)
 
     ar_total = totals.get(("ar", "specchat"))
     ar_rate = ar_total[0] / ar_total[1] if ar_total and ar_total[1] else 0.0
@@ -134,6 +133,29 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         _print_table(rows + summary, session, args, len(prompts))
     return 0
+
+
+def _check_peers(compare: str | None, session) -> list[str]:
+    """The --compare list, each checked: known, its package importable, the target readable by it."""
+    peers = []
+    for peer in [x.strip() for x in (compare or "").split(",") if x.strip()]:
+        if peer == "transformers":
+            try:
+                import transformers  # noqa: F401
+            except ImportError:
+                raise SpecchatError("--compare transformers needs the transformers package (pip install transformers)") from None
+        elif peer in ("llama.cpp", "llama-cpp", "llamacpp"):
+            peer = "llama.cpp"
+            try:
+                import llama_cpp  # noqa: F401
+            except ImportError:
+                raise SpecchatError("--compare llama.cpp needs llama-cpp-python (pip install -e '.[peers]' or pip install llama-cpp-python)") from None
+            if session.target.fmt != "gguf":
+                raise SpecchatError("--compare llama.cpp needs a GGUF target (llama.cpp reads GGUF files only)")
+        else:
+            raise SpecchatError(f"--compare {peer!r}: unknown peer (transformers, llama.cpp)")
+        peers.append(peer)
+    return peers
 
 
 def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, strategy_from_args):
@@ -265,3 +287,44 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
         print(f"drafter: {res['drafter']} ({res['dtype']}, {res['threads']} threads)")
         print(f"chain of 5: {out['chain5']:.2f} ms · tree (3,2,2,1,1): {out['tree32211']:.2f} ms · ratio {ratio:.2f}x")
     return 0
+
+
+def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:
+    """llama.cpp (llama-cpp-python, the ``peers`` extra): plain greedy decoding of the same GGUF
+    file (its own quantized kernels: the weights stay Q4_1 etc., so its tokens may differ from
+    ours, which dequantizes), same prompts (our chat-templated ids), same thread count.
+    Prefill is excluded as for every engine: the clock starts at the first generated token and
+    the rate is (n - 1) / (t_n - t_1)."""
+    import llama_cpp
+
+    loaded = session.target
+    threads = _threads()
+    ctx = max(len(ids) for _, ids in encoded) + N + 8
+    llm = llama_cpp.Llama(model_path=str(loaded.path), n_ctx=ctx, n_threads=threads, n_threads_batch=threads,
+                          n_batch=512, verbose=False, logits_all=False)
+    eos = set(session.decoder.eos_ids)
+
+    def run(ids, n):
+        llm.reset()
+        out, times = [], []
+        for tok in llm.generate(ids, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+            times.append(time.perf_counter())
+            out.append(int(tok))
+            if tok in eos or len(out) >= n:
+                break
+        return out, times
+
+    run(encoded[0][1], 8)  # warm-up
+    rows = []
+    for name, ids in encoded:
+        out, times = run(ids, N)
+        n = len(out)
+        rate = (n - 1) / (times[-1] - times[0]) if n > 1 and times[-1] > times[0] else 0.0
+        ident = out == ar_out.get(name) if args.temperature <= 0 else None
+        rows.append(Row("ar", "llama.cpp", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, peak_rss_mb(), n, ident))
+        t = totals.setdefault(("ar", "llama.cpp"), [0.0, 0.0, 0.0, 0.0, 0.0])
+        t[0] += n - 1
+        t[1] += times[-1] - times[0] if n > 1 else 0.0
+        t[2] += n - 1
+        _progress(f"{'ar':>8} {name:<12} {rate:7.1f} tok/s  (llama.cpp {getattr(llama_cpp, '__version__', '?')})")
+    return rows

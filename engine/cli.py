@@ -88,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_strategy_opts(bench)
     bench.add_argument("--strategies", default="ar,pld", help="comma-separated strategies; NAME:PARAM for variants (tree:3-2-2-1-1, sd:4)")
     bench.add_argument("--prompts", default=None, metavar="FILE", help=".json list of {\"text\"} or .txt lines")
-    bench.add_argument("--compare", default=None, metavar="PEERS", help="transformers (plain generate() and prompt lookup)")
+    bench.add_argument("--compare", default=None, metavar="PEERS", help="comma-separated peers measured in the same run: transformers (plain generate() and prompt lookup, same dtype), llama.cpp (plain decoding of the same GGUF via llama-cpp-python)")
     bench.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up generations excluded from timing")
     bench.add_argument("--json", action="store_true")
     bench.add_argument("--verify-cost", action="store_true",

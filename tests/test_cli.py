@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import types
 import time
 
 import pytest
@@ -185,6 +186,38 @@ def test_bench_compares_strategy_variants_in_one_run(tmp_path, smollm2_gguf_path
     assert all(r["mean_accepted"] >= 1 for r in res["rows"] if r["strategy"] != "ar")
     assert main(["bench", "--target", path, "--prompts", str(prompts), "--strategies", "ar:3", "--warmup", "0"]) == 2
     assert "takes no parameter" in capsys.readouterr().err
+
+
+def test_bench_compare_peers_errors_are_one_line(tmp_path, smollm2_gguf_path, capsys, monkeypatch):
+    """`--compare`: an unknown peer, llama.cpp without llama-cpp-python, and llama.cpp on a
+    non-GGUF target are one-line errors (exit 2)."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}]))
+    common = ["bench", "--prompts", str(prompts), "--strategies", "ar", "--max-new-tokens", "2", "--warmup", "0"]
+    assert main(common + ["--target", str(smollm2_gguf_path), "--compare", "vllm"]) == 2
+    assert "unknown peer" in capsys.readouterr().err
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # import fails as if not installed
+    assert main(common + ["--target", str(smollm2_gguf_path), "--compare", "llama.cpp"]) == 2
+    err = capsys.readouterr().err
+    assert "needs llama-cpp-python" in err and len(err.strip().splitlines()) == 1
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(__version__="stub"))
+    target = saved("llama", str(tmp_path))
+    assert main(["bench", "--target", str(target), "--prompt-ids", "1,2,3", "--strategies", "ar", "--max-new-tokens", "2",
+                 "--warmup", "0", "--compare", "llama.cpp"]) == 2
+    assert "needs a GGUF target" in capsys.readouterr().err
+
+
+def test_bench_compare_llama_cpp_runs_the_same_gguf(tmp_path, smollm2_gguf_path, capsys):
+    """With llama-cpp-python installed (the ``peers`` extra): a llama.cpp row per prompt plus ALL,
+    greedy decoding of the same GGUF, tokens/s > 0."""
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python (the peers extra) is not installed")
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}, {"name": "b", "text": "Count to five."}]))
+    res = run_json(capsys, "bench", "--target", str(smollm2_gguf_path), "--prompts", str(prompts), "--strategies", "ar",
+                   "--max-new-tokens", "8", "--warmup", "0", "--compare", "llama.cpp", "--json")
+    rows = [r for r in res["rows"] if r["engine"] == "llama.cpp"]
+    assert {r["prompt"] for r in rows} == {"a", "b", "ALL"}
+    assert all(r["tokens_per_s"] > 0 and r["new_tokens"] >= 2 for r in rows)
 
 
 def test_bench_draft_cost_json(tmp_path, capsys):

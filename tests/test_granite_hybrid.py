@@ -15,6 +15,7 @@ from engine.errors import ModelLoadError
 from engine.generate import Decoder, run_generation
 from engine.loading import read_config, read_state_dict
 from engine.models.granite_hybrid import GraniteHybrid, GraniteHybridConfig
+from engine.models.common import as_t
 from engine.strategy import preset
 
 # transformers logits, state error, and tree helpers are the Mamba-2 tests' (same checks, same tolerances)
@@ -100,7 +101,8 @@ def test_full_forward_matches_transformers(pair):
     assert err <= TOL
     # ... and the attention layers matter: without them the logits move by far more than TOL
     saved = ours.layers
-    ours.layers = [dict(L, wo=torch.zeros_like(L["wo"]), bo=None) if L["kind"] == "attention" else L for L in saved]
+    ours.layers = [dict(L, wo=as_t(torch.zeros(L["wo"].shape[1], L["wo"].shape[0]), L["wo"].dtype), bo=None)
+                   if L["kind"] == "attention" else L for L in saved]
     try:
         assert (ours.full_logits(IDS) - ref).abs().max().item() > 0.5
     finally:

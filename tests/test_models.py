@@ -127,9 +127,21 @@ def test_bf16_single_row_matmul_matches_multi_row():
             assert all(torch.equal(one, (x[:M] @ W)[:1]) for M in range(2, 9))
 
 
+@pytest.fixture(params=["native", "torch"])
+def attn_impl(request, monkeypatch):
+    """Run a test with the C attention kernel (engine/native) and with the torch blockwise one."""
+    from engine import native
+    from engine.models import common
+
+    if request.param == "native" and native.lib() is None:
+        pytest.skip(f"native kernels {native.status()}")
+    monkeypatch.setattr(common, "NATIVE_ATTN", request.param == "native")
+    return request.param
+
+
 @pytest.mark.parametrize("P, G, shape", [(301, 3, (3, 2, 2, 1, 1)), (5, 3, (2, 2, 1)), (64, 1, (3, 3, 2, 1)),
-                                          (127, 2, (1, 1, 1, 1)), (190, 3, (4, 1, 1))])
-def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path(P, G, shape):
+                                          (127, 2, (1, 1, 1, 1)), (190, 3, (4, 1, 1)), (40, 4, (6, 3, 2, 2, 1))])
+def test_bf16_tree_attention_rows_equal_plain_decoding_of_their_path(P, G, shape, attn_impl):
     """A tree row sees the prefix and its ancestors with siblings' rows masked in between; in bf16
     it must equal attention over those keys laid out contiguously (what plain decoding of that path
     computes), bit for bit."""

@@ -34,7 +34,10 @@ def test_logits_match_transformers_gguf(smol, smollm2_gguf_path):
     with torch.no_grad():
         ref = ref_model(torch.tensor([ids])).logits[0]
     out = smol.model.full_logits(ids)
-    assert (ref - out).abs().max().item() <= 1e-4
+    # fp32 rounding only: our projections use oneDNN's pre-packed weights (common.Linear), whose
+    # blocked reduction order differs from transformers' GEMM in the last bits (~1e-5 relative
+    # on logits of magnitude ~25; measured 1.4e-4 absolute)
+    assert (ref - out).abs().max().item() <= 3e-4
 
 
 @pytest.fixture(scope="module")

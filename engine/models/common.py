@@ -143,8 +143,10 @@ class Rope:
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """x: (N, T, E) -> rotated (only the first rot_dim features of each head)."""
-        cos = self.cos[positions]  # (T, R)
-        sin = self.sin[positions]
+        return self.rotate(x, self.cos[positions], self.sin[positions])
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``apply`` with the (T, R) tables of the positions already gathered (once per pass)."""
         r = self.rot_dim
         if r == x.shape[-1]:
             return x * cos + rotate_half(x) * sin
@@ -179,12 +181,15 @@ def cached_attention(
     start: int,
     mask: torch.Tensor | None,
     scale: float,
+    plan: AttnPlan | None = None,
 ) -> torch.Tensor:
     """Write the new K/V at cache rows [start, start + T) and attend over rows [0, start + T).
 
     q (H, T, E); k_new, v_new (K, T, E); k_cache, v_cache (K, P, E); mask (T, L) bool or None
     (None = every row sees every cached row, the single-token decode case). Returns (T, H*E).
     GQA without repeating K/V: the G query heads of one kv head are stacked along the row axis.
+    ``plan``: bf16 only, ``attn_plan(mask, start + T, T, G)`` made once per forward pass and
+    shared by its layers (made here when omitted).
     """
     H, T, E = q.shape
     K = k_new.shape[0]
@@ -192,12 +197,18 @@ def cached_attention(
     end = start + T
     k_cache[:, start:end] = k_new
     v_cache[:, start:end] = v_new
+    if q.dtype == torch.bfloat16:
+        plan = plan or attn_plan(mask, end, T, G)
+        if plan.native is not None and E % 16 == 0 and q.stride(-1) == 1 and k_cache.is_contiguous() and v_cache.is_contiguous():
+            return _native_attention(plan.native, q, k_cache, v_cache, plan, scale)
+        if plan.native is not None:  # a shape the kernel does not take: the torch plan instead
+            plan = attn_plan(mask, end, T, G, native=False)
+        qg = q.reshape(K, G * T, E)  # head h = k*G + g -> rows g*T + t of group k
+        out = blockwise_attention(qg, k_cache, v_cache, plan, scale)
+        return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
+    qg = q.reshape(K, G * T, E)
     k = k_cache[:, :end]
     v = v_cache[:, :end]
-    qg = q.reshape(K, G * T, E)  # head h = k*G + g -> rows g*T + t of group k
-    if q.dtype == torch.bfloat16:
-        out = blockwise_attention(qg, k_cache, v_cache, end, mask, scale, T)
-        return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
     # Explicit softmax attention: at these sizes (T <= a few hundred rows, L <= a few thousand)
     # torch's CPU SDPA kernel costs ~0.3-7 ms of fixed overhead per call vs ~30 us for this.
     scores = torch.matmul(qg, k.transpose(1, 2)).float() * scale  # (K, G*T, L)
@@ -210,8 +221,112 @@ def cached_attention(
 ATTN_BLOCK = 64  # keys per block of the bf16 attention's fixed reduction order
 
 
-def blockwise_attention(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, end: int,
-                        mask: torch.Tensor | None, scale: float, T: int) -> torch.Tensor:
+NATIVE_ATTN = True  # use engine/native's attention kernel for bf16 when it builds (tests switch it)
+
+
+class NativePlan:
+    """The same key layout as the C kernel takes it: row t sees keys [0, lead[t]) then
+    tail[t, :ntail[t]] (int32, contiguous)."""
+
+    __slots__ = ("lead", "lib", "ntail", "stride", "tail")
+
+    def __init__(self, lib, lead: torch.Tensor, tail: torch.Tensor | None, ntail: torch.Tensor | None):
+        self.lib, self.lead, self.tail, self.ntail = lib, lead, tail, ntail
+        self.stride = 0 if tail is None else tail.shape[1]
+
+
+def _native_plan(mask: torch.Tensor | None, end: int, T: int):
+    from .. import native
+
+    lib = native.lib() if NATIVE_ATTN else None
+    if lib is None:
+        return None
+    if mask is None:
+        return NativePlan(lib, torch.full((T,), end, dtype=torch.int32), None, None)
+    lead = mask.int().cumprod(dim=-1).sum(-1)  # leading visible keys per row
+    rest = mask & (torch.arange(mask.shape[1])[None, :] >= lead[:, None])  # visible keys after the lead: tree ancestors
+    r, c = torch.nonzero(rest).unbind(1)
+    if r.numel() == 0:
+        return NativePlan(lib, lead.to(torch.int32), None, None)
+    counts = torch.bincount(r, minlength=T)
+    first = torch.cumsum(counts, 0) - counts
+    tail = torch.zeros(T, int(counts.max()), dtype=torch.int32)
+    tail[r, torch.arange(r.numel()) - first[r]] = c.to(torch.int32)
+    return NativePlan(lib, lead.to(torch.int32), tail, counts.to(torch.int32))
+
+
+def _native_attention(np_: NativePlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      plan: AttnPlan, scale: float) -> torch.Tensor:
+    H, T, E = q.shape
+    K, P, _ = k_cache.shape
+    G = H // K
+    out = torch.empty(T, H * E, dtype=q.dtype)
+    rc = np_.lib.attn_rows_bf16(
+        q.data_ptr(), q.stride(0), q.stride(1), k_cache.data_ptr(), v_cache.data_ptr(), P, K, G, E,
+        np_.lead.data_ptr(), 0 if np_.tail is None else np_.tail.data_ptr(),
+        0 if np_.ntail is None else np_.ntail.data_ptr(), np_.stride, scale, out.data_ptr(), 0, T)
+    if rc != 0:
+        raise MemoryError("attention scratch allocation failed")
+    return out
+
+
+class AttnPlan:
+    """Which keys each row of one forward pass sees, laid out in ``blockwise_attention``'s blocks.
+    It depends only on the mask, so a pass makes it once and every layer reuses it (per layer it
+    cost ~20 small ops, and a python loop over the rows for trees).
+
+    nb: blocks read in place from the cache (keys [0, nb*B)); invalid: (G*T, nb*B) bool of keys a
+    row must not see among them, or None when it sees them all; nt: per-row tail blocks; idx
+    (T*nt*B,) the cache rows of every row's tail keys; tinvalid (G*T, nt*B) their padding.
+    """
+
+    __slots__ = ("G", "T", "idx", "invalid", "native", "nb", "nt", "tinvalid")
+
+    def __init__(self, T: int, G: int, nb: int, invalid: torch.Tensor | None, nt: int = 0,
+                 idx: torch.Tensor | None = None, tinvalid: torch.Tensor | None = None, native: NativePlan | None = None):
+        self.T, self.G, self.nb, self.invalid = T, G, nb, invalid
+        self.nt, self.idx, self.tinvalid = nt, idx, tinvalid
+        self.native = native
+
+
+def attn_plan(mask: torch.Tensor | None, end: int, T: int, G: int, native: bool = True) -> AttnPlan:
+    """The AttnPlan of T rows over keys [0, end) under ``mask`` (T, end) bool, or None: all keys.
+    With the native kernel (engine/native) only its key lists are made."""
+    if native and G <= 64:
+        nat = _native_plan(mask, end, T)
+        if nat is not None:
+            return AttnPlan(T, G, 0, None, native=nat)
+    B = ATTN_BLOCK
+    if mask is None:
+        lens = None
+        gaps = False
+    else:
+        lead = mask.int().cumprod(dim=-1).sum(-1)  # leading visible keys per row
+        lens = mask.sum(-1)
+        gaps = bool((lead != lens).any())
+    if not gaps:
+        # every row sees a contiguous prefix of the keys: blocks straight from the cache
+        nb = -(-end // B)
+        pos = torch.arange(nb * B)
+        if lens is None or bool((lens == end).all()):
+            invalid = None if nb * B == end else (pos >= end)[None, :].expand(G * T, -1)
+        else:
+            invalid = (pos[None, :] >= lens[:, None]).repeat(G, 1)  # (G*T, nb*B)
+        return AttnPlan(T, G, nb, invalid)
+    shared = int(lead.min()) // B  # full blocks every row sees in place
+    Bf = shared * B
+    tails = [torch.nonzero(mask[t]).flatten()[Bf:] for t in range(T)]
+    nt = max(-(-len(x) // B) for x in tails)
+    idx = torch.zeros(T, nt * B, dtype=torch.long)
+    tvalid = torch.zeros(T, nt * B, dtype=torch.bool)
+    for t, x in enumerate(tails):
+        idx[t, :len(x)] = x
+        tvalid[t, :len(x)] = True
+    return AttnPlan(T, G, shared, None, nt, idx.flatten(), (~tvalid).repeat(G, 1))
+
+
+def blockwise_attention(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: AttnPlan,
+                        scale: float) -> torch.Tensor:
     """Softmax attention whose every row is computed in the same order whatever the other rows
     are: bit-identical for one decode row, a chain verify, a tree row and a prefill row that see
     the same keys. bf16 needs it (lossless means greedy SD == greedy AR in the chosen dtype).
@@ -224,39 +339,18 @@ def blockwise_attention(qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.
     contiguous prefix are read from the cache in place (shared by all rows); only the tail blocks
     of tree rows with gaps are gathered (at most ATTN_BLOCK + depth keys per row).
 
-    qg (K, G*T, E) bf16; k_cache, v_cache (K, P, E); keys [0, end) are valid; mask (T, end) bool
-    or None (every row sees every key). Returns (K, G*T, E) in qg's dtype.
+    qg (K, G*T, E) bf16; k_cache, v_cache (K, P, E); ``plan`` from ``attn_plan``. Returns
+    (K, G*T, E) in qg's dtype.
     """
-    K, R, E = qg.shape
-    G = R // T
+    K, _, E = qg.shape
     B = ATTN_BLOCK
-    if mask is None:
-        lens = torch.full((T,), end)
-        gaps = False
-    else:
-        lead = mask.int().cumprod(dim=-1).sum(-1)  # leading visible keys per row
-        lens = mask.sum(-1)
-        gaps = bool((lead != lens).any())
-    if not gaps:
-        # every row sees a contiguous prefix of the keys: blocks straight from the cache
-        nb = -(-end // B)
-        kb, vb = _padded(k_cache, nb * B), _padded(v_cache, nb * B)
-        valid = torch.arange(nb * B)[None, :] < lens[:, None]  # (T, nb*B)
-        return _blocks(qg, kb, vb, valid.repeat(G, 1), scale, nb, 0, None, None, None)
-    shared = int(lead.min()) // B  # full blocks every row sees in place
-    Bf = shared * B
-    tails = [torch.nonzero(mask[t]).flatten()[Bf:] for t in range(T)]
-    nt = max(-(-len(x) // B) for x in tails)
-    idx = torch.zeros(T, nt * B, dtype=torch.long)
-    tvalid = torch.zeros(T, nt * B, dtype=torch.bool)
-    for t, x in enumerate(tails):
-        idx[t, :len(x)] = x
-        tvalid[t, :len(x)] = True
-    kt = k_cache[:, idx.flatten()].view(K, T, nt * B, E)  # (K, T, nt*B, E): each row's tail, gathered
-    vt = v_cache[:, idx.flatten()].view(K, T, nt * B, E)
-    kb, vb = _padded(k_cache, Bf), _padded(v_cache, Bf)
-    valid = torch.ones(T, Bf, dtype=torch.bool)
-    return _blocks(qg, kb, vb, valid.repeat(G, 1), scale, shared, nt, kt, vt, tvalid.repeat(G, 1))
+    kb, vb = _padded(k_cache, plan.nb * B), _padded(v_cache, plan.nb * B)
+    kt = vt = None
+    if plan.nt:
+        T = plan.T
+        kt = k_cache[:, plan.idx].view(K, T, plan.nt * B, E)  # (K, T, nt*B, E): each row's tail, gathered
+        vt = v_cache[:, plan.idx].view(K, T, plan.nt * B, E)
+    return _blocks(qg, kb, vb, plan.invalid, scale, plan.nb, plan.nt, kt, vt, plan.tinvalid)
 
 
 def _padded(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -274,22 +368,23 @@ def _mm_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return torch.matmul(a, b)
 
 
-def _blocks(qg, kb, vb, valid, scale, nb, nt, kt, vt, tvalid) -> torch.Tensor:
+def _blocks(qg, kb, vb, invalid, scale, nb, nt, kt, vt, tinvalid) -> torch.Tensor:
     """The block reduction of ``blockwise_attention``: ``nb`` shared blocks (kb, vb: (K, nb*B, E),
-    valid (R, nb*B)) then ``nt`` per-row tail blocks (kt, vt: (K, T, nt*B, E), tvalid (R, nt*B))."""
+    invalid (R, nb*B) or None) then ``nt`` per-row tail blocks (kt, vt: (K, T, nt*B, E), tinvalid
+    (R, nt*B))."""
     K, R, E = qg.shape
     B = ATTN_BLOCK
     parts_s = []
     if nb:
         s = _mm_rows(qg, kb.transpose(1, 2)).float() * scale  # (K, R, nb*B)
-        parts_s.append(s.masked_fill_(~valid, float("-inf")))
+        parts_s.append(s if invalid is None else s.masked_fill_(invalid, float("-inf")))
     if nt:
         T = kt.shape[1]
         G = R // T
         qt = qg.view(K, G, T, E).transpose(1, 2)  # (K, T, G, E): a row's G heads against its own tail
         st = _mm_rows(qt, kt.transpose(2, 3)).float() * scale  # (K, T, G, nt*B)
         st = st.transpose(1, 2).reshape(K, R, nt * B)
-        parts_s.append(st.masked_fill_(~tvalid, float("-inf")))
+        parts_s.append(st.masked_fill_(tinvalid, float("-inf")))
     s = parts_s[0] if len(parts_s) == 1 else torch.cat(parts_s, dim=-1)  # (K, R, (nb+nt)*B)
     m = s.amax(-1, keepdim=True)
     e = torch.exp(s - m)
@@ -313,40 +408,123 @@ def _blocks(qg, kb, vb, valid, scale, nb, nt, kt, vt, tvalid) -> torch.Tensor:
     return o.float().cumsum(1)[:, -1].to(qg.dtype)  # blocks added in order, in fp32
 
 
-def mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def _packable() -> bool:
+    return bool(torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+                and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+PACKED = _packable()  # oneDNN's pre-packed linear weights (CPU builds with mkldnn)
+
+
+class Linear:
+    """A projection weight as the engine multiplies it: ``x @ W_t`` for a checkpoint weight W
+    stored [out, in]. ``shape`` is W_t's, (in, out), as for the plain tensor it replaces.
+
+    On CPU (float32 / bfloat16, oneDNN available) the weight is kept only in oneDNN's pre-packed
+    blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's weight freezing
+    uses), which skips the per-call reorder of the plain layouts: measured on this 2-core AVX2
+    CPU, SmolLM2-135M's projections 1.6-1.9x faster at 1-8 rows in bf16 and the 576 x 49152 head
+    1.7x, fp32 4x at 8 rows; a whole bf16 decode step 18.2 -> 14.8 ms. The packed product gives
+    the same bits as ``x @ W_t`` for two or more rows and one row's bits do not depend on the
+    other rows (asserted in tests/test_models.py), so one row is run as two, as in ``mm``.
+    Elsewhere (CUDA, builds without oneDNN, other dtypes) it holds the ``as_t`` tensor.
+    """
+
+    __slots__ = ("_dense", "_packed", "dtype", "shape")
+
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype, pack: bool | None = None):
+        w = w.detach().to(dtype)
+        self.shape = torch.Size((w.shape[1], w.shape[0]))
+        self.dtype = dtype
+        self._packed = None
+        self._dense = None
+        if pack is None:
+            pack = PACKED and w.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and w.dim() == 2
+        if pack:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
+        else:
+            self._dense = _layout_t(w, dtype)
+
+    @property
+    def packed(self) -> bool:
+        return self._packed is not None
+
+    def dense(self) -> torch.Tensor:
+        """W_t as a plain (in, out) tensor. A packed weight is unpacked exactly (the identity
+        through the packed product: every output is one weight times 1 plus zeros)."""
+        if self._dense is not None:
+            return self._dense
+        eye = torch.eye(self.shape[0], dtype=self.dtype)
+        return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "")
+
+    def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
+        if one:
+            x = x.expand(2, -1)
+        if self._packed is not None:
+            y = torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        elif bias is not None:
+            y = torch.addmm(bias, x, self._dense) if x.dim() == 2 else x @ self._dense + bias
+        else:
+            y = x @ self._dense
+        return y[:1] if one else y
+
+    def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
+        return self(x)
+
+    def take_cols(self, cols: torch.Tensor) -> Linear:
+        """The same weight restricted to output columns ``cols`` (a drafter's draft vocabulary)."""
+        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None)
+
+    def __repr__(self) -> str:
+        return f"Linear(in={self.shape[0]}, out={self.shape[1]}, {str(self.dtype).replace('torch.', '')}, {'packed' if self.packed else 'dense'})"
+
+
+def mm(x: torch.Tensor, w: torch.Tensor | Linear) -> torch.Tensor:
     """``x @ w`` whose rows do not depend on how many rows go together. CPU bf16 GEMMs are
     row-independent for 2+ rows, but a single row takes a GEMV path that splits long reductions
     differently (measured: K = 1536, ~7% of rows differ in the last bit), which would make a
     1-token decode step and a k-token verify pass disagree at near-ties. One row is therefore run
     as two: plain decoding and speculative verification then see bit-identical numbers, which is
-    what lossless means in bf16 (reference/cpu-performance.md: a 2-row bf16 pass costs ~1 row's)."""
+    what lossless means in bf16 (reference/cpu-performance.md: a 2-row bf16 pass costs ~1 row's).
+    ``w`` is a ``Linear`` (which does the same) or an (in, out) tensor."""
+    if type(w) is Linear:
+        return w(x)
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1:
         return (x.expand(2, -1) @ w)[:1]
     return x @ w
 
 
-def addmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+def addmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Linear) -> torch.Tensor:
     """``b + x @ w`` (torch.addmm) with ``mm``'s guarantee: a single bf16 row runs as two."""
+    if type(w) is Linear:
+        return w(x, b)
     if x.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] == 1:
         return torch.addmm(b, x.expand(2, -1), w)[:1]
     return torch.addmm(b, x, w)
 
 
-def as_t(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A [out, in] weight as an [in, out] operand for ``x @ W_t``, in the layout that is faster
-    for the dtype on CPU: fp32 stores it transposed and contiguous (reference/cpu-performance.md:
+def as_t(w: torch.Tensor, dtype: torch.dtype) -> Linear:
+    """A [out, in] checkpoint weight as the (in, out) operand of ``mm(x, W_t)``: a ``Linear``."""
+    return Linear(w, dtype)
+
+
+def _layout_t(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """An unpacked [out, in] weight as an [in, out] operand for ``x @ W_t``, in the layout that is
+    faster for the dtype on CPU: fp32 stores it transposed and contiguous (reference/cpu-performance.md:
     ~1.4x for a GEMV); bf16/fp16 keep the [out, in] storage and return its transposed view, which
     is what torch's linear uses (measured on this CPU, 1 thread: SmolLM2's 576 x 49152 head,
     2 rows, 3.3 ms through the view vs 7.9 ms contiguous [in, out]; equal for the small
-    projections). Slice columns with ``take_cols`` to keep the layout."""
-    w = w.detach().to(dtype)
+    projections)."""
     if dtype in (torch.bfloat16, torch.float16):
         return w.contiguous().t()
     return w.t().contiguous()
 
 
-def take_cols(w_t: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-    """``w_t[:, cols]`` in ``w_t``'s layout (a transposed view stays one)."""
+def take_cols(w_t: torch.Tensor | Linear, cols: torch.Tensor) -> torch.Tensor | Linear:
+    """``w_t[:, cols]`` in ``w_t``'s layout (a Linear stays one, a transposed view stays one)."""
+    if type(w_t) is Linear:
+        return w_t.take_cols(cols)
     if w_t.dim() == 2 and w_t.stride(0) == 1 and w_t.stride(1) != 1:
         return w_t.t()[cols].t()
     return w_t[:, cols].contiguous()

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import addmm, as_t, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
+from .common import addmm, as_t, attn_plan, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -122,15 +122,15 @@ class GPTNeoX(CausalLM):
         T = tokens.shape[0]
         x = self.embed[tokens]
         kc, vc = self.cache.k, self.cache.v
+        cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # shared by every layer
+        plan = attn_plan(mask, start + T, T, 1) if self._dtype == torch.bfloat16 else None
         for i, L in enumerate(self.layers):
             h = F.layer_norm(x, (D,), *L["ln1"], c.layer_norm_eps)
             qkv = addmm(L["bqkv"], h, L["wqkv"])
-            q = qkv[:, :D].view(T, H, E).transpose(0, 1)
-            k = qkv[:, D:2 * D].view(T, H, E).transpose(0, 1)
+            qk = self.rope.rotate(qkv[:, :2 * D].view(T, 2 * H, E).transpose(0, 1), cos, sin)  # q and k heads at once
+            q, k = qk[:H], qk[H:]
             v = qkv[:, 2 * D:].view(T, H, E).transpose(0, 1)
-            q = self.rope.apply(q, positions)
-            k = self.rope.apply(k, positions)
-            a = addmm(L["bo"], cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale), L["wo"])
+            a = addmm(L["bo"], cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale, plan), L["wo"])
             if c.use_parallel_residual:
                 h2 = F.layer_norm(x, (D,), *L["ln2"], c.layer_norm_eps)
                 x = x + a + self._mlp(h2, L)

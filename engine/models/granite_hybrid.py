@@ -35,7 +35,7 @@ from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, DraftPool
 from .base import CausalLM
-from .common import as_t, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
+from .common import as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
 from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, config_int, parse_dt_limit
 
 MODEL_TYPES = ("granitemoehybrid",)
@@ -273,6 +273,8 @@ class GraniteHybrid(CausalLM):
         anc, conv_idx, start, positions, mask = cache.add_nodes(parents)
         try:
             x = self.embed[torch.as_tensor(tokens, dtype=torch.long)] * c.embedding_multiplier  # (T, D)
+            T = len(tokens)
+            plan = attn_plan(mask, start + T, T, c.num_heads // c.num_kv_heads) if self._dtype == torch.bfloat16 else None
             for L in self.layers:
                 h = rms_norm(x, L["ln1"], c.rms_norm_eps)
                 if L["kind"] == "mamba":
@@ -280,7 +282,7 @@ class GraniteHybrid(CausalLM):
                 else:
                     q, k, v = self._qkv(L, h, positions)  # tree attention over [committed K/V ; scratch tree]
                     a = L["slot"]
-                    y = self._attn_out(L, cached_attention(q, k, v, cache.kv.k[a], cache.kv.v[a], start, mask, c.attention_multiplier))
+                    y = self._attn_out(L, cached_attention(q, k, v, cache.kv.k[a], cache.kv.v[a], start, mask, c.attention_multiplier, plan))
                 x = self._mlp(L, x + y * c.residual_multiplier)
         except BaseException:
             cache.clear_scratch()  # never leave half-stored activations behind

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
+from .common import Rope, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -128,17 +128,18 @@ class Llama(CausalLM):
         T = tokens.shape[0]
         x = self.embed[tokens]  # (T, D)
         kc, vc = self.cache.k, self.cache.v
+        # shared by every layer: the rotary tables of these positions and the attention's key plan
+        cos, sin = self.rope.cos[positions], self.rope.sin[positions]
+        plan = attn_plan(mask, start + T, T, H // K) if self._dtype == torch.bfloat16 else None
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["ln1"], c.rms_norm_eps)
             qkv = mm(h, L["wqkv"])
             if L["bqkv"] is not None:
                 qkv = qkv + L["bqkv"]
-            q = qkv[:, : H * E].view(T, H, E).transpose(0, 1)  # (H, T, E)
-            k = qkv[:, H * E:(H + K) * E].view(T, K, E).transpose(0, 1)  # (K, T, E)
+            qk = self.rope.rotate(qkv[:, :(H + K) * E].view(T, H + K, E).transpose(0, 1), cos, sin)  # q and k heads at once
+            q, k = qk[:H], qk[H:]  # (H, T, E), (K, T, E)
             v = qkv[:, (H + K) * E:].view(T, K, E).transpose(0, 1)
-            q = self.rope.apply(q, positions)
-            k = self.rope.apply(k, positions)
-            a = mm(cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale), L["wo"])
+            a = mm(cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale, plan), L["wo"])
             if L["bo"] is not None:
                 a = a + L["bo"]
             x = x + a

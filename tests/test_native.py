@@ -1,0 +1,136 @@
+"""engine/native: the C attention kernel against an fp64 reference, its shapes and fallbacks, and
+the switch that turns it off. (Row exactness, tree rows vs plain decoding, is tested for both the
+native and the torch implementation in tests/test_models.py.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine import native
+from engine.models import common
+
+
+def _ref(q, kc, vc, keys_per_row, scale):
+    """fp64 softmax attention: q (H, T, E); kc, vc (K, P, E); row t attends to keys_per_row[t]."""
+    H, T, E = q.shape
+    K = kc.shape[0]
+    G = H // K
+    out = torch.zeros(T, H * E, dtype=torch.float64)
+    for t in range(T):
+        for h in range(H):
+            k = kc[h // G, keys_per_row[t]].double()
+            v = vc[h // G, keys_per_row[t]].double()
+            p = torch.softmax(k @ q[h, t].double() * scale, 0)
+            out[t, h * E:(h + 1) * E] = p @ v
+    return out
+
+
+needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
+
+
+def test_the_kernel_builds_here_when_a_compiler_exists():
+    if shutil.which(os.environ.get("SPECCHAT_CC", "cc")) is None:
+        pytest.skip("no C compiler on this machine")
+    assert native.status() == "on"
+
+
+@needs_native
+@pytest.mark.parametrize("K, G, E, P, T", [(3, 3, 64, 300, 1), (3, 3, 64, 37, 5), (1, 1, 32, 70, 3), (2, 4, 128, 129, 2),
+                                           (4, 2, 16, 1000, 4), (5, 1, 48, 17, 17)])
+def test_native_attention_matches_fp64(K, G, E, P, T, monkeypatch):
+    """Causal chain rows over a cache: the kernel's bf16 output is the fp64 result rounded (about
+    one bf16 ulp), at least as close as the torch implementation's (which rounds the
+    probabilities to bf16 before the value product, as a plain bf16 attention does)."""
+    monkeypatch.setattr(common, "NATIVE_ATTN", True)
+    g = torch.Generator().manual_seed(K * 100 + E + T)
+    H = K * G
+    q = (2 * torch.randn(H, T, E, generator=g)).bfloat16()
+    kn, vn = (torch.randn(K, T, E, generator=g).bfloat16() for _ in range(2))
+    kc, vc = (torch.randn(K, P + T, E, generator=g).bfloat16() for _ in range(2))
+    start = P
+    mask = torch.ones(T, P + T, dtype=torch.bool).tril(start)
+    plan = common.attn_plan(mask, P + T, T, G)
+    assert plan.native is not None
+    out = common.cached_attention(q, kn, vn, kc, vc, start, mask, E ** -0.5, plan)
+    ref = _ref(q, kc, vc, [list(range(start + t + 1)) for t in range(T)], E ** -0.5)
+    err = (out.double() - ref).abs()
+    assert (err <= 2 ** -7 * ref.abs() + 1e-3).all(), err.max()  # within ~1 bf16 ulp (+ tiny absolute)
+    monkeypatch.setattr(common, "NATIVE_ATTN", False)
+    kc2, vc2 = kc.clone(), vc.clone()
+    theirs = common.cached_attention(q, kn, vn, kc2, vc2, start, mask, E ** -0.5)
+    assert err.max() <= (theirs.double() - ref).abs().max() + 1e-6
+
+
+@needs_native
+def test_shapes_the_kernel_does_not_take_fall_back_to_torch(monkeypatch):
+    """E = 72 (not a multiple of 16): the torch implementation answers, same result as with the
+    kernel switched off."""
+    monkeypatch.setattr(common, "NATIVE_ATTN", True)
+    g = torch.Generator().manual_seed(5)
+    K, G, E, P, T = 2, 2, 72, 50, 3
+    q = torch.randn(K * G, T, E, generator=g).bfloat16()
+    kn, vn = (torch.randn(K, T, E, generator=g).bfloat16() for _ in range(2))
+    kc, vc = (torch.randn(K, P + T, E, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
+    a = common.cached_attention(q, kn, vn, kc.clone(), vc.clone(), P, mask, 0.1)
+    monkeypatch.setattr(common, "NATIVE_ATTN", False)
+    b = common.cached_attention(q, kn, vn, kc.clone(), vc.clone(), P, mask, 0.1)
+    assert torch.equal(a, b)
+
+
+@needs_native
+def test_rows_are_the_same_whether_computed_serially_or_in_parallel(monkeypatch):
+    """The kernel runs rows in parallel above a work threshold; a row's bits do not depend on it
+    (one row alone vs the same row inside 300 rows)."""
+    monkeypatch.setattr(common, "NATIVE_ATTN", True)
+    g = torch.Generator().manual_seed(9)
+    K, G, E, P, T = 3, 3, 64, 200, 300
+    q = torch.randn(K * G, T, E, generator=g).bfloat16()
+    kc, vc = (torch.randn(K, P + T, E, generator=g).bfloat16() for _ in range(2))
+    mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
+    big = common.cached_attention(q, kc[:, P:], vc[:, P:], kc.clone(), vc.clone(), P, mask, 0.125)
+    for r in (0, 1, 150, 299):
+        one = common.cached_attention(q[:, r:r + 1], kc[:, P + r:P + r + 1], vc[:, P + r:P + r + 1], kc.clone(), vc.clone(),
+                                      P + r, None, 0.125)
+        assert torch.equal(one[0], big[r])
+
+
+def test_switching_the_kernels_off(tmp_path):
+    """SPECCHAT_NATIVE=0: nothing is built, status says why, a bf16 model still decodes."""
+    code = ("import torch; from engine import native; from engine.models import common;"
+            "print(native.status());"
+            "q=torch.randn(3,1,64).bfloat16(); k=torch.randn(1,1,64).bfloat16();"
+            "c=torch.zeros(1,8,64).bfloat16();"
+            "print(tuple(common.cached_attention(q,k,k,c,c.clone(),0,None,0.1).shape))")
+    env = dict(os.environ, SPECCHAT_NATIVE="0", XDG_CACHE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["off (SPECCHAT_NATIVE=0)", "(1, 192)"]
+    assert not (tmp_path / "specchat").exists()
+
+
+def test_a_missing_compiler_falls_back_with_a_reason(tmp_path):
+    code = "from engine import native; print(native.status()); print(native.lib())"
+    env = dict(os.environ, SPECCHAT_CC="no-such-cc-xyz", XDG_CACHE_HOME=str(tmp_path))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["off: no C compiler ('no-such-cc-xyz' not found)", "None"]
+
+
+def test_the_shared_object_is_cached_by_source_and_cpu(tmp_path):
+    """A fresh cache builds once; a second process reuses the file."""
+    if shutil.which("cc") is None:
+        pytest.skip("no C compiler on this machine")
+    code = "from engine import native; print(native.status())"
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path))
+    for _ in range(2):
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
+        assert r.stdout.strip() == "on", r.stderr
+    built = list((tmp_path / "specchat" / "native").glob("attn-*.so"))
+    assert len(built) == 1
