@@ -64,6 +64,7 @@ class Decoder:
         self._pending: list[int] = []  # accepted tokens not yet in the target's state (--backtrack joint)
         self.drafters = {"ngram": NgramDrafter()}
         self.policies: dict[tuple, object] = {}  # tree policies (mab / optimal), per conversation
+        self.shape_costs: dict = {}  # measured drafting/verify times per tree shape: kept across conversations
         self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy
         if self.drafter_model is not None:
             dm = self.drafter_model
@@ -256,7 +257,7 @@ class Decoder:
         if s.name == "mab":
             key = ("mab", s.arms, s.lambda_ucb)
             if key not in self.policies:
-                self.policies[key] = ShapeBandit.of(s.arms, s.lambda_ucb, self.verify_cost)
+                self.policies[key] = ShapeBandit.of(s.arms, s.lambda_ucb, self.verify_cost, memory=self.shape_costs)
         else:
             key = ("optimal", s.node_budget)
             if key not in self.policies:

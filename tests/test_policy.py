@@ -169,3 +169,44 @@ def test_bandit_charges_each_shape_its_own_drafting_time():
     assert b.lam((1, 1, 1)) == pytest.approx(1.0 / t1)
     assert b.lam((3, 3, 1)) == pytest.approx(3.0 / t1)
     assert [a["lambda"] for a in b.snapshot()["arms"]] == [round(1.0 / t1, 4), round(3.0 / t1, 4)]
+
+
+def test_bandit_charges_measured_verify_time_and_remembers_costs_across_conversations():
+    """A pulled shape's reward uses its own measured verify time (the start-up curve reads low for
+    wide trees); a bandit made for the next conversation from the same memory starts with those
+    costs, not from the curve, while its counts and rewards start afresh."""
+    curve = VerifyCost(a=10.0, b=0.1)
+    memory: dict = {}
+    b = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=curve, memory=memory)
+    b.update((1, 1, 1), 2, draft_ms=3.0, verify_ms=10.4, rows=4)
+    b.update((3, 3, 1), 3, draft_ms=9.0, verify_ms=40.0, rows=22)  # the curve says 12.2 ms
+    t1 = b.times.target_ms
+    assert b.rel_verify((3, 3, 1)) == pytest.approx(40.0 / t1)
+    assert b.reward((3, 3, 1), 3) == pytest.approx(-(40.0 / t1 + (3.0 / t1) * 3) / 3)
+    fresh = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=curve)
+    assert fresh.rel_verify((3, 3, 1)) == pytest.approx(curve.relative(22))
+    nxt = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=curve, memory=memory)
+    assert [a.count for a in nxt.arms] == [0, 0]
+    assert nxt.rel_verify((3, 3, 1)) == pytest.approx(b.rel_verify((3, 3, 1)))
+    assert nxt.predicted_reward((3, 3, 1)) < nxt.predicted_reward((1, 1, 1))  # the wide tree is known to be dear
+    assert nxt.choose() == (1, 1, 1)
+
+
+def test_bandit_carries_acceptance_by_rank_into_the_next_conversation_as_a_bounded_prior():
+    """Earlier conversations' acceptance by rank seeds the next bandit's predictions (worth at most
+    PRIOR_STEPS steps), and an arm whose costs are measured then counts its prediction as
+    KNOWN_PRIOR_WEIGHT observations; without a memory nothing carries over."""
+    memory: dict = {}
+    b = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1), memory=memory)
+    for _ in range(40):  # rank 0 right 3 times in 4, rank 1 never
+        b.observe([-1, -1, 0], [0, 2])
+        b.update((3, 3, 1), 3, draft_ms=9.0, verify_ms=40.0, rows=22)
+        b.update((1, 1, 1), 2, draft_ms=3.0, verify_ms=10.4, rows=4)
+    hits, visits = memory["accept"]
+    assert visits[0] == pytest.approx(80) and hits[1] == 0
+    nxt = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1), memory=memory)
+    assert nxt.accept.visits[0] == pytest.approx(ShapeBandit.PRIOR_STEPS)
+    assert nxt.accept.r(1) < 0.1 < b.accept.prior(1)  # the evidence, not the generic prior
+    assert all(nxt.prior_weight(a) == ShapeBandit.KNOWN_PRIOR_WEIGHT for a in nxt.arms)
+    plain = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1))
+    assert all(plain.prior_weight(a) == 1.0 for a in plain.arms) and plain.accept.visits[0] == 0
