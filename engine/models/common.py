@@ -8,6 +8,7 @@ Batch is 1 throughout: trees are packed along T, not along a batch axis.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import torch
@@ -413,7 +414,8 @@ def _packable() -> bool:
                 and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
 
 
-PACKED = _packable()  # oneDNN's pre-packed linear weights (CPU builds with mkldnn)
+# oneDNN's pre-packed linear weights (CPU builds with mkldnn); SPECCHAT_PACKED=0 turns them off
+PACKED = _packable() and os.environ.get("SPECCHAT_PACKED", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 class Linear:
