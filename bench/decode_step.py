@@ -55,7 +55,7 @@ def verify(parents):
 for n in (6, 16):
     out[f"verify{n}_ms"], out[f"verify{n}_attn_ms"] = verify(list(range(-1, n - 1)))
 out["tree46_ms"], out["tree46_attn_ms"] = verify([-1] + [p + 1 for p in plan_from_shape((3, 2, 2, 1, 1))])
-out["packed"] = common.PACKED
+out["packed"] = common.packs(torch.bfloat16)
 out["native"] = native.status()
 print(json.dumps(out))
 """

@@ -127,6 +127,32 @@ def test_bf16_single_row_matmul_matches_multi_row():
             assert all(torch.equal(one, (x[:M] @ W)[:1]) for M in range(2, 9))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_linear_runs_on_this_cpu_packed_or_not(dtype, monkeypatch):
+    """common.Linear packs a weight only where this CPU's oneDNN can (bf16 packing needs AVX-512 or
+    AVX-NE-CONVERT and raises on a plain AVX2 CPU): the product works either way, a bf16 row's bits
+    do not depend on how many rows run with it, and bf16 2+-row products equal ``x @ W_t``."""
+    from engine.models import common
+
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(96, 320, generator=g)  # [out, in], as stored in checkpoints
+    x = torch.randn(6, 320, generator=g).to(dtype)
+    for pack_ok in (common.packs(dtype), False):
+        monkeypatch.setattr(common, "_PACK_OK", {dtype: pack_ok})
+        lin = common.Linear(W, dtype)
+        assert lin.packed == pack_ok and lin.shape == (320, 96)
+        y = lin(x)
+        assert y.dtype == dtype and y.shape == (6, 96)
+        assert torch.allclose(y.float(), x.float() @ W.t(), atol=0.5 if dtype == torch.bfloat16 else 1e-4)
+        if dtype == torch.bfloat16:
+            assert torch.equal(y, x @ W.t().to(dtype))
+            assert all(torch.equal(lin(x[:1]), lin(x[:m])[:1]) for m in range(2, 7))
+        assert torch.equal(lin.dense(), W.t().to(dtype))
+    monkeypatch.setattr(common, "_PACK_OK", {})
+    assert common.packs(torch.float16) is False  # never packed: plain layout
+
+
+
 @pytest.fixture(params=["native", "torch"])
 def attn_impl(request, monkeypatch):
     """Run a test with the C attention kernel (engine/native) and with the torch blockwise one."""

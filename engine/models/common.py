@@ -416,6 +416,25 @@ def _packable() -> bool:
 
 # oneDNN's pre-packed linear weights (CPU builds with mkldnn); SPECCHAT_PACKED=0 turns them off
 PACKED = _packable() and os.environ.get("SPECCHAT_PACKED", "1").strip().lower() not in ("0", "off", "false", "no")
+_PACK_OK: dict[torch.dtype, bool] = {}
+
+
+def packs(dtype: torch.dtype) -> bool:
+    """Whether this CPU packs ``dtype`` weights: oneDNN's bf16 reorder needs AVX-512 (bw, vl, dq)
+    or AVX-NE-CONVERT and raises on a plain AVX2 CPU (an AMD EPYC 7003, say), so each dtype is
+    tried once on a small weight and falls back to the plain layout where it fails."""
+    if not PACKED or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    ok = _PACK_OK.get(dtype)
+    if ok is None:
+        try:
+            w = torch.ops.mkldnn._reorder_linear_weight(torch.ones(8, 16, dtype=dtype), 1)
+            y = torch.ops.mkldnn._linear_pointwise(torch.ones(2, 16, dtype=dtype), w, None, "none", [], "")
+            ok = bool(y.shape == (2, 8) and float(y[0, 0]) == 16.0)
+        except RuntimeError:
+            ok = False
+        _PACK_OK[dtype] = ok
+    return ok
 
 
 class Linear:
@@ -441,7 +460,7 @@ class Linear:
         self._packed = None
         self._dense = None
         if pack is None:
-            pack = PACKED and w.device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and w.dim() == 2
+            pack = w.device.type == "cpu" and w.dim() == 2 and packs(dtype)
         if pack:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
         else:
