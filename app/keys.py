@@ -12,7 +12,7 @@ KEYS: list[tuple[tuple[str, ...], str]] = [
     (("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
     (("ctrl+n",), "new chat"),
     (("ctrl+l", "f4"), "chat list: Enter open, r rename, Del Del delete"),
-    (("ctrl+s", "f2"), "next strategy preset, live (ar … ersd)"),
+    (("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
     (("ctrl+d", "f3"), "show or hide the dashboard (hidden below 100 columns)"),
     (("[", "]"), "older / newer draft tree (dashboard tree focused; also ← →, End: latest)"),
     (("ctrl+o",), "models: pick, download (progress; Esc cancels) and switch"),

@@ -1,10 +1,10 @@
-"""Decode-step and verify-pass times of the default target (SmolLM2-135M-Instruct, bf16) under
+"""Decode-step and verify-pass times of the default target (SmolLM2-135M-Instruct, bf16 or fp32) under
 the CPU hot-path switches, each configuration in its own process (the switches are read at import):
 
     SPECCHAT_PACKED=0   projections through plain ``x @ W_t`` instead of oneDNN's pre-packed weights
     SPECCHAT_NATIVE=0   the torch blockwise attention instead of the C kernel (engine/native)
 
-Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60]
+Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32]
 Prints one line per configuration: ms per 1-token decode step and per verify pass of 6 / 16 chain
 rows and a 46-node (3,2,2,1,1) tree, medians, and the tree pass's mean time inside attention;
 OMP_WAIT_POLICY as given (ACTIVE recommended).
@@ -26,13 +26,13 @@ from engine.policy import plan_from_shape
 from engine.models import common
 from engine import native
 import engine.models.llama as llama
-ctx, steps = int(sys.argv[1]), int(sys.argv[2])
+ctx, steps, dtype = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 attn = [0.0]
 _orig = llama.cached_attention
 def _timed(*a, **k):  # the attention's share of a pass (one wrapper call per layer)
     t0 = time.perf_counter(); r = _orig(*a, **k); attn[0] += time.perf_counter() - t0; return r
 llama.cached_attention = _timed
-m = load("smollm2-135m-instruct", dtype="bf16").model
+m = load("smollm2-135m-instruct", dtype=dtype).model
 m.allocate(ctx + steps + 128)
 m.prefill(list(range(100, 100 + ctx)))
 def step(tok):
@@ -55,7 +55,7 @@ def verify(parents):
 for n in (6, 16):
     out[f"verify{n}_ms"], out[f"verify{n}_attn_ms"] = verify(list(range(-1, n - 1)))
 out["tree46_ms"], out["tree46_attn_ms"] = verify([-1] + [p + 1 for p in plan_from_shape((3, 2, 2, 1, 1))])
-out["packed"] = common.packs(torch.bfloat16)
+out["packed"] = common.packs(m.dtype)
 out["native"] = native.status()
 print(json.dumps(out))
 """
@@ -65,18 +65,19 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     a = ap.parse_args()
     configs = [("plain weights, torch attention", "0", "0"), ("packed weights, torch attention", "1", "0"),
                ("packed weights, C attention", "1", "1")]
-    print(f"SmolLM2-135M bf16, context {a.context}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    print(f"SmolLM2-135M {a.dtype}, context {a.context}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
     for label, packed, nat in configs:
         env = dict(os.environ, SPECCHAT_PACKED=packed, SPECCHAT_NATIVE=nat)
-        r = subprocess.run([sys.executable, "-c", CHILD, str(a.context), str(a.steps)], capture_output=True, text=True, env=env)
+        r = subprocess.run([sys.executable, "-c", CHILD, str(a.context), str(a.steps), a.dtype], capture_output=True, text=True, env=env)
         if r.returncode:
             print(f"{label}: failed: {r.stderr.strip().splitlines()[-1:]}")
             continue
         d = json.loads(r.stdout.strip().splitlines()[-1])
-        print(f"{label:<34} decode {d['decode_ms']:6.2f} ms ({1000 / d['decode_ms']:5.1f} tok/s) · verify 6 rows {d['verify6_ms']:6.2f}"
+        print(f"{label:<34} packed={d['packed']} decode {d['decode_ms']:6.2f} ms ({1000 / d['decode_ms']:5.1f} tok/s) · verify 6 rows {d['verify6_ms']:6.2f}"
               f" · 16 rows {d['verify16_ms']:6.2f} · tree 46 {d['tree46_ms']:6.2f} ms (attention {d['tree46_attn_ms']:5.2f})")
     return 0
 

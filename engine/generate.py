@@ -24,7 +24,7 @@ from .events import GenerationSummary, StepEvent
 from .models.base import CausalLM
 from .policy import OptimalTree, ShapeBandit, child_ranks, plan_depth
 from .sampling import race_noise
-from .strategy import Strategy, StrategyError
+from .strategy import HYBRID_NGRAM_LEN, Strategy, StrategyError
 from .tree import TokenTree
 from .verify import accept, sample_next
 
@@ -297,6 +297,16 @@ class Decoder:
         if drafter is None:
             raise StrategyError(f"strategy {s.name!r} needs a drafter model: none is loaded")
         t0 = time.perf_counter()
+        if s.name == "hybrid":
+            # prompt lookup first: where the context repeats itself (summaries, rewrites, code,
+            # SQL) matched continuations are free to draft and long (up to ngram_branches of them,
+            # a trie, as pld drafts them); elsewhere the drafter model's chain. (Measured: adding
+            # the model's chain to every lookup tree as one more branch cost more than it won.)
+            req = DraftRequest(shape=(s.ngram_branches,) + (1,) * (HYBRID_NGRAM_LEN - 1), max_nodes=max_nodes,
+                               ngram_min=s.ngram_min, ngram_max=s.ngram_max)
+            tree = self.drafters["ngram"].propose(self.history, req)
+            if len(tree):
+                return tree, time.perf_counter() - t0
         shape = tuple(s.tree) if s.name == "tree" else (1,) * s.draft_len
         plan = None
         if s.name == "pld" and s.ngram_branches > 1:

@@ -12,7 +12,7 @@ from typing import Any
 from .errors import SpecchatError
 from .tree import parse_shape
 
-STRATEGIES = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd")
+STRATEGIES = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd", "hybrid")
 VERIFIERS = ("auto", "greedy", "rs", "mss", "membership", "race")
 VOCAB_BRIDGES = ("auto", "union", "tli", "slem", "slrs")
 SSM_TREE_MODES = ("stree", "unrolled")
@@ -33,7 +33,8 @@ class StrategyError(SpecchatError, ValueError):
 class Strategy:
     """What the next step does.
 
-    name        ar | pld | sd | tree | mab | optimal | ersd
+    name        ar | pld | sd | tree | mab | optimal | ersd | hybrid (prompt lookup when the
+                context repeats itself, else a chain of draft_len from the drafter model)
     drafter     "model" (the session's drafter model), "ngram" (prompt lookup) or "none"
     draft_len   chain length for sd/pld (K)
     tree        static shape (N1..Ngamma) for tree
@@ -100,7 +101,7 @@ class Strategy:
     def label(self) -> str:
         """Short description for status lines."""
         parts = [self.name]
-        if self.name in ("sd", "pld", "ersd"):
+        if self.name in ("sd", "pld", "ersd", "hybrid"):
             parts.append(f"k={self.draft_len}")
         if self.drafter == "ngram" and self.name not in ("pld", "ar"):
             parts.append("ngram")
@@ -182,6 +183,8 @@ class Strategy:
                 raise StrategyError("lambda_ucb must be >= 0")
         if self.name == "optimal" and not 1 <= self.node_budget <= 256:
             raise StrategyError("the optimal tree's node budget must be between 1 and 256")
+        if self.name == "hybrid" and self.drafter != "model":
+            raise StrategyError("hybrid combines prompt lookup with a drafter model (--drafter REF); without one use pld")
         if self.name in ("mab", "optimal") and self.drafter == "ngram":
             raise StrategyError(f"{self.name} chooses trees for a drafter model; n-gram drafts come from matches (use pld)")
         return self
@@ -196,8 +199,10 @@ PRESETS: dict[str, Strategy] = {
     "mab": Strategy(name="mab", drafter="model"),
     "optimal": Strategy(name="optimal", drafter="model", node_budget=16),
     "ersd": Strategy(name="ersd", drafter="model", draft_len=5, verify="race"),
+    "hybrid": Strategy(name="hybrid", drafter="model", draft_len=3),
 }
-CYCLE = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd")
+CYCLE = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd", "hybrid")
+HYBRID_NGRAM_LEN = 8  # hybrid: the prompt-lookup chain's length (pld's default)
 
 
 def preset(name: str, **overrides: Any) -> Strategy:
@@ -226,7 +231,7 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     try:
         if name == "tree":
             return s.replace(tree=parse_shape(param.replace("-", ",")))
-        if name in ("sd", "pld", "ersd"):
+        if name in ("sd", "pld", "ersd", "hybrid"):
             return s.replace(draft_len=int(param))
         if name == "optimal":
             return s.replace(node_budget=int(param))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
+import torch
 
 from engine.generate import Decoder, run_generation
 from engine.loading import load
@@ -34,7 +35,7 @@ def greedy_strategies():
     return [preset("ar"), preset("pld"), preset("sd", draft_len=3), preset("sd", draft_len=6), preset("tree", tree=(3, 2, 2, 1, 1)),
             preset("tree", tree=(2, 2, 2)), preset("ersd"), preset("sd", draft_len=4, verify="membership"),
             preset("pld", ngram_branches=3), preset("mab"), preset("mab", arms=((2, 1), (1, 1, 1, 1, 1, 1, 1))),
-            preset("optimal"), preset("optimal", node_budget=3)]
+            preset("optimal"), preset("optimal", node_budget=3), preset("hybrid"), preset("hybrid", draft_len=5)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "gpt_neox", "mamba2"])
@@ -60,7 +61,7 @@ def test_strategy_switches_live_between_steps(root):
     target = load(str(path)).model
     dec = Decoder(target, load(str(saved("draft", root))).model)
     cycle = itertools.cycle([preset("ar"), preset("sd", draft_len=4), preset("pld"), preset("tree"), preset("mab"),
-                             preset("optimal"), preset("ersd")])
+                             preset("optimal"), preset("ersd"), preset("hybrid")])
     seen = []
 
     def current():
@@ -71,7 +72,7 @@ def test_strategy_switches_live_between_steps(root):
     prompt = PROMPTS[0]
     evs, _ = run_generation(dec, prompt, current, 60)
     assert tokens_of(evs) == hf_greedy(path, prompt, 60)
-    assert {"ar", "sd", "pld", "tree", "mab", "optimal", "ersd"} <= set(seen)
+    assert {"ar", "sd", "pld", "tree", "mab", "optimal", "ersd", "hybrid"} <= set(seen)
     assert len({e.strategy.split()[0] for e in evs}) >= 4
 
 
@@ -130,6 +131,10 @@ def test_invalid_combinations_are_refused():
         preset("pld", temperature=1.0, verify="rs").validate()
     with pytest.raises(StrategyError, match="no drafter vocabulary"):
         preset("pld", vocab="slrs").validate()
+    with pytest.raises(StrategyError, match="combines prompt lookup with a drafter model"):
+        preset("hybrid", drafter="ngram").validate()
+    with pytest.raises(StrategyError, match="needs a drafter model"):
+        preset("hybrid").validate(has_drafter_model=False)
 
 
 # ---- sampling: end-to-end distribution tests ----------------------------------------------------------------
@@ -151,9 +156,10 @@ SAMPLING = {
     "membership-model": preset("sd", draft_len=3, temperature=1.0, verify="membership"),  # membership, sampled drafts
     "mab": preset("mab", temperature=1.0, arms=((2, 2), (1, 1, 1), (3, 1))),             # shapes chosen from past steps
     "optimal": preset("optimal", temperature=1.0, node_budget=5),                      # Alg. 3 trees, mss
+    "hybrid": preset("hybrid", temperature=1.0),                                       # n-gram steps (membership) and model steps (rs)
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
-                  if k not in ("membership-model", "mab", "optimal") or t in ("llama", "mamba2")]  # policy-level: two targets
+                  if k not in ("membership-model", "mab", "optimal", "hybrid") or t in ("llama", "mamba2")]  # policy-level: two targets
 
 
 @pytest.mark.parametrize("case, target", SAMPLING_CASES, ids=[f"{k}-{t}" for k, t in SAMPLING_CASES])
@@ -241,8 +247,28 @@ def test_greedy_strategies_identical_in_bf16(kind, root):
     target = load(str(saved(kind, root)), dtype="bf16").model
     dec = Decoder(target, load(str(saved("draft", root)), dtype="bf16").model)
     strategies = [preset("pld"), preset("sd", draft_len=3), preset("tree", tree=(3, 2, 1)), preset("ersd"),
-                  preset("mab", arms=((2, 1), (1, 1, 1))), preset("optimal", node_budget=6)]
+                  preset("mab", arms=((2, 1), (1, 1, 1))), preset("optimal", node_budget=6), preset("hybrid")]
     for prompt in PROMPTS:
         ref = tokens_of(run_generation(dec, prompt, preset("ar"), 30)[0])
         for s in strategies:
             assert tokens_of(run_generation(dec, prompt, s, 30)[0]) == ref, (kind, s.label())
+
+
+def test_hybrid_drafts_by_prompt_lookup_when_the_context_repeats_and_by_the_model_otherwise(root):
+    """hybrid: a step whose context suffix occurred before drafts the n-gram continuations (up to
+    HYBRID_NGRAM_LEN tokens, no draft probabilities: greedy or membership verification); other
+    steps draft a draft_len chain with the model (probabilities kept for rejection sampling)."""
+    from engine.strategy import HYBRID_NGRAM_LEN
+
+    target = load(str(saved("llama", root))).model
+    dec = Decoder(target, load(str(saved("draft", root))).model)
+    s = preset("hybrid", temperature=1.0, draft_len=3)
+    gen = torch.Generator().manual_seed(0)
+    dec.start([5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 5, 6])  # "5 6" occurred before: lookup fires
+    tree, _ = dec._draft(s, gen, 64)
+    assert tree.tokens == [7, 8, 9, 10, 11, 12, 13, 14][:HYBRID_NGRAM_LEN] and tree.draft_probs is None  # one match: one branch
+    dec.reset()
+    dec.start([20, 21, 22, 23])  # nothing repeats: the model drafts a chain of 3
+    tree, _ = dec._draft(s, gen, 64)
+    assert len(tree) == 3 and tree.parents == [-1, 0, 1] and tree.draft_probs is not None
+

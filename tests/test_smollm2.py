@@ -54,7 +54,7 @@ def test_greedy_strategies_identical_on_smollm2(dtype, request):
     tok = smol.tokenizer
     dec = Decoder(smol.model, smol.model, eos_ids=set(tok.eos_ids))
     strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3),
-                  preset("mab", arms=((2, 1), (1, 1, 1)))]
+                  preset("mab", arms=((2, 1), (1, 1, 1))), preset("hybrid", draft_len=2)]
     for text in PROMPTS:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
         ar = [t for e in run_generation(dec, ids, preset("ar"), 32)[0] for t in e.emitted]
