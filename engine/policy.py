@@ -8,7 +8,11 @@
   where gamma_k is the arm's depth (drafter steps), n_k its node count, lambda_gamma =
   T_draft / T_target measured online (one drafter depth-step over one single-row target pass) and
   N_accept the tokens the step emitted (accepted drafts + the target's own token). Without a
-  verify-cost model T_target(n)/T_target(1) = 1, which is eq. 2 exactly.
+  verify-cost model T_target(n)/T_target(1) = 1, which is eq. 2 exactly. Two departures, both
+  for small step counts on machines where a wide tree costs several plain steps: an arm's
+  estimate is a ratio of sums (throughput, E[N]/E[cost], not the per-step mean of -cost/N, which
+  is biased against high-variance chains), and the UCB optimism sits on the per-rank acceptance
+  that every step shares, not on per-arm counts (``ShapeBandit.choose``).
 * ``OptimalTree`` — exponential-races §4, Alg. 3: running acceptance statistics r(i) of the i-th
   ranked child (a 0-th order Markov estimate, as in the paper's experiments), a node's value R =
   product of r along its rank path, and a max-heap over frontier candidates (first child, next
@@ -80,15 +84,23 @@ class StepTimes:
 
 @dataclass
 class Arm:
+    """One shape's record. Its reward estimate is a ratio of sums, -(Σ cost) / (Σ emitted) over
+    its pulls (cost in single-row target passes, eq. 2's numerator), not the mean of the
+    per-step rewards -cost/N: E[1/N] > 1/E[N], most for the arms whose N varies most (a chain
+    emits 1 token as often as 4), so the per-step mean would understate exactly the arms that
+    win on throughput, which is E[N] / E[cost]."""
+
     shape: tuple[int, ...]
     count: int = 0
-    total: float = 0.0
+    total: float = 0.0  # sum of per-step eq. 2 rewards (telemetry)
+    cost: float = 0.0  # sum of step costs, in single-row target passes
+    emitted: float = 0.0  # sum of tokens emitted
     draft_step_ms: float | None = None  # this shape's own drafting time per depth (EMA)
     verify_ms: float | None = None  # this shape's own measured verify pass (EMA)
 
     @property
     def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
+        return -self.cost / self.emitted if self.emitted else 0.0
 
     @property
     def nodes(self) -> int:
@@ -97,7 +109,8 @@ class Arm:
 
 @dataclass
 class ShapeBandit:
-    """UCB over static tree shapes (mamba-drafters §4.2, eq. 1-2; App. A.4, eq. 3-4)."""
+    """UCB over static tree shapes (mamba-drafters §4.2, eq. 1-2; App. A.4, eq. 3-4), with the
+    arms' rewards tied together through shared acceptance-by-rank statistics (see ``choose``)."""
 
     arms: list[Arm]
     lambda_ucb: float = 0.3
@@ -124,65 +137,87 @@ class ShapeBandit:
             for a in b.arms:
                 a.draft_step_ms, a.verify_ms = memory.get(a.shape, (None, None))
             b.times.draft_step_ms, b.times.target_ms = memory.get("times", (None, None))
-            if "accept" in memory:  # earlier conversations' acceptance by rank, as a prior worth <= PRIOR_STEPS steps
+            if "accept" in memory:  # earlier conversations' acceptance by rank, as a prior of <= PRIOR_STEPS visits per rank
                 hits, visits = memory["accept"]
-                w = min(1.0, cls.PRIOR_STEPS / max(visits[0], 1e-9))
-                b.accept.hits = [h * w for h in hits]
-                b.accept.visits = [v * w for v in visits]
-                b._carried_acceptance = visits[0] >= cls.PRIOR_STEPS
+                ws = [min(1.0, cls.PRIOR_STEPS / max(v, 1e-9)) for v in visits]
+                b.accept.hits = [h * w for h, w in zip(hits, ws)]
+                b.accept.visits = [v * w for v, w in zip(visits, ws)]
         return b
 
     PRIOR_STEPS = 16.0  # how many steps' worth of evidence earlier conversations' acceptance counts for
 
     def choose(self) -> tuple[int, ...]:
-        """argmax of mean + lambda_UCB * sqrt(2 ln t / n_k) (eq. 1), where every arm's mean and
-        count include one pseudo-observation: the reward the cost model and the acceptance seen so
-        far (from every arm's steps, by child rank) predict for it. Plain UCB spends its first
-        rounds pulling each arm once; with a few dozen steps per reply on a CPU, where a wide tree
-        can cost twice a chain, that exploration alone loses more than the gap between good arms.
-        The prior lets evidence, not a fixed schedule, decide what is worth trying."""
-        t = self.rounds + len(self.arms)
+        """The arm with the highest upper confidence bound on eq. 2's reward (eq. 1's rule), where
+        the bound comes from what is actually unknown. An arm's reward is a known function of its
+        costs (its own measured drafting and verify times, which carry over between
+        conversations, or the cost curve until measured) and of the acceptance rate of each child
+        rank, which every step informs whatever arm it pulled (a chain step observes rank 0, a
+        tree step ranks 0..N-1 at every node on the accepted path). So each arm's estimate is its
+        observed rewards plus PRIOR_WEIGHT pseudo-observations of the reward *predicted* from
+        those shared statistics, and the optimism sits in the prediction: each rank's acceptance
+        is taken at its upper confidence bound (``rank_bounds``), which is loose for a rank that
+        few steps have observed and tight once many have. A wide tree is explored while the ranks
+        only it can reveal might make it pay, and not again once they are known, instead of plain
+        UCB's per-arm count bonus, which re-pulls in every conversation a tree already known to
+        cost two or three plain steps on a CPU (measured: mab 69% of the best static arm on a
+        2-core AVX2 machine; tests/banditsim.py replays the measured costs)."""
+        bounds = self.rank_bounds()
+        w = self.PRIOR_WEIGHT
         scores = []
         for a in self.arms:
-            w = self.prior_weight(a)
-            n = a.count + w
-            mean = (a.total + w * self.predicted_reward(a.shape)) / n
-            scores.append(mean + self.lambda_ucb * math.sqrt(2.0 * math.log(t) / n))
+            cost, tokens = self.predicted_step(a.shape, bounds)
+            scores.append(-(a.cost + w * cost) / (a.emitted + w * tokens))
         self.last = max(range(len(self.arms)), key=scores.__getitem__)
         return self.arms[self.last].shape
 
-    def prior_weight(self, a: Arm) -> float:
-        """How many observations the predicted reward counts for: one, or KNOWN_PRIOR_WEIGHT once
-        the prediction rests on measurement alone — the arm's own measured drafting and verify
-        times (this machine) and acceptance by rank carried over from earlier conversations. A
-        one-observation prior lets ln t push UCB into re-trying, in every conversation, a tree
-        already known to cost three plain steps here (measured: ~7% of a reply's time)."""
-        known = a.draft_step_ms is not None and a.verify_ms is not None and self._carried_acceptance
-        return self.KNOWN_PRIOR_WEIGHT if known else 1.0
+    PRIOR_WEIGHT = 8.0  # steps' worth of evidence the shared-statistics prediction counts for in an arm's estimate
 
-    KNOWN_PRIOR_WEIGHT = 4.0
-    _carried_acceptance = False
+    def rank_bounds(self) -> list[float]:
+        """Upper confidence bounds on each child rank's acceptance (Wilson's score bound for a
+        binomial proportion, z = λ_UCB·sqrt(2 ln t) with t the rounds so far): 1 for a rank never
+        observed, close to the observed rate after many visits; rates are small (0.1 for rank 2
+        here), where the variance-aware bound is much tighter than Hoeffding's."""
+        t = max(2.0, self.rounds + 1.0)
+        z2 = 2.0 * self.lambda_ucb ** 2 * math.log(t)
+        out = []
+        for i in range(self.accept.max_rank):
+            v = self.accept.visits[i]
+            if v <= 0:
+                out.append(1.0)
+                continue
+            p = min(1.0, max(0.0, self.accept.hits[i] / v))
+            centre = p + z2 / (2 * v)
+            spread = math.sqrt(z2 * (p * (1 - p) / v + z2 / (4 * v * v)))
+            out.append(min(1.0, (centre + spread) / (1 + z2 / v)))
+        return out
 
-    def expected_accepted(self, shape: tuple[int, ...]) -> float:
-        """Expected accepted draft tokens of a static shape under the shared per-rank acceptance:
-        depth d is reached when the target's token was among the top N_j at every j <= d."""
+    def expected_accepted(self, shape: tuple[int, ...], rates: Sequence[float] | None = None) -> float:
+        """Expected accepted draft tokens of a static shape under per-rank acceptance ``rates``
+        (default: the shared estimates): depth d is reached when the target's token was among
+        the top N_j at every j <= d."""
+        r = rates if rates is not None else [self.accept.r(i) for i in range(self.accept.max_rank)]
         total, reach = 0.0, 1.0
         for n in shape:
-            reach *= min(1.0, sum(self.accept.r(i) for i in range(n)))
+            reach *= min(1.0, sum(r[i] for i in range(min(n, len(r)))))
             total += reach
         return total
 
-    def predicted_reward(self, shape: tuple[int, ...]) -> float:
+    def predicted_reward(self, shape: tuple[int, ...], rates: Sequence[float] | None = None) -> float:
         """eq. 2's reward predicted for ``shape`` (its own drafting time when measured, else the
         measured arms' per-depth time scaled by width: a depth of w rows costs ~(1 + w/16) x a
         single row's on this CPU, measured with the shipped drafter)."""
+        cost, tokens = self.predicted_step(shape, rates)
+        return -cost / tokens
+
+    def predicted_step(self, shape: tuple[int, ...], rates: Sequence[float] | None = None) -> tuple[float, float]:
+        """(cost in single-row target passes, expected tokens emitted) of one step of ``shape``."""
         rel = self.rel_verify(shape)
         a = self._arm(shape)
         if a is not None and a.draft_step_ms is not None and self.times.target_ms:
             lam = a.draft_step_ms / self.times.target_ms
         else:
             lam = self._width_scaled_lambda(shape)
-        return -(rel + lam * len(shape)) / (1.0 + self.expected_accepted(shape))
+        return rel + lam * len(shape), 1.0 + self.expected_accepted(shape, rates)
 
     def _width_scaled_lambda(self, shape: tuple[int, ...]) -> float:
         def width(sh):
@@ -249,6 +284,8 @@ class ShapeBandit:
         if a is not None:
             a.count += 1
             a.total += r
+            a.cost += -r * max(1, emitted)
+            a.emitted += max(1, emitted)
         self.rounds += 1
         return r
 

@@ -90,7 +90,8 @@ def test_bandit_prefers_the_fastest():
         s = b.choose()
         picks.append(s)
         b.update(s, emitted[s], draft_ms=1.0 * len(s), verify_ms=10.0, rows=len(plan_from_shape(s)) + 1)
-    assert set(picks) == set(shapes)  # each was tried
+    assert (3, 2) in picks  # tried: with no acceptance observed, ranks 1+ might make it pay
+    assert (1,) not in picks  # never: no acceptance makes one draft token beat three at these costs
     assert picks[-50:].count((1, 1, 1)) >= 45
     assert b.times.lambda_gamma == pytest.approx(0.1)
     snap = b.snapshot()
@@ -193,9 +194,9 @@ def test_bandit_charges_measured_verify_time_and_remembers_costs_across_conversa
 
 
 def test_bandit_carries_acceptance_by_rank_into_the_next_conversation_as_a_bounded_prior():
-    """Earlier conversations' acceptance by rank seeds the next bandit's predictions (worth at most
-    PRIOR_STEPS steps), and an arm whose costs are measured then counts its prediction as
-    KNOWN_PRIOR_WEIGHT observations; without a memory nothing carries over."""
+    """Earlier conversations' acceptance by rank seeds the next bandit's predictions (at most
+    PRIOR_STEPS visits per rank, each rank capped on its own: a rank only trees observe keeps its
+    evidence when chains dominated); without a memory nothing carries over."""
     memory: dict = {}
     b = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1), memory=memory)
     for _ in range(40):  # rank 0 right 3 times in 4, rank 1 never
@@ -207,6 +208,56 @@ def test_bandit_carries_acceptance_by_rank_into_the_next_conversation_as_a_bound
     nxt = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1), memory=memory)
     assert nxt.accept.visits[0] == pytest.approx(ShapeBandit.PRIOR_STEPS)
     assert nxt.accept.r(1) < 0.1 < b.accept.prior(1)  # the evidence, not the generic prior
-    assert all(nxt.prior_weight(a) == ShapeBandit.KNOWN_PRIOR_WEIGHT for a in nxt.arms)
+    assert nxt.accept.visits[1] == pytest.approx(ShapeBandit.PRIOR_STEPS)  # each rank capped on its own
+    assert nxt.rank_bounds()[1] < 0.5  # rank 1 is known to miss: no fresh exploration of the tree for it
     plain = ShapeBandit.of([(1, 1, 1), (3, 3, 1)], cost=VerifyCost(a=10.0, b=0.1))
-    assert all(plain.prior_weight(a) == 1.0 for a in plain.arms) and plain.accept.visits[0] == 0
+    assert plain.accept.visits[0] == 0 and plain.rank_bounds()[:2] == [1.0, 1.0]
+
+
+def test_bandit_arm_estimate_is_throughput_not_mean_per_step_reward():
+    """An arm's mean is -(sum of costs) / (sum of tokens): two steps emitting 1 and 5 tokens at cost
+    2 each are worth 2 / 3 a pass per token, not the per-step mean of -2/1 and -2/5 (-1.2)."""
+    b = ShapeBandit.of([(1, 1, 1, 1)])
+    b.times.target_ms = 10.0
+    b.times.alpha = 0.0  # keep the 1-row pass at 10 ms: every step costs 2 passes
+    r = [b.update((1, 1, 1, 1), emitted, draft_ms=0.0, verify_ms=20.0, rows=5) for emitted in (1, 5)]
+    assert r == [pytest.approx(-2.0), pytest.approx(-0.4)]
+    assert b.arms[0].mean == pytest.approx(-4.0 / 6.0)
+    assert b.arms[0].total / b.arms[0].count == pytest.approx(-1.2)
+
+
+@pytest.mark.parametrize("machine", ["AVX2_FP32", "AVX512_BF16", "FLAT"])
+def test_bandit_tracks_the_best_static_shape_on_measured_costs(machine):
+    """Issue [drafting]'s bar in simulation: the four default arms with the drafting and verify
+    times measured on two CPUs (chains win there) and a flat-verify machine (trees win), the
+    target's token drawn among the drafter's ranked children (tests/banditsim.py). mab's tokens
+    per ms stays within 5% of the best static shape in a warm conversation (the memory of earlier
+    ones carried) and within 10% in the first, and >= 10% above the worst."""
+    import random
+
+    from engine.costmodel import VerifyCost
+    from engine.policy import DEFAULT_ARMS
+    from tests import banditsim
+
+    m = getattr(banditsim, machine)
+    curve = VerifyCost(a=m.target_ms * 0.95, b=m.target_ms * 0.035)  # the start-up curve reads low for trees
+    steps, seeds = 60, 20
+    static = {}
+    for arm in DEFAULT_ARMS:
+        ms = tok = 0.0
+        for s in range(seeds):
+            dm, dt, _ = banditsim.run(m, arm, steps, random.Random(s))
+            ms, tok = ms + dm, tok + dt
+        static[arm] = tok / ms
+    first = [0.0, 0.0]
+    warm = [0.0, 0.0]
+    for s in range(seeds):
+        rng, memory = random.Random(s), {}
+        for c in range(3):
+            dm, dt, _ = banditsim.run(m, ShapeBandit.of(DEFAULT_ARMS, cost=curve, memory=memory), steps, rng)
+            acc = first if c == 0 else warm
+            acc[0], acc[1] = acc[0] + dm, acc[1] + dt
+    best, worst = max(static.values()), min(static.values())
+    assert warm[1] / warm[0] >= 0.95 * best, (static, warm)
+    assert first[1] / first[0] >= 0.90 * best, (static, first)
+    assert warm[1] / warm[0] >= 1.10 * worst
