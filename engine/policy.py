@@ -61,19 +61,27 @@ def child_ranks(parents: Sequence[int]) -> list[int]:
 
 @dataclass
 class StepTimes:
-    """Running (EMA) estimates of one drafter depth-step and one single-row target pass, in ms."""
+    """Running (EMA) estimates of one drafter depth-step and one single-row target pass, in ms.
+    The single-row pass is read off each verify pass through what that pass is known to cost in
+    single-row passes: the shape's own measured ratio, else the start-up curve for narrow passes
+    (<= NARROW rows; it is measured on chains and reads wide trees low)."""
 
     draft_step_ms: float | None = None
     target_ms: float | None = None
     alpha: float = 0.2
 
-    def update(self, draft_ms: float, depth: int, verify_ms: float, rows: int, cost: VerifyCost | None) -> None:
+    def update(self, draft_ms: float, depth: int, verify_ms: float, rows: int, cost: VerifyCost | None,
+               rel: float | None = None) -> None:
         if depth > 0 and draft_ms > 0:
             d = draft_ms / depth
             self.draft_step_ms = d if self.draft_step_ms is None else (1 - self.alpha) * self.draft_step_ms + self.alpha * d
-        if verify_ms > 0:
-            t1 = verify_ms / (cost.relative(rows) if cost is not None else 1.0)  # what a 1-row pass would have cost
+        if rel is None and (rows <= self.NARROW or self.target_ms is None):
+            rel = cost.relative(rows) if cost is not None else 1.0
+        if verify_ms > 0 and rel:
+            t1 = verify_ms / rel  # what a 1-row pass would have cost
             self.target_ms = t1 if self.target_ms is None else (1 - self.alpha) * self.target_ms + self.alpha * t1
+
+    NARROW = 16
 
     @property
     def lambda_gamma(self) -> float:
@@ -95,8 +103,12 @@ class Arm:
     total: float = 0.0  # sum of per-step eq. 2 rewards (telemetry)
     cost: float = 0.0  # sum of step costs, in single-row target passes
     emitted: float = 0.0  # sum of tokens emitted
-    draft_step_ms: float | None = None  # this shape's own drafting time per depth (EMA)
-    verify_ms: float | None = None  # this shape's own measured verify pass (EMA)
+    # This shape's own measured costs in single-row target passes (EMAs of each step's time over
+    # the running single-row estimate at that moment). Ratios, not milliseconds: a shared 2-core
+    # machine runs everything 1.5x slower for minutes at a time, and a tree measured during a
+    # slow minute must not look cheap (or dear) against a chain measured in a fast one.
+    draft_rel: float | None = None  # drafting, per depth
+    verify_rel: float | None = None  # the verify pass
 
     @property
     def mean(self) -> float:
@@ -135,7 +147,7 @@ class ShapeBandit:
         b = cls([Arm(tuple(s)) for s in shapes], lambda_ucb, cost, memory=memory)
         if memory:
             for a in b.arms:
-                a.draft_step_ms, a.verify_ms = memory.get(a.shape, (None, None))
+                a.draft_rel, a.verify_rel = memory.get(a.shape, (None, None))
             b.times.draft_step_ms, b.times.target_ms = memory.get("times", (None, None))
             if "accept" in memory:  # earlier conversations' acceptance by rank, as a prior of <= PRIOR_STEPS visits per rank
                 hits, visits = memory["accept"]
@@ -211,22 +223,18 @@ class ShapeBandit:
 
     def predicted_step(self, shape: tuple[int, ...], rates: Sequence[float] | None = None) -> tuple[float, float]:
         """(cost in single-row target passes, expected tokens emitted) of one step of ``shape``."""
-        rel = self.rel_verify(shape)
         a = self._arm(shape)
-        if a is not None and a.draft_step_ms is not None and self.times.target_ms:
-            lam = a.draft_step_ms / self.times.target_ms
-        else:
-            lam = self._width_scaled_lambda(shape)
-        return rel + lam * len(shape), 1.0 + self.expected_accepted(shape, rates)
+        lam = a.draft_rel if a is not None and a.draft_rel is not None else self._width_scaled_lambda(shape)
+        return self.rel_verify(shape) + lam * len(shape), 1.0 + self.expected_accepted(shape, rates)
 
     def _width_scaled_lambda(self, shape: tuple[int, ...]) -> float:
         def width(sh):
             return len(plan_from_shape(sh)) / max(1, len(sh))
 
-        known = [(a.draft_step_ms / (1 + width(a.shape) / 16)) for a in self.arms if a.draft_step_ms is not None]
-        if not known or not self.times.target_ms:
+        known = [(a.draft_rel / (1 + width(a.shape) / 16)) for a in self.arms if a.draft_rel is not None]
+        if not known:
             return self.times.lambda_gamma
-        return sum(known) / len(known) * (1 + width(shape) / 16) / self.times.target_ms
+        return sum(known) / len(known) * (1 + width(shape) / 16)
 
     def observe(self, parents: Sequence[int], accepted: Sequence[int]) -> None:
         """Acceptance by child rank from a verified tree (shared by all arms' predictions; with a
@@ -245,9 +253,9 @@ class ShapeBandit:
         On a GPU a depth of any width costs about the same (the paper's single λγ); on a CPU a wide
         depth costs more than a chain's, so each arm keeps its own (the shared one until measured)."""
         a = self._arm(shape)
-        if a is None or a.draft_step_ms is None or not self.times.target_ms:
+        if a is None or a.draft_rel is None:
             return self.times.lambda_gamma
-        return a.draft_step_ms / self.times.target_ms
+        return a.draft_rel
 
     def rel_verify(self, shape: tuple[int, ...]) -> float:
         """The verify pass of ``shape`` in single-token target steps: its own measured time when it
@@ -255,8 +263,8 @@ class ShapeBandit:
         chain at a 64-token prefix, read low: measured here 3.6 vs 2.9 for a 46-node tree), else
         the verify-cost curve's t(n) / t(1)."""
         a = self._arm(shape)
-        if a is not None and a.verify_ms is not None and self.times.target_ms:
-            return a.verify_ms / self.times.target_ms
+        if a is not None and a.verify_rel is not None:
+            return a.verify_rel
         rows = len(plan_from_shape(shape)) + 1
         return self.cost.relative(rows) if self.cost is not None else 1.0
 
@@ -268,17 +276,20 @@ class ShapeBandit:
 
     def update(self, shape: tuple[int, ...], emitted: int, draft_ms: float, verify_ms: float, rows: int) -> float:
         """Book one round for the arm with ``shape``: ``emitted`` tokens, measured times."""
-        self.times.update(draft_ms, len(shape), verify_ms, rows, self.cost)
         a = self._arm(shape)
+        self.times.update(draft_ms, len(shape), verify_ms, rows, self.cost, a.verify_rel if a is not None else None)
         al = self.times.alpha
-        if a is not None and draft_ms > 0 and len(shape):
-            d = draft_ms / len(shape)
-            a.draft_step_ms = d if a.draft_step_ms is None else (1 - al) * a.draft_step_ms + al * d
-        if a is not None and verify_ms > 0:
-            a.verify_ms = verify_ms if a.verify_ms is None else (1 - al) * a.verify_ms + al * verify_ms
+        t1 = self.times.target_ms
+        if a is not None and t1:
+            if draft_ms > 0 and len(shape):
+                d = draft_ms / len(shape) / t1
+                a.draft_rel = d if a.draft_rel is None else (1 - al) * a.draft_rel + al * d
+            if verify_ms > 0:
+                v = verify_ms / t1
+                a.verify_rel = v if a.verify_rel is None else (1 - al) * a.verify_rel + al * v
         if self.memory is not None:
             if a is not None:
-                self.memory[a.shape] = (a.draft_step_ms, a.verify_ms)
+                self.memory[a.shape] = (a.draft_rel, a.verify_rel)
             self.memory["times"] = (self.times.draft_step_ms, self.times.target_ms)
         r = self.reward(shape, emitted)
         if a is not None:

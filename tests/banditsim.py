@@ -42,16 +42,22 @@ class Machine:
         return plan, path
 
 
-def run(machine: Machine, policy, steps: int, rng: random.Random, jitter: float = 0.1) -> tuple[float, int, list]:
+def run(machine: Machine, policy, steps: int, rng: random.Random, jitter: float = 0.1, slow: float = 1.0,
+        switch: float = 0.0) -> tuple[float, int, list]:
     """``steps`` decode steps under ``policy`` (a ShapeBandit, or a fixed shape): (ms, tokens, picks).
-    Times carry +-``jitter`` uniform noise, as a busy machine's do."""
+    Times carry +-``jitter`` uniform noise per step, as a busy machine's do, and with ``switch`` > 0
+    the whole machine changes speed between 1x and ``slow``x with that probability per step
+    (another process taking a core for a while: measured 1.5x swings lasting minutes here)."""
     ms, tokens, picks = 0.0, 0, []
+    speed = 1.0
     for _ in range(steps):
+        if switch and rng.random() < switch:
+            speed = slow if speed == 1.0 else 1.0
         shape = policy.choose() if isinstance(policy, ShapeBandit) else policy
         picks.append(shape)
         d, v = machine.costs[shape]
-        d *= 1 + rng.uniform(-jitter, jitter)
-        v *= 1 + rng.uniform(-jitter, jitter)
+        d *= speed * (1 + rng.uniform(-jitter, jitter))
+        v *= speed * (1 + rng.uniform(-jitter, jitter))
         parents, path = machine.step(shape, rng)
         if isinstance(policy, ShapeBandit):
             policy.observe(parents, path)
