@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import torch
 
+from kernels import use_triton
+
 from .cache import ScratchCache
 
 Acts = dict[str, torch.Tensor]  # one layer's cached activations of some nodes, rows first
@@ -161,7 +163,8 @@ class DraftBatch:
         step(tokens)        LongTensor[B] -> logits (B, V); every row advances by its token, in
                             place, in one batched pass
         fork(parent_rows)   LongTensor[B2] -> a new DraftBatch whose row j copies row
-                            parent_rows[j] (index_select on the state's device, no host sync)
+                            parent_rows[j] (a gather on the state's device, no host sync: the
+                            Triton state_gather on CUDA, index_select elsewhere)
 
     Buffers are the pool's for (depth, B): a batch stays valid until the next fork to the same
     depth and size (the next draft) or a change of the committed state it was forked from.
@@ -208,7 +211,12 @@ class DraftBatch:
         n = idx.numel()
         state = self.pool.take(self.depth + 1, n, self.state)
         for k, t in self.state.items():
-            torch.index_select(t, 1, idx.to(t.device), out=state[k])
+            if use_triton(t):
+                from kernels.state_gather import state_gather
+
+                state_gather(t, idx.to(t.device), out=state[k])
+            else:
+                torch.index_select(t, 1, idx.to(t.device), out=state[k])
         return DraftBatch(self.model, self.pool, self.depth + 1, n, state, self.start, self.steps)
 
     def grow(self, name: str, dim: int, size: int) -> torch.Tensor:

@@ -8,6 +8,8 @@ Forks and commits of draft rows use it without a host round trip: ``idx`` stays 
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from . import HAS_TRITON
@@ -29,20 +31,27 @@ if HAS_TRITON:
         tl.store(dst + offs, tl.load(src + offs, mask=m), mask=m)
 
 
-def state_gather_ref(state: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """state (L, B, ...) , idx (J,) int64 -> (L, J, ...)."""
-    return torch.index_select(state, 1, idx)
+def state_gather_ref(state: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """state (L, B, ...) , idx (J,) int64 -> (L, J, ...), into ``out`` when given (a pool buffer)."""
+    if out is None:
+        return torch.index_select(state, 1, idx)
+    return torch.index_select(state, 1, idx, out=out)
 
 
-def state_gather(state: torch.Tensor, idx: torch.Tensor, block: int = 1024) -> torch.Tensor:
-    """Triton launcher of ``state_gather_ref`` (same signature and result)."""
+def state_gather(state: torch.Tensor, idx: torch.Tensor, out: torch.Tensor | None = None, block: int = 1024) -> torch.Tensor:
+    """Triton launcher of ``state_gather_ref`` (same signature and result). ``out`` must not
+    overlap ``state``; index values are not checked (that would cost a host sync)."""
     assert HAS_TRITON, "state_gather needs triton; use state_gather_ref"
     assert state.dim() >= 2, f"state must be (L, B, ...), got shape {tuple(state.shape)}"
     assert idx.dim() == 1 and idx.dtype in (torch.int32, torch.int64), "idx must be a 1-d integer tensor"
     src = state.contiguous()
     L, B = src.shape[:2]
-    F = src[0, 0].numel()
-    out = torch.empty((L, idx.numel(), *src.shape[2:]), dtype=src.dtype, device=src.device)
+    F = math.prod(src.shape[2:])
+    shape = (L, idx.numel(), *src.shape[2:])
+    if out is None:
+        out = torch.empty(shape, dtype=src.dtype, device=src.device)
+    assert out.shape == shape and out.dtype == src.dtype and out.is_contiguous(), \
+        f"out must be a contiguous {src.dtype} tensor of shape {shape}"
     if out.numel() == 0:
         return out
     grid = (L, idx.numel(), triton.cdiv(F, block))

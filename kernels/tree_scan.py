@@ -12,8 +12,10 @@ Shapes (T nodes in topological order, H heads of P channels, G groups, N state s
 
 Returns y (T, H, P) fp32 (no D skip: engine.models.mamba2.tree_scan's contract) and, when
 ``keep_states``, every node's state (T, H, P, N) fp32 (what replay would otherwise recompute).
-The kernel walks the nodes in order; each node's state goes to a scratch buffer its children read
-(on a GPU the few-dozen-node trees of verification stay in L2).
+The kernel walks the nodes in order (a runtime loop: one compiled kernel for every tree size);
+each node's state goes to a scratch buffer its children read (on a GPU the few-dozen-node trees
+of verification stay in L2). Parent values are checked only when ``parents`` is on the CPU: on a
+GPU the check would cost a host sync per launch (the engine checks its trees on the host).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import torch
 
 from . import HAS_TRITON
+from .ssd_update import state_block_p
 
 if HAS_TRITON:
     import triton
@@ -28,7 +31,7 @@ if HAS_TRITON:
 
     @triton.jit
     def _tree_scan_kernel(state_ptr, x_ptr, B_ptr, C_ptr, dt_ptr, A_ptr, par_ptr, y_ptr, states_ptr,
-                          H, P, G, N, T: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+                          H, P, G, N, T, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
         h = tl.program_id(0)
         pb = tl.program_id(1)
         g = h // (H // G)
@@ -39,7 +42,7 @@ if HAS_TRITON:
         hp = (h * P + p[:, None]) * N + n[None, :]  # offset of (h, p, n) within one (H, P, N) state
         S0 = tl.load(state_ptr + hp, mask=m2, other=0.0)
         a = tl.load(A_ptr + h)
-        for i in tl.static_range(T):
+        for i in range(T):
             par = tl.load(par_ptr + i)
             # read a real node's slot even for the root (clamped index), then choose: a scalar
             # condition inside a block mask is not portable across Triton versions
@@ -71,22 +74,23 @@ def tree_scan_ref(state, x, B, C, dt, A, parents, keep_states: bool = False):
     return (y, torch.stack(states)) if keep_states else y
 
 
-def tree_scan(state, x, B, C, dt, A, parents, keep_states: bool = False):
+def tree_scan(state, x, B, C, dt, A, parents, keep_states: bool = False, block_p: int | None = None):
     """Triton launcher: one program per (head, block of P channels), nodes in packed order."""
     assert HAS_TRITON, "tree_scan needs triton; use tree_scan_ref"
     T, H, P = x.shape
     G, N = B.shape[1], B.shape[2]
     assert state.shape == (H, P, N), f"state {tuple(state.shape)} != (H, P, N) = {(H, P, N)}"
     assert B.shape == C.shape == (T, G, N) and dt.shape == (T, H) and A.shape == (H,), "bad B/C/dt/A shapes"
-    assert parents.shape == (T,) and all(-1 <= int(q) < i for i, q in enumerate(parents.tolist())), \
+    assert parents.shape == (T,), f"parents {tuple(parents.shape)} != ({T},)"
+    assert parents.is_cuda or all(-1 <= int(q) < i for i, q in enumerate(parents.tolist())), \
         "parents must be (T,) with each parent an earlier node or -1"
     state, x, B, C = (t.contiguous() for t in (state.float(), x, B, C))
     y = torch.empty((T, H, P), dtype=torch.float32, device=x.device)
     states = torch.empty((T, H, P, N), dtype=torch.float32, device=x.device)
     if T:
-        BLOCK_P = min(64, triton.next_power_of_2(P))
+        BLOCK_P = block_p or state_block_p(P, triton.next_power_of_2(N))
         grid = (H, triton.cdiv(P, BLOCK_P))
         _tree_scan_kernel[grid](state, x, B, C, dt.float().contiguous(), A.float().contiguous(),
-                                parents.to(torch.int64).contiguous(), y, states, H, P, G, N, T=T,
+                                parents.to(torch.int64).contiguous(), y, states, H, P, G, N, T,
                                 BLOCK_P=BLOCK_P, BLOCK_N=triton.next_power_of_2(N))
     return (y, states) if keep_states else y

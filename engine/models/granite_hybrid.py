@@ -17,6 +17,11 @@ compacts its K/V rows in the attention layers.
 As a drafter (mamba-drafters §4.1) it forks like a Mamba: n rows copy the Mamba layers' state,
 and in the attention layers every row reads the committed K/V prefix in place and keeps its own
 small K/V tail of the tokens it stepped (engine/ssm_cache.DraftBatch).
+On CUDA the Mamba layers run mamba2.py's Triton dispatch; the attention layers keep their
+PyTorch path (the CPU's C kernel is never asked for), with the mask and plan moved to the device.
+With CUDA graphs on, a fresh tree's verify pass replays each run of consecutive Mamba layers
+(with their MLPs) from a graph per tree size, and the attention layers between run eagerly:
+their committed prefix grows every step, so it has no fixed shape to record.
 
 Shape letters: T new nodes, D model width, H query heads, K kv heads, E head dim, F MLP width,
 V vocabulary (the Mamba-side letters are mamba2.py's). Batch is 1: trees are packed along T.
@@ -31,12 +36,13 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from .. import cuda_graphs
 from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, DraftPool
 from .base import CausalLM
-from .common import as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
-from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, config_int, parse_dt_limit
+from .common import AttnPlan, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
+from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, TreePlan, config_int, parse_dt_limit
 
 MODEL_TYPES = ("granitemoehybrid",)
 LAYER_KINDS = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention", "full_attention": "attention"}
@@ -176,16 +182,16 @@ class HybridCache:
     def nbytes(self) -> int:
         return self.ssm.nbytes() + self.kv.nbytes()
 
-    def add_nodes(self, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor, int, torch.Tensor, torch.Tensor | None]:
-        """Place T scratch nodes in both caches: (anc, conv_idx) as SSMCache.add_nodes, then
+    def add_nodes(self, parents: Sequence[int]) -> tuple[TreePlan, int, torch.Tensor, torch.Tensor | None]:
+        """Place T scratch nodes in both caches: the TreePlan of SSMCache.add_nodes, then
         (start, positions, mask) as KVCache.extend_plan. The SSM side checks the parents first."""
-        anc, conv_idx = self.ssm.add_nodes(parents)
+        plan = self.ssm.add_nodes(parents)
         try:
             start, positions, mask = self.kv.extend_plan(parents)
         except BaseException:
             self.clear_scratch()
             raise
-        return anc, conv_idx, start, positions, mask
+        return plan, start, positions, mask
 
     def commit(self, rows: Sequence[int]) -> None:
         """Replay ``rows`` (a root-to-node chain) into the SSM state and compact their K/V rows."""
@@ -254,6 +260,21 @@ class GraniteHybrid(CausalLM):
             self.layers.append(L)
         self.kv_dims = (n_kind["attention"], K, E)
         self.rope = Rope(E, cfg.rope, self.max_context, dtype) if cfg.rope is not None else None
+        if self.rope is not None and self.device.type != "cpu":
+            self.rope.cos, self.rope.sin = self.rope.cos.to(self.device), self.rope.sin.to(self.device)
+        self.graphs = cuda_graphs.GraphSet.for_device(self.device) if cuda_graphs.ENABLED else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def use_cuda_graphs(self, on: bool = True, emulate: bool = False) -> bool:
+        """Replay a fresh verify pass's runs of Mamba layers from CUDA graphs (engine/cuda_graphs.py;
+        the attention layers and a hybrid drafter's steps, whose K/V tails grow, stay eager); on
+        a CPU only with ``emulate`` (tests). Returns whether graphs are on."""
+        self.graphs = (cuda_graphs.GraphSet(self.device, emulate=True, warmup=1) if emulate
+                       else cuda_graphs.GraphSet.for_device(self.device)) if on else None
+        return self.graphs is not None
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg
@@ -262,7 +283,11 @@ class GraniteHybrid(CausalLM):
                 "state": c.mamba.state_size, "vocab": self.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
 
     def new_cache(self, capacity: int) -> HybridCache:
-        return HybridCache(SSMCache.for_config(self.cfg.mamba, capacity, self._dtype), KVCache(*self.kv_dims, capacity, self._dtype))
+        A = [L["mixer"].A for L in self.layers if L["kind"] == "mamba"]  # in slot order
+        kv = KVCache(*self.kv_dims, capacity, self._dtype)
+        if self.device.type != "cpu":
+            kv.k, kv.v = kv.k.to(self.device), kv.v.to(self.device)  # the mask buffer stays on the host
+        return HybridCache(SSMCache.for_config(self.cfg.mamba, capacity, self._dtype, self.device, torch.stack(A) if A else None), kv)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return mm(hidden, self.lm_head_t) / self.cfg.logits_scaling  # (T, V)
@@ -270,20 +295,29 @@ class GraniteHybrid(CausalLM):
     # verify / extend / prefill / commit / rollback come from CausalLM and HybridCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
         c, cache = self.cfg, self.cache
-        anc, conv_idx, start, positions, mask = cache.add_nodes(parents)
+        tree, start, positions, mask = cache.add_nodes(parents)
         try:
             x = self.embed[torch.as_tensor(tokens, dtype=torch.long)] * c.embedding_multiplier  # (T, D)
             T = len(tokens)
-            plan = attn_plan(mask, start + T, T, c.num_heads // c.num_kv_heads) if self._dtype == torch.bfloat16 else None
-            for L in self.layers:
-                h = rms_norm(x, L["ln1"], c.rms_norm_eps)
-                if L["kind"] == "mamba":
-                    y = L["mixer"](h, cache.ssm, L["slot"], anc, conv_idx)
-                else:
+            dev = self.device
+            tree = tree.to(dev)
+            plan = None
+            if self._dtype == torch.bfloat16:
+                # made from the host mask (its loops and nonzero would each sync on a GPU), then moved
+                plan = attn_plan(mask, start + T, T, c.num_heads // c.num_kv_heads, native=dev.type == "cpu")
+                plan = plan if dev.type == "cpu" else plan_to(plan, dev)
+            mask = mask.to(dev) if mask is not None else None
+            graphed = self.graphs is not None and tree.fresh and want_logits  # verify passes; prefill chunks stay eager
+            for r, (kind, run) in enumerate(runs_of(self.layers)):
+                if kind == "mamba":
+                    x = self._mamba_run_graphed(r, run, x, tree) if graphed else self._mamba_run(run, x, tree)
+                    continue
+                for L in run:
+                    h = rms_norm(x, L["ln1"], c.rms_norm_eps)
                     q, k, v = self._qkv(L, h, positions)  # tree attention over [committed K/V ; scratch tree]
                     a = L["slot"]
                     y = self._attn_out(L, cached_attention(q, k, v, cache.kv.k[a], cache.kv.v[a], start, mask, c.attention_multiplier, plan))
-                x = self._mlp(L, x + y * c.residual_multiplier)
+                    x = self._mlp(L, x + y * c.residual_multiplier)
         except BaseException:
             cache.clear_scratch()  # never leave half-stored activations behind
             raise
@@ -291,6 +325,33 @@ class GraniteHybrid(CausalLM):
             if mask is not None:
                 cache.kv.release_mask(len(tokens), start + len(tokens))
         return self.logits(rms_norm(x, self.norm, c.rms_norm_eps)) if want_logits else None
+
+    def _mamba_run(self, run: list[dict[str, Any]], x: torch.Tensor, tree: TreePlan) -> torch.Tensor:
+        """Consecutive Mamba layers (mixer, then MLP) over the T new nodes: x (T, D) -> (T, D)."""
+        c, ssm = self.cfg, self.cache.ssm
+        for L in run:
+            y = L["mixer"](rms_norm(x, L["ln1"], c.rms_norm_eps), ssm, L["slot"], tree)
+            x = self._mlp(L, x + y * c.residual_multiplier)
+        return x
+
+    def _mamba_run_graphed(self, r: int, run: list[dict[str, Any]], x: torch.Tensor, tree: TreePlan) -> torch.Tensor:
+        """``_mamba_run`` from the CUDA graph of run ``r`` at this tree size (a fresh tree: the
+        tree is data in static buffers), keyed also by the committed state's buffers, which
+        alternate on commit. Returns x in the graph's output buffer, read before the next pass."""
+        ssm = self.cache.ssm
+        slots = [L["slot"] for L in run]
+
+        def fwd(x: torch.Tensor, anc: torch.Tensor, conv_idx: torch.Tensor, parents: torch.Tensor):
+            for s in slots:
+                ssm.acts[s] = None  # every run stores a fresh tree's activations
+            out = self._mamba_run(run, x, TreePlan(anc, conv_idx, parents, tree.T, tree.chain))
+            return out, [ssm.acts[s] for s in slots]
+
+        key = ("mamba-run", r, id(run[0]["mixer"]), tree.T, tree.chain, ssm.ssm.data_ptr(), ssm.conv.data_ptr())
+        out, acts = self.graphs.run(key, fwd, {"x": x, "anc": tree.anc, "conv_idx": tree.conv_idx, "parents": tree.parents})
+        for s, a in zip(slots, acts):
+            ssm.acts[s] = dict(a)  # the graph's buffers: commit copies the accepted rows out
+        return out
 
     # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------
     @torch.inference_mode()
@@ -361,3 +422,20 @@ class GraniteHybrid(CausalLM):
         p = torch.softmax(scores.float() * self.cfg.attention_multiplier, dim=-1).to(vc.dtype)  # (B, K, G, n + S)
         out = torch.einsum("bkgn,kne->bkge", p[..., :n], vc) + torch.einsum("bkgs,bkse->bkge", p[..., n:], v_tail)
         return out.reshape(B, H * E)
+
+
+def plan_to(plan: AttnPlan, device: torch.device) -> AttnPlan:
+    """An attention plan (PyTorch blocks, not the CPU's C kernel) with its tensors on ``device``."""
+    move = lambda t: None if t is None else t.to(device)  # noqa: E731
+    return AttnPlan(plan.T, plan.G, plan.nb, move(plan.invalid), plan.nt, move(plan.idx), move(plan.tinvalid))
+
+
+def runs_of(layers: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The layers as runs of consecutive layers of one kind, in order (a graph records a run)."""
+    runs: list[tuple[str, list[dict[str, Any]]]] = []
+    for L in layers:
+        if runs and runs[-1][0] == L["kind"]:
+            runs[-1][1].append(L)
+        else:
+            runs.append((L["kind"], [L]))
+    return runs

@@ -13,6 +13,13 @@ The target-side algorithms are the point of this page:
   * fork(n) / DraftBatch.step = drafting (mamba-drafters §4.1): n rows copy the committed
     state and step by the plain recurrence, batched over rows (engine/ssm_cache.py).
 
+Devices: the model lives where its weights are; caches and index tensors follow it. On CUDA the
+mixer runs the Triton ops of kernels/ (kernels.use_triton: the tree conv, the tree scan — or the
+fused multi-step update when the new nodes are one chain — the activation replay of commit, and
+the drafter's one-token update in place); on a CPU the PyTorch code below, unchanged. With CUDA
+graphs on (engine/cuda_graphs.py) the drafter's batched step and a fresh tree's verify pass are
+replayed from graphs, one per batch size / tree size.
+
 Shape letters: T new nodes this call, S all scratch nodes (S >= T, extend appends), D model width,
 H heads, P head dim, G groups (B/C shared by H/G heads), R = H/G, N state size, K conv kernel,
 C = conv channels (H·P + 2·G·N), I = H·P, V vocabulary, L layers. Batch is 1: trees are packed
@@ -28,6 +35,9 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+from kernels import use_triton
+
+from .. import cuda_graphs
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, RecurrentCache
 from .base import CausalLM
@@ -189,28 +199,33 @@ class SSMCache(RecurrentCache):
     """
 
     def __init__(self, n_layers: int, conv_dim: int, kernel: int, heads: int, head_dim: int, state: int,
-                 capacity: int, dtype: torch.dtype, max_scratch: int = 512):
+                 capacity: int, dtype: torch.dtype, max_scratch: int = 512, device: torch.device | str | None = None,
+                 A: torch.Tensor | None = None):
         super().__init__(n_layers, capacity, max_scratch)
         self.kernel = kernel
-        self.conv = torch.zeros(n_layers, conv_dim, kernel - 1, dtype=dtype)  # (L, C, K-1) raw xBC, newest last
-        self.ssm = torch.zeros(n_layers, heads, head_dim, state, dtype=torch.float32)  # (L, H, P, N), fp32 always
+        self.conv = torch.zeros(n_layers, conv_dim, kernel - 1, dtype=dtype, device=device)  # (L, C, K-1) raw xBC, newest last
+        self.ssm = torch.zeros(n_layers, heads, head_dim, state, dtype=torch.float32, device=device)  # (L, H, P, N), fp32 always
         self._spare_conv = torch.zeros_like(self.conv)  # the state before the last commit
         self._spare_ssm = torch.zeros_like(self.ssm)
+        self.A = A  # (L, H) the layers' decay rates: the Triton replay takes dt and A, not dt·A (None: PyTorch replay)
 
     @classmethod
-    def for_config(cls, c: Mamba2Config, capacity: int, dtype: torch.dtype) -> "SSMCache":
+    def for_config(cls, c: Mamba2Config, capacity: int, dtype: torch.dtype, device: torch.device | str | None = None,
+                   A: torch.Tensor | None = None) -> "SSMCache":
         """One state per mixer layer of ``c`` (c.num_layers of them)."""
-        return cls(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, dtype)
+        return cls(c.num_layers, c.conv_dim, c.conv_kernel, c.num_heads, c.head_dim, c.state_size, capacity, dtype,
+                   device=device, A=A)
 
     def nbytes(self) -> int:
         return 2 * (self.conv.numel() * self.conv.element_size() + self.ssm.numel() * self.ssm.element_size())
 
     @torch.inference_mode()
-    def add_nodes(self, parents: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Place T scratch nodes (ScratchCache.place). Returns the ancestor mask over all S scratch
-        nodes (S, S) and, for the T new nodes, the conv window idx (T, K) into the bank
-        cat(conv state (K-1 columns), scratch xBC (S rows)): oldest first, walking up the tree and
-        past the root into the committed columns.
+    def add_nodes(self, parents: Sequence[int]) -> "TreePlan":
+        """Place T scratch nodes (ScratchCache.place) and plan their forward (TreePlan): the
+        ancestor mask over all S scratch nodes (S, S); for the T new nodes, the conv window idx
+        (T, K) into the bank cat(conv state (K-1 columns), scratch xBC (S rows)), oldest first,
+        walking up the tree and past the root into the committed columns; the scratch parents
+        (S,) for the Triton ops; whether the S nodes form one chain.
         """
         T = len(parents)
         s0 = self.place(parents)
@@ -222,7 +237,8 @@ class SSMCache(RecurrentCache):
         idx[:, -1] = torch.arange(k1 + s0, k1 + S)
         for k in range(self.kernel - 2, -1, -1):
             idx[:, k] = up[idx[:, k + 1]]
-        return self._anc[:S, :S], idx
+        chain = all(p == i - 1 for i, p in enumerate(self.scratch_parents))
+        return TreePlan(self._anc[:S, :S], idx, torch.tensor(self.scratch_parents, dtype=torch.long), T, chain)
 
     def _zero_state(self) -> None:
         self.conv.zero_()
@@ -232,8 +248,15 @@ class SSMCache(RecurrentCache):
         """Replay the chain ``path`` from the committed state (the activations are all it takes)
         into the spare buffers and swap them in."""
         k1 = self.kernel - 1
+        fused = self.A is not None and use_triton(self.ssm)
         for layer, a in enumerate(path):
-            self._spare_ssm[layer] = replay_state(self.ssm[layer], a["x"], a["B"], a["dt"], a["la"])
+            if fused:  # the multi-step update from the committed state, written into the spare buffer
+                from kernels.ssd_update import ssd_update
+
+                ssd_update(self.ssm[layer][None], a["x"][None], a["B"][None], None, a["dt"][None], self.A[layer],
+                           out=self._spare_ssm[layer][None])
+            else:
+                self._spare_ssm[layer] = replay_state(self.ssm[layer], a["x"], a["B"], a["dt"], a["la"])
             window = torch.cat([self.conv[layer], a["xbc"].t().to(self.conv.dtype)], dim=1)  # (C, K-1+m)
             self._spare_conv[layer] = window[:, window.shape[1] - k1:]
         self._restore_state()
@@ -241,6 +264,31 @@ class SSMCache(RecurrentCache):
     def _restore_state(self) -> None:
         self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
         self.conv, self._spare_conv = self._spare_conv, self.conv
+
+
+@dataclass
+class TreePlan:
+    """Where the T new scratch nodes of one forward hang (SSMCache.add_nodes), for every layer:
+    anc (S, S) bool and conv_idx (T, K) for the PyTorch path, parents (S,) int64 (-1 = the root)
+    for the Triton ops, and whether all S scratch nodes form one chain (the fused multi-step
+    update then replaces the tree scan). Made on the host; ``to`` moves it to the model's device
+    once per forward, not once per layer."""
+
+    anc: torch.Tensor
+    conv_idx: torch.Tensor
+    parents: torch.Tensor
+    T: int
+    chain: bool
+
+    @property
+    def fresh(self) -> bool:
+        """No scratch nodes before these (a verify or a prefill chunk, not an extend)."""
+        return self.anc.shape[0] == self.T
+
+    def to(self, device: torch.device) -> "TreePlan":
+        if self.anc.device == device:
+            return self
+        return TreePlan(self.anc.to(device), self.conv_idx.to(device), self.parents.to(device), self.T, self.chain)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -320,17 +368,37 @@ class Mamba2Mixer:
         self.w_out = as_t(get(prefix + "out_proj.weight", (Dm, I)), dtype)
         self.b_out = get(prefix + "out_proj.bias", (Dm,)).to(dtype) if c.use_bias else None
 
-    def __call__(self, h: torch.Tensor, cache: SSMCache, layer: int, anc: torch.Tensor, conv_idx: torch.Tensor) -> torch.Tensor:
+    def __call__(self, h: torch.Tensor, cache: SSMCache, layer: int, plan: TreePlan) -> torch.Tensor:
         """h (T, D) normed input of the T new nodes -> (T, D); stores their activations in
-        ``cache`` slot ``layer``. anc, conv_idx: from cache.add_nodes for this call."""
+        ``cache`` slot ``layer``. plan: from cache.add_nodes for this call, on h's device."""
         z, xbc, dt = self._project(h)
-        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
         old = cache.acts[layer]
+        if old is None and use_triton(h):  # a fresh tree on CUDA: the Triton ops (an extend keeps the path below)
+            return self._output(self._tree_triton(cache, layer, plan, xbc, dt), z)
+        # Depthwise causal conv along each node's root path (ancestor-gathered windows).
         bank = torch.cat([cache.conv[layer].t(), xbc] if old is None else [cache.conv[layer].t(), old["xbc"], xbc])  # (K-1+S, C)
-        xs, B, C, dt = self._activate((bank[conv_idx] * self.conv_w).sum(1), dt)  # (T, K, C) -> (T, C)
+        xs, B, C, dt = self._activate((bank[plan.conv_idx] * self.conv_w).sum(1), dt)  # (T, K, C) -> (T, C)
         a = cache.store(layer, {"xbc": xbc, "x": xs, "B": B, "dt": dt, "la": dt * self.A})
-        y = tree_scan(C, a["x"], a["B"], a["dt"], a["la"], anc, cache.ssm[layer]) + self.D * xs  # (T, H, P)
+        y = tree_scan(C, a["x"], a["B"], a["dt"], a["la"], plan.anc, cache.ssm[layer]) + self.D * xs  # (T, H, P)
         return self._output(y, z)
+
+    def _tree_triton(self, cache: SSMCache, layer: int, plan: TreePlan, xbc: torch.Tensor, dt: torch.Tensor) -> torch.Tensor:
+        """``__call__``'s conv and scan by the Triton ops, for the T nodes of a fresh scratch tree:
+        tree_conv1d walks each node's ancestors in place (no gathered (T, K, C) windows), then one
+        chain takes the fused multi-step update (state in registers), any other tree the tree scan
+        (STree §3). Returns y (T, H, P) fp32 with the D skip."""
+        from kernels.ssd_update import ssd_update
+        from kernels.tree_conv1d import tree_conv1d
+        from kernels.tree_scan import tree_scan as tree_scan_kernel
+
+        state = cache.ssm[layer]
+        xs, B, C, dt = self._activate(tree_conv1d(cache.conv[layer], xbc, self.conv_w, self.conv_b, plan.parents), dt, biased=True)
+        cache.store(layer, {"xbc": xbc, "x": xs, "B": B, "dt": dt, "la": dt * self.A})
+        if plan.chain:
+            y = ssd_update(state[None], xs[None], B[None], C[None], dt[None], self.A)[0][0]
+        else:
+            y = tree_scan_kernel(state, xs, B, C, dt, self.A, plan.parents)
+        return y + self.D * xs  # (T, H, P)
 
     def step(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """One token per draft row (mamba-drafters §4.1): h (B, D) normed input -> (B, D). The rows'
@@ -340,6 +408,11 @@ class Mamba2Mixer:
         window = torch.cat([conv, xbc[:, :, None]], dim=2)  # (B, C, K): the last K-1 inputs, then this one
         xs, B, C, dt = self._activate((window.transpose(1, 2) * self.conv_w).sum(1), dt)
         conv.copy_(window[:, :, 1:])
+        if use_triton(h):  # one fused pass over the state, in place (kernels/ssd_update.py with out=state)
+            from kernels.ssd_update import ssd_update
+
+            y = ssd_update(ssm, xs[:, None], B[:, None], C[:, None], dt[:, None], self.A, out=ssm)[0][:, 0]
+            return self._output(y + self.D * xs, z)
         R = self.c.num_heads // self.c.n_groups
         Bh, Ch = B.repeat_interleave(R, dim=1), C.repeat_interleave(R, dim=1)  # (B, H, N): head h reads group h // R
         # in place, no (B, H, P, N) temporary: the state is the big tensor here (H·P·N per row and layer)
@@ -354,11 +427,12 @@ class Mamba2Mixer:
             zxbcdt = zxbcdt + self.b_in
         return zxbcdt.split([self.c.d_inner, self.c.conv_dim, self.c.num_heads], dim=-1)
 
-    def _activate(self, conv: torch.Tensor, dt: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Conv output (T, C) and raw dt (T, H) -> x (T, H, P), B, C (T, G, N), dt (T, H), fp32."""
+    def _activate(self, conv: torch.Tensor, dt: torch.Tensor, biased: bool = False) -> tuple[torch.Tensor, ...]:
+        """Conv output (T, C) (``biased``: the conv bias is in already) and raw dt (T, H) -> x
+        (T, H, P), B, C (T, G, N), dt (T, H), fp32."""
         c = self.c
         T = conv.shape[0]
-        if self.conv_b is not None:
+        if self.conv_b is not None and not biased:
             conv = conv + self.conv_b
         xs, B, C = F.silu(conv).float().split([c.d_inner, c.n_groups * c.state_size, c.n_groups * c.state_size], dim=-1)
         dt = F.softplus(dt.float() + self.dt_bias).clamp(*c.dt_limit)  # (T, H)
@@ -396,6 +470,19 @@ class Mamba2(CausalLM):
         self.norm_f = get("backbone.norm_f.weight", (Dm,)).to(dtype)
         self.layers = [(get(f"backbone.layers.{i}.norm.weight", (Dm,)).to(dtype), Mamba2Mixer(cfg, get, f"backbone.layers.{i}.mixer.", dtype))
                        for i in range(cfg.num_layers)]
+        self.graphs = cuda_graphs.GraphSet.for_device(self.device) if cuda_graphs.ENABLED else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.device
+
+    def use_cuda_graphs(self, on: bool = True, emulate: bool = False) -> bool:
+        """Replay the drafter's batched step and fresh verify passes from CUDA graphs
+        (engine/cuda_graphs.py); on a CPU they stay eager unless ``emulate`` (tests). Returns
+        whether graphs are on."""
+        self.graphs = (cuda_graphs.GraphSet(self.device, emulate=True, warmup=1) if emulate
+                       else cuda_graphs.GraphSet.for_device(self.device)) if on else None
+        return self.graphs is not None
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg
@@ -403,7 +490,7 @@ class Mamba2(CausalLM):
                 "state": c.state_size, "groups": c.n_groups, "vocab": self.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
 
     def new_cache(self, capacity: int) -> SSMCache:
-        return SSMCache.for_config(self.cfg, capacity, self._dtype)
+        return SSMCache.for_config(self.cfg, capacity, self._dtype, self.device, torch.stack([m.A for _, m in self.layers]))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return mm(hidden.to(self._dtype), self.lm_head_t)  # (T, V)
@@ -411,17 +498,43 @@ class Mamba2(CausalLM):
     # verify / extend / prefill / commit / rollback come from CausalLM and SSMCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
         cache = self.cache
-        anc, conv_idx = cache.add_nodes(parents)
+        plan = cache.add_nodes(parents)
         try:
-            x = self.embed[torch.as_tensor(tokens, dtype=torch.long)].float()  # (T, D) residual stream, fp32
-            for i, (norm, mixer) in enumerate(self.layers):
-                x = x + mixer(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache, i, anc, conv_idx)
+            plan = plan.to(self.device)
+            ids = torch.as_tensor(tokens, dtype=torch.long)
+            if want_logits and plan.fresh and self.graphs is not None:
+                return self._verify_graphed(ids, plan)
+            x = self._forward(ids, plan)
         except BaseException:
             cache.clear_scratch()  # never leave half-stored activations behind
             raise
         if not want_logits:
             return None
         return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+
+    def _forward(self, ids: torch.Tensor, plan: TreePlan) -> torch.Tensor:
+        """Token ids (T,) -> the residual stream (T, D) fp32 after the last layer; the layers'
+        activations land in the cache's scratch."""
+        x = self.embed[ids].float()  # (T, D) residual stream, fp32
+        for i, (norm, mixer) in enumerate(self.layers):
+            x = x + mixer(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), self.cache, i, plan)
+        return x
+
+    def _verify_graphed(self, ids: torch.Tensor, plan: TreePlan) -> torch.Tensor:
+        """A fresh tree's verify pass from the CUDA graph of its size (engine/cuda_graphs.py); the
+        tree itself (anc, conv windows, parents) is data in static buffers, so one graph serves
+        every tree of T nodes — two, as the committed state alternates between two buffers."""
+        cache = self.cache
+
+        def verify(ids: torch.Tensor, anc: torch.Tensor, conv_idx: torch.Tensor, parents: torch.Tensor):
+            cache.acts = [None] * len(cache.acts)  # every run stores a fresh tree's activations
+            x = self._forward(ids, TreePlan(anc, conv_idx, parents, plan.T, plan.chain))
+            return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps)), list(cache.acts)
+
+        key = ("verify", plan.T, plan.chain, cache.ssm.data_ptr(), cache.conv.data_ptr())
+        logits, acts = self.graphs.run(key, verify, {"ids": ids, "anc": plan.anc, "conv_idx": plan.conv_idx, "parents": plan.parents})
+        cache.acts = [dict(a) for a in acts]  # the graph's buffers: commit copies the accepted rows out
+        return logits.clone()
 
     # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------
     @torch.inference_mode()
@@ -431,8 +544,16 @@ class Mamba2(CausalLM):
         return DraftBatch.of_committed(self, c.draft_pool, n, {"conv": c.conv[:, None], "ssm": c.ssm[:, None]}, c.length)
 
     def _step_batch(self, batch: DraftBatch, tokens: torch.Tensor) -> torch.Tensor:
-        """One token per row (B,) -> logits (B, V); the rows' states advance in place."""
+        """One token per row (B,) -> logits (B, V); the rows' states advance in place. With CUDA
+        graphs, one graph per batch buffers (depth and rows of the tree shape: DraftPool)."""
         conv, ssm = batch.state["conv"], batch.state["ssm"]  # (L, B, C, K-1), (L, B, H, P, N)
+        if self.graphs is None:
+            return self._step(conv, ssm, tokens)
+        key = ("step", batch.rows, conv.data_ptr(), ssm.data_ptr())
+        out = self.graphs.run(key, lambda tokens: self._step(conv, ssm, tokens), {"tokens": tokens}, mutated=(conv, ssm))
+        return out.clone()
+
+    def _step(self, conv: torch.Tensor, ssm: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed[tokens].float()  # (B, D)
         for i, (norm, mixer) in enumerate(self.layers):
             x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])

@@ -1,5 +1,6 @@
 """Kernels against their plain-PyTorch references over odd sizes (STYLE.md item 5): the state
-gather of drafter forks, and Mamba-2's fused multi-step state update (chains and path replay)."""
+gather of drafter forks, Mamba-2's fused multi-step state update (chains, path replay, in place,
+state only), the tree scan and the tree conv; bf16 inputs judged against PyTorch's own bf16 error."""
 
 from __future__ import annotations
 
@@ -128,3 +129,56 @@ def test_tree_conv1d_reference_on_a_chain_is_torch_s_causal_conv1d():
     seq = torch.cat([conv_state, x.t()], dim=1)[None]  # (1, C, K-1+T)
     ref = torch.nn.functional.conv1d(seq, w.t()[:, None, :], groups=C)[0].t()  # (T, C)
     assert torch.allclose(tree_conv1d_ref(conv_state, x, w, None, torch.arange(-1, T - 1)), ref, atol=1e-5)
+
+
+@pytest.mark.parametrize("parents", TREES[1:], ids=lambda p: f"T{len(p)}")
+def test_tree_ops_in_bf16_are_as_close_as_torch_s_own_bf16(parents):
+    """The tree scan and the tree conv fed bf16 inputs (the engine's model dtype): their error
+    against the fp32 reference stays within a small multiple of the reference's own error on the
+    same bf16-rounded inputs (STYLE.md item 5)."""
+    from kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
+    from kernels.tree_scan import tree_scan, tree_scan_ref
+
+    T = len(parents)
+    par = _tree(parents).to(DEV)
+    state, x, B, C, dt, A, _ = _inputs(1, T, 6, 40, 2, 24, seed=T)
+    state, x, B, C, dt = state[0], x[0], B[0], C[0], dt[0]
+    exact = tree_scan_ref(state, x, B, C, dt, A, par)
+    low = [t.bfloat16() for t in (x, B, C)]
+    ref_err = (tree_scan_ref(state, *low, dt, A, par) - exact).abs().max().item()
+    ker_err = (tree_scan(state, *low, dt, A, par) - exact).abs().max().item()
+    print(f"tree_scan T{T} bf16 inputs: reference err {ref_err:.2e}, kernel err {ker_err:.2e}")
+    assert ker_err <= 2 * ref_err + 1e-5
+
+    g = torch.Generator().manual_seed(T)
+    Cc, K = 300, 4
+    args = [torch.randn(Cc, K - 1, generator=g), torch.randn(T, Cc, generator=g), torch.randn(K, Cc, generator=g), torch.randn(Cc, generator=g)]
+    args = [a.to(DEV) for a in args]
+    exact = tree_conv1d_ref(*args, par.cpu())
+    low = [a.bfloat16() for a in args]
+    ref_err = (tree_conv1d_ref(*low, par.cpu()) - exact).abs().max().item()
+    ker_err = (tree_conv1d(*low, par) - exact).abs().max().item()
+    print(f"tree_conv1d T{T} bf16 inputs: reference err {ref_err:.2e}, kernel err {ker_err:.2e}")
+    assert ker_err <= 2 * ref_err + 1e-5
+
+
+@pytest.mark.parametrize("R, T, H, P, G, N", SIZES[1:])
+def test_ssd_update_in_place_and_state_only(R, T, H, P, G, N):
+    """out=state updates the state in place (the drafter's one-token step); C=None returns only
+    the state (the replay of commit)."""
+    state, x, B, C, dt, A, D = _inputs(R, T, H, P, G, N, seed=5)
+    y_ref, s_ref = ssd_update_ref(state, x, B, C, dt, A, D)
+    work = state.clone()
+    y, s = ssd_update(work, x, B, C, dt, A, D, out=work)
+    assert s is work and torch.allclose(work, s_ref, atol=1e-4, rtol=1e-4) and torch.allclose(y, y_ref, atol=1e-4, rtol=1e-4)
+    out = torch.empty_like(state)
+    y, s = ssd_update(state, x, B, None, dt, A, out=out)
+    assert y is None and s is out and torch.allclose(out, s_ref, atol=1e-4, rtol=1e-4)
+    assert ssd_update_ref(state, x, B, None, dt, A)[0] is None
+
+
+def test_state_gather_into_a_pool_buffer():
+    state = torch.randn(3, 4, 5, 6).to(DEV)
+    idx = torch.tensor([3, 0, 0]).to(DEV)
+    out = torch.empty(3, 3, 5, 6).to(DEV)
+    assert state_gather(state, idx, out=out) is out and torch.equal(out, state_gather_ref(state, idx))
