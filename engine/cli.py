@@ -181,12 +181,15 @@ def one_line(e: BaseException) -> str:
 
 
 # ---- strategy from options ------------------------------------------------------------------------------
-def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool):
+def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, default=None):
+    """The strategy the options ask for; without --strategy, ``default`` (the session's: the
+    models.toml pairing's best measured strategy when its drafter was loaded), else the preset
+    default for whether a drafter model is loaded."""
     from .session import default_strategy
     from .strategy import preset
     from .tree import parse_shape
 
-    s = preset(args.strategy) if args.strategy else default_strategy(has_drafter_model)
+    s = preset(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
     changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
         if getattr(args, opt) is not None:
@@ -245,7 +248,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     session = load_session(args)
     if args.ignore_eos:
         session.decoder.eos_ids = set()
-    strategy = strategy_from_args(args, session.has_drafter)
+    strategy = strategy_from_args(args, session.has_drafter, default=session.strategy)
     session.strategy = strategy
     ids = prompt_ids_from_args(args, session)
     dec = session.decoder

@@ -69,7 +69,7 @@ def test_ersd_equals_race_ar_from_the_cli(tiny, capsys):
     (["generate", "--target", "/nonexistent/model", "--prompt-ids", "1"], "no such file or directory"),
     (["generate", "--strategy", "mab", "--drafter", "ngram", "--prompt-ids", "1"], "chooses trees for a drafter model"),
     (["generate", "--vocab", "slrs", "--strategy", "pld", "--prompt-ids", "1"], "no drafter vocabulary"),
-    (["generate", "--strategy", "sd", "--prompt-ids", "1"], "needs a drafter model"),
+    (["generate", "--strategy", "sd", "--drafter", "none", "--prompt-ids", "1"], "needs a drafter model"),
     (["generate", "--tree", "3,x", "--strategy", "tree", "--drafter", "ngram", "--prompt-ids", "1"], "bad tree shape"),
     (["models", "--models", "/nonexistent/models.toml"], "models file not found"),
     (["generate", "--max-new-tokens", "abc", "--prompt-ids", "1"], "invalid int value"),  # argparse, one line too
@@ -105,6 +105,16 @@ def test_models_lists_the_offline_default(smollm2_gguf_path, capsys):
     assert any(not m["available"] for m in res["models"])  # hub-only entries are listed as not downloaded
 
 
+def test_default_is_the_shipped_pairing_with_its_measured_strategy(smollm2_gguf_path, capsys):
+    """With no --target / --drafter / --strategy, `generate` decodes SmolLM2 with the shipped
+    Mamba-2 drafter and the pairing's strategy (models.toml: hybrid); --drafter none falls back
+    to prompt lookup."""
+    res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--json")
+    assert res["strategy"]["name"] == "hybrid" and res["strategy"]["drafter"] == "model"
+    res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--drafter", "none", "--json")
+    assert res["strategy"]["name"] == "pld"
+
+
 def test_ctrl_c_flushes_partial_output_and_exits_130(tmp_path):
     """SIGINT mid-generation (once text is streaming): partial text stays on stdout, exit 130."""
     import select
@@ -114,12 +124,14 @@ def test_ctrl_c_flushes_partial_output_and_exits_130(tmp_path):
     target = saved("long", str(tmp_path))
     ByteTokenizer().save(target)  # a tokenizer, so text streams as it is generated
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # plain decoding (pld ran the whole 8k context in 9 s on a loaded machine, before the signal)
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "generate", "--target", str(target), "--raw", "hello",
-                             "--max-new-tokens", "900000", "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                             "--strategy", "ar", "--max-new-tokens", "900000", "--ignore-eos"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
     ready, _, _ = select.select([proc.stdout], [], [], 120)  # wait for the first streamed bytes
     assert ready, "no output within 120 s"
     first = os.read(proc.stdout.fileno(), 64)
-    time.sleep(0.5)
+    time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err.decode()

@@ -351,7 +351,7 @@ def test_cli_download_errors_are_one_line_exit_2(fake: FakeHub, capsys: pytest.C
 
 
 def test_cli_ctrl_c_cancels_keeps_the_partial_and_a_rerun_resumes(fake: FakeHub, tmp_path: Path) -> None:
-    fake.delay_s, fake.chunk = 0.02, 4096
+    fake.delay_s, fake.chunk = 0.1, 4096  # ~7 s for the weights: the signal lands mid-transfer even on a loaded machine
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "download", "org/tiny"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

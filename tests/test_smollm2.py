@@ -64,3 +64,25 @@ def test_greedy_strategies_identical_on_smollm2(dtype, request):
             assert [t for e in evs for t in e.emitted] == ar, (s.label(), text)
             if s.name in ("sd", "tree"):  # self-drafting: every draft token is accepted
                 assert summ.mean_accepted > 2.5
+
+
+def test_tree_policies_identical_on_smollm2_with_a_tiny_random_mamba_drafter(smol, tmp_path):
+    """Issue [drafting]: mab (the default arms and a small set) and optimal trees, drafted by a tiny
+    random Mamba-2 over SmolLM2's vocabulary (nearly every draft rejected, so every step exercises
+    rejection, the bonus token and the drafter's state rollback), emit exactly plain greedy's
+    tokens on the real target."""
+    from .tiny import saved
+
+    drafter = load(str(saved("mamba2_smol", str(tmp_path)))).model
+    tok = smol.tokenizer
+    dec = Decoder(smol.model, drafter, eos_ids=set(tok.eos_ids))
+    strategies = [preset("mab"), preset("mab", arms=((2, 1), (1, 1, 1))), preset("optimal", node_budget=8),
+                  preset("tree", tree=(2, 2, 1))]
+    for text in PROMPTS[:2]:
+        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+        ar = [t for e in run_generation(dec, ids, preset("ar"), 24)[0] for t in e.emitted]
+        assert len(ar) > 3
+        for s in strategies:
+            evs, _ = run_generation(dec, ids, s, 24)
+            assert [t for e in evs for t in e.emitted] == ar, (s.label(), text)
+            assert any(e.drafted for e in evs)

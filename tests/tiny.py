@@ -39,6 +39,9 @@ TINY = {
                          num_attention_heads=4, rotary_pct=0.5, max_position_embeddings=512, use_parallel_residual=False),
     "mamba2": dict(model_type="mamba2", vocab_size=96, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
                    state_size=16, n_groups=1, expand=2, conv_kernel=4, tie_word_embeddings=False),
+    # a tiny random Mamba-2 over SmolLM2's vocabulary: a drafter for the real target that is almost always wrong
+    "mamba2_smol": dict(model_type="mamba2", vocab_size=49152, hidden_size=32, num_hidden_layers=2, num_heads=4, head_dim=16,
+                        state_size=16, n_groups=1, expand=2, conv_kernel=4, tie_word_embeddings=True),
     "mamba": dict(model_type="mamba", vocab_size=96, hidden_size=64, num_hidden_layers=2, state_size=8, expand=2,
                   conv_kernel=4, tie_word_embeddings=False),
     "granite": dict(model_type="granitemoehybrid", vocab_size=96, hidden_size=64, intermediate_size=128,
