@@ -55,15 +55,22 @@ def test_greedy_strategies_identical_on_smollm2(dtype, request):
     dec = Decoder(smol.model, smol.model, eos_ids=set(tok.eos_ids))
     strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3),
                   preset("mab", arms=((2, 1), (1, 1, 1))), preset("hybrid", draft_len=2)]
-    for text in PROMPTS:
+    for s, text, evs, summ in _each_identical_to_ar(dec, tok, strategies, PROMPTS, 32):
+        if s.name in ("sd", "tree"):  # self-drafting: every draft token is accepted
+            assert summ.mean_accepted > 2.5
+
+
+def _each_identical_to_ar(dec, tok, strategies, prompts, n):
+    """Run every strategy on every prompt (chat template), asserting its tokens equal plain greedy
+    decoding's; yields (strategy, prompt, events, summary) for further checks."""
+    for text in prompts:
         ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
-        ar = [t for e in run_generation(dec, ids, preset("ar"), 32)[0] for t in e.emitted]
+        ar = [t for e in run_generation(dec, ids, preset("ar"), n)[0] for t in e.emitted]
         assert len(ar) > 3
         for s in strategies:
-            evs, summ = run_generation(dec, ids, s, 32)
+            evs, summ = run_generation(dec, ids, s, n)
             assert [t for e in evs for t in e.emitted] == ar, (s.label(), text)
-            if s.name in ("sd", "tree"):  # self-drafting: every draft token is accepted
-                assert summ.mean_accepted > 2.5
+            yield s, text, evs, summ
 
 
 def test_tree_policies_identical_on_smollm2_with_a_tiny_random_mamba_drafter(smol, tmp_path):
@@ -78,11 +85,5 @@ def test_tree_policies_identical_on_smollm2_with_a_tiny_random_mamba_drafter(smo
     dec = Decoder(smol.model, drafter, eos_ids=set(tok.eos_ids))
     strategies = [preset("mab"), preset("mab", arms=((2, 1), (1, 1, 1))), preset("optimal", node_budget=8),
                   preset("tree", tree=(2, 2, 1))]
-    for text in PROMPTS[:2]:
-        ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
-        ar = [t for e in run_generation(dec, ids, preset("ar"), 24)[0] for t in e.emitted]
-        assert len(ar) > 3
-        for s in strategies:
-            evs, _ = run_generation(dec, ids, s, 24)
-            assert [t for e in evs for t in e.emitted] == ar, (s.label(), text)
-            assert any(e.drafted for e in evs)
+    for _, _, evs, _ in _each_identical_to_ar(dec, tok, strategies, PROMPTS[:2], 24):
+        assert any(e.drafted for e in evs)
