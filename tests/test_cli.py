@@ -115,6 +115,13 @@ def test_default_is_the_shipped_pairing_with_its_measured_strategy(smollm2_gguf_
     assert res["strategy"]["name"] == "pld"
 
 
+def _default_sigint() -> None:
+    """In the child: SIGINT back to its default. A suite started as a background job of a
+    non-interactive shell inherits SIGINT as ignored, and Python then never installs its handler:
+    the child would ignore the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_flushes_partial_output_and_exits_130(smollm2_gguf_path):
     """SIGINT mid-generation (once text is streaming): partial text stays on stdout, exit 130.
     The real default model, plain decoding: filling its context takes minutes here (a 1-layer toy
@@ -125,7 +132,7 @@ def test_ctrl_c_flushes_partial_output_and_exits_130(smollm2_gguf_path):
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "generate", "--target", str(smollm2_gguf_path),
                              "--drafter", "none", "--strategy", "ar", "Tell me a long story.",
                              "--max-new-tokens", "900000", "--ignore-eos"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=_default_sigint)
     ready, _, _ = select.select([proc.stdout], [], [], 120)  # wait for the first streamed bytes
     assert ready, "no output within 120 s"
     first = os.read(proc.stdout.fileno(), 64)

@@ -354,7 +354,8 @@ def test_cli_ctrl_c_cancels_keeps_the_partial_and_a_rerun_resumes(fake: FakeHub,
     fake.delay_s, fake.chunk = 0.1, 4096  # ~7 s for the weights: the signal lands mid-transfer even on a loaded machine
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "download", "org/tiny"], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # see test_cli._default_sigint
     deadline = time.monotonic() + 30
     while fake.bytes_sent["org/tiny/model.safetensors"] < 30_000:
         assert proc.poll() is None and time.monotonic() < deadline, "the download never started"
