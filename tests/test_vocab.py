@@ -16,6 +16,7 @@ from engine.loading import load
 from engine.strategy import StrategyError, preset
 from engine.tokenizer import ByteTokenizer
 
+from .test_generate import _seeded
 from .tiny import saved, sharpen, two_sample_p
 from .vocab_pairs import permuted, smollm2, trained_bpe
 
@@ -200,9 +201,6 @@ def test_a_permuted_self_drafter_is_accepted_in_full(self_pair):
 
 
 # ---- sampling: union and TLI keep the target's distribution --------------------------------------------------
-_SEEDED: dict = {}
-
-
 def _samples(dec, prompt, strategy, n, length):
     return [tuple(tokens_of(run_generation(dec, prompt, strategy.replace(seed=s), length)[0])) for s in range(n)]
 
@@ -234,11 +232,8 @@ def test_bridged_sampling_keeps_the_target_distribution(case, hetero_pair):
     assert sum(e.accepted for r in runs for e in r) > 0  # the bridge's drafts do get accepted
     # the seeded plain-decoding draws (target, and the drafter for the power check) are the same
     # for every case of the module's pair: drawn once
-    key = id(hetero_pair)
-    if key not in _SEEDED:
-        _SEEDED[key] = (_samples(dec, prompt, preset("ar", temperature=1.0), 1500, 2),
-                        _samples(Decoder(drafter), prompt, preset("ar", temperature=1.0), 1500, 2))
-    ref, bad = _SEEDED[key]
+    ref, bad = _seeded(("hetero", id(hetero_pair)), lambda: (_samples(dec, prompt, preset("ar", temperature=1.0), 1500, 2),
+                                                             _samples(Decoder(drafter), prompt, preset("ar", temperature=1.0), 1500, 2)))
     got = _samples(dec, prompt, s, 1500, 2)
     assert _two_sample_p(ref, got) > 1e-3
     assert _two_sample_p(ref, bad) < 1e-3
