@@ -183,7 +183,19 @@ def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, st
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "prompts": n_prompts, "dtype": str(session.decoder.target.dtype).replace("torch.", ""), "dtype_arg": args.dtype, "warmup": args.warmup,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads()}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels()}
+
+
+def _kernels() -> dict[str, str]:
+    """Which CPU kernels this run used (they are chosen per machine): oneDNN packing per dtype,
+    the C attention and the C row-consistent fp32 linear (engine/native)."""
+    import torch
+
+    from . import native
+    from .models import common
+
+    return {"packed_fp32": str(common.packs(torch.float32)), "packed_bf16": str(common.packs(torch.bfloat16)),
+            "native": native.status(), "native_linear": common.native_linear_status()}
 
 
 def _threads() -> int:
@@ -199,6 +211,7 @@ def _progress(msg: str) -> None:
 def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
     print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}; "
           f"{_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    print("kernels: " + ", ".join(f"{k} {v}" for k, v in _kernels().items()))
     print(f"{'strategy':<16} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'acc rate':>8} {'peak MB':>8} {'same as ar':>10}")
     for r in rows:
         same = "" if r.identical is None else ("yes" if r.identical else "NO")

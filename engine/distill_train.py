@@ -288,7 +288,10 @@ def cmd_train(args: argparse.Namespace) -> int:
         Xh, Mh = pack(held, args.seq_len, pad)
     evals = []
     if args.eval_data:
-        Xe, Me = pack(load_sequences(Path(args.eval_data)), args.seq_len, pad)
+        ev = load_sequences(Path(args.eval_data))
+        if args.byte_level:
+            ev = [_as_bytes(target_tok, ids, start, tok.EOS) for ids, start in ev]
+        Xe, Me = pack(ev, args.seq_len, pad)
         evals.append(("eval-data", Xe, Me))
     g = torch.Generator().manual_seed(order_seed)
     perm = torch.randperm(X.shape[0], generator=g)

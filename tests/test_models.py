@@ -153,6 +153,41 @@ def test_linear_runs_on_this_cpu_packed_or_not(dtype, monkeypatch):
 
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("packed", [True, False])
+def test_drafter_numerics_only_change_single_rows_and_never_under_exact(dtype, packed, monkeypatch):
+    """Under ``fast_rows`` (a drafter's calls) one row may take a plain GEMV, kept only where it
+    measured faster; its result is the same product up to rounding. Multi-row products, calls
+    outside the context and calls under ``exact_rows`` keep the row-consistent bits the target's
+    decoding relies on."""
+    from engine.models import common
+
+    if packed and not common.packs(dtype):
+        pytest.skip(f"this CPU does not pack {dtype}")
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(200, 480, generator=g)
+    b = torch.randn(200, generator=g).to(dtype)
+    x = torch.randn(5, 480, generator=g).to(dtype)
+    lin = common.Linear(W, dtype, pack=packed)
+    exact1, exact5, exact1b = lin(x[:1]), lin(x), lin(x[:1], b)
+    tol = dict(atol=0.3, rtol=0.02) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-5)
+    for forced in (None, True):  # as measured on this CPU, then with the GEMV forced on
+        if forced:
+            lin._gemv = common._layout_t(W.to(dtype), dtype)
+        with common.fast_rows():
+            y1, y5, y1b = lin(x[:1]), lin(x), lin(x[:1], b)
+            with common.exact_rows():
+                assert torch.equal(lin(x[:1]), exact1) and torch.equal(lin(x[:1], b), exact1b)
+        assert lin._gemv is False or torch.is_tensor(lin._gemv)  # measured on the first fast call
+        assert torch.equal(y5, exact5)
+        assert torch.allclose(y1.float(), exact1.float(), **tol) and torch.allclose(y1b.float(), exact1b.float(), **tol)
+        if lin._gemv is False:
+            assert torch.equal(y1, exact1)
+        assert torch.equal(lin(x[:1]), exact1)  # outside the context: the exact path again
+    with common.exact_rows():
+        with common.fast_rows():  # an enclosing exact_rows holds
+            assert torch.equal(lin(x[:1]), exact1)
+
 @pytest.fixture(params=["native", "torch"])
 def attn_impl(request, monkeypatch):
     """Run a test with the C attention kernel (engine/native) and with the torch blockwise one."""

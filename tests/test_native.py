@@ -132,5 +132,81 @@ def test_the_shared_object_is_cached_by_source_and_cpu(tmp_path):
     for _ in range(2):
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=180)
         assert r.stdout.strip() == "on", r.stderr
-    built = list((tmp_path / "specchat" / "native").glob("attn-*.so"))
+    built = list((tmp_path / "specchat" / "native").glob("specchat-*.so"))
     assert len(built) == 1
+
+
+@needs_native
+@pytest.mark.parametrize("K, N", [(576, 1536), (37, 5), (300, 17), (129, 64), (1536, 100)])
+def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch):
+    """engine/native/linear.c: every output one FMA chain over the input in order, so a row's bits
+    are the same alone, in any group of rows, at any offset, on 1 or 2 threads, with a bias; the
+    result is the fp64 product up to fp32 rounding; passes above NATIVE_ROWS rows take oneDNN."""
+    g = torch.Generator().manual_seed(K + N)
+    W = torch.randn(N, K, generator=g)
+    b = torch.randn(N, generator=g)
+    x = torch.randn(40, K, generator=g)
+    lin = common.Linear(W, torch.float32, native=True)
+    assert "native" in repr(lin)
+    full, nobias = lin(x, b), lin(x)
+    ref = (x.double() @ W.double().t() + b.double())
+    assert torch.allclose(full.double(), ref, atol=1e-4 * K ** 0.5, rtol=1e-5)
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for a, e in [(0, 1), (7, 8), (0, 5), (3, 9), (10, 26), (1, 40)]:
+                assert torch.equal(lin(x[a:e], b), full[a:e]), (nt, a, e)
+                assert torch.equal(lin(x[a:e]), nobias[a:e]), (nt, a, e)
+            assert torch.equal(lin(x[None, 3:9], b)[0], full[3:9])  # (B, T, K) inputs too
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(lin.dense(), W.t())
+    assert torch.equal(lin.take_cols(torch.tensor([0, N - 1]))(x[:3]), lin(x[:3])[:, [0, N - 1]])
+    big = torch.randn(common.NATIVE_ROWS + 1, K, generator=g)
+    assert torch.allclose(lin(big), big @ W.t(), atol=1e-4 * K ** 0.5)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["llama", "mamba2"])
+def test_greedy_strategies_equal_plain_greedy_through_the_native_linear(kind, tmp_path, monkeypatch):
+    """With fp32 weights forced through linear.c (whatever this CPU's probe chose), every greedy
+    strategy still emits plain greedy decoding's tokens, and the weights really took the kernel."""
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    target = load(str(saved(kind, str(tmp_path)))).model
+    assert any(getattr(v, "_blocks", None) is not None for v in _linears(target))
+    drafter = load(str(saved("draft", str(tmp_path)))).model
+    strategies = [preset("sd", draft_len=3), preset("sd", draft_len=6), preset("tree", tree=(3, 2, 2, 1, 1)), preset("pld"),
+                  preset("mab"), preset("optimal"), preset("hybrid")]
+    for prompt in ([1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9], list(range(10, 40))):
+        dec = Decoder(target, drafter)
+        ref, _ = run_generation(dec, prompt, preset("ar"), 40)
+        ref = [t for e in ref for t in e.emitted]
+        for s in strategies:
+            evs, _ = run_generation(dec, prompt, s, 40)
+            assert [t for e in evs for t in e.emitted] == ref, (s.label(), prompt)
+
+
+def _linears(model):
+    """Every common.Linear reachable from a model's attributes (layers, mixers)."""
+    seen, out, todo = set(), [], [model]
+    while todo:
+        o = todo.pop()
+        if id(o) in seen:
+            continue
+        seen.add(id(o))
+        if isinstance(o, common.Linear):
+            out.append(o)
+        elif isinstance(o, (list, tuple)):
+            todo.extend(o)
+        elif isinstance(o, dict):
+            todo.extend(o.values())
+        elif hasattr(o, "__dict__") and type(o).__module__.startswith("engine."):
+            todo.extend(vars(o).values())
+    return out

@@ -7,6 +7,10 @@ depth by depth, one forward per depth:
   state into one row per node and step all rows of a depth in one batched pass, children copying
   their parent's row (mamba-drafters §4.1, ALGORITHMS.md §4; engine/ssm_cache.DraftBatch).
 
+Drafter numerics (models/common.fast_rows): the drafter's single-row products may take a faster
+GEMV whose bits differ from the same row in a multi-row product; verification decides what is
+emitted, and a sampled draft's q is recorded as drafted, so this never touches losslessness.
+
 The drafter keeps its own cache in step with the conversation: on each ``propose`` it commits what
 the target accepted — a transformer reuses the K/V of draft nodes it already computed on the
 accepted path — and only runs the tokens it has not seen (usually just the target's
@@ -20,6 +24,7 @@ from typing import Sequence
 import torch
 
 from ..models.base import CausalLM
+from ..models.common import drafter_numerics
 from ..sampling import draft_sample, probs_from_logits, race_topk
 from ..tree import TokenTree
 from .base import DraftRequest
@@ -75,6 +80,7 @@ class ModelDrafter:
 
     # ---- keeping in step with the conversation --------------------------------------------------------
     @torch.inference_mode()
+    @drafter_numerics
     def _sync(self, history: Sequence[int]) -> torch.Tensor:
         """Bring the drafter's committed prefix to ``history`` (root included); return the logits
         that predict the token after the root."""
@@ -147,6 +153,7 @@ class ModelDrafter:
 
     # ---- drafting ----------------------------------------------------------------------------------------------
     @torch.inference_mode()
+    @drafter_numerics
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
         """A tree of ``req.shape`` grown depth by depth: every node of depth d gets up to N_(d+1)
         children chosen from its logits, then one forward over all new nodes gives theirs."""

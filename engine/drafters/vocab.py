@@ -43,6 +43,7 @@ import torch
 
 from ..errors import SpecchatError
 from ..tree import TokenTree
+from ..models.common import drafter_numerics, exact_rows
 from .base import DraftRequest
 from .model import ModelDrafter
 
@@ -206,6 +207,7 @@ class BridgeDrafter:
         return ids or [self.drafter_tok.bos_id or 0], data[cut:]
 
     # ---- proposals --------------------------------------------------------------------------------
+    @drafter_numerics
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
         bridge = req.vocab if req.vocab in BRIDGES else "tli"
         if req.mode == "race":
@@ -225,7 +227,8 @@ class BridgeDrafter:
         if bridge == "slrs":
             if held:
                 raise BridgeError("slrs needs the drafter to see every byte of the history (a byte-level drafter)")
-            return self._slrs(hist_d, req)
+            with exact_rows():  # psi recomputes the drafter's q at verification: the same numbers as drafting
+                return self._slrs(hist_d, req)
         return self._tli(hist_d, req)
 
     def _tli(self, hist_d: list[int], req: DraftRequest) -> TokenTree:

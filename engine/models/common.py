@@ -7,8 +7,12 @@ Batch is 1 throughout: trees are packed along T, not along a batch axis.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import functools
 import math
 import os
+import time
 from typing import Any
 
 import torch
@@ -437,6 +441,109 @@ def packs(dtype: torch.dtype) -> bool:
     return ok
 
 
+# Drafter numerics (``fast_rows``): a drafter's numbers only choose what is proposed, and
+# verification alone decides what is emitted, so a drafter need not keep ``mm``'s guarantee that a
+# row's bits do not depend on how many rows go together. Under ``fast_rows`` a single-row product
+# takes whichever of the row-consistent path and a plain GEMV measured faster for that weight on
+# this CPU (Linear.__call__). ``exact_rows`` restores the guarantee inside it (SLRS computes the
+# drafter's q twice, once while drafting and once for psi, and both must be the same numbers).
+_ROWS: contextvars.ContextVar[str | None] = contextvars.ContextVar("specchat_rows", default=None)
+
+
+@contextlib.contextmanager
+def fast_rows():
+    """Drafter numerics for the calls inside (unless an enclosing ``exact_rows`` holds)."""
+    token = _ROWS.set("fast") if _ROWS.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _ROWS.reset(token)
+
+
+@contextlib.contextmanager
+def exact_rows():
+    """Row-consistent products inside, whatever encloses it."""
+    token = _ROWS.set("exact")
+    try:
+        yield
+    finally:
+        _ROWS.reset(token)
+
+
+def drafter_numerics(fn):
+    """Decorator: ``fn`` runs under ``fast_rows``."""
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with fast_rows():
+            return fn(*args, **kwargs)
+    return wrapped
+
+
+# engine/native/linear.c: row-consistent fp32 products (every output one FMA chain over the input
+# in order, for any number of rows). Where it measures faster than oneDNN's packed GEMM at decode
+# sizes (``native_linear``), fp32 weights use it for passes of up to NATIVE_ROWS rows: decode
+# steps, verify passes, drafting. Bigger passes (prompt prefill chunks) take oneDNN, which is
+# faster there; a prefill is the same in plain and speculative decoding, so exactness between the
+# two paths is never needed. SPECCHAT_NATIVE_LINEAR=0/1 forces it off/on.
+NATIVE_ROWS = 128
+_NATIVE_LINEAR: dict[str, object] = {}
+
+
+def native_linear() -> bool:
+    """Whether fp32 weights take engine/native/linear.c: measured once per process on a
+    SmolLM2-sized MLP weight (576 x 1536) at 1 and 8 rows against the packed oneDNN product; kept
+    where it is >= 10% faster at one row and at most 25% slower at eight (decode steps are one row,
+    chain verify passes a few). The reason is in
+    ``native_linear_status()``."""
+    if "on" in _NATIVE_LINEAR:
+        return bool(_NATIVE_LINEAR["on"])
+    from .. import native
+
+    env = os.environ.get("SPECCHAT_NATIVE_LINEAR", "auto").strip().lower()
+    lib = native.lib()
+    if lib is None or env in ("0", "off", "false", "no"):
+        _NATIVE_LINEAR.update(on=False, why="off" if lib is not None else f"native kernels {native.status()}")
+        return False
+    if env in ("1", "on", "true", "yes"):
+        _NATIVE_LINEAR.update(on=True, why="on (SPECCHAT_NATIVE_LINEAR=1)")
+        return True
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(1536, 576, generator=g)
+    nat = Linear(W, torch.float32, pack=packs(torch.float32), native=True)
+    ref = Linear(W, torch.float32, pack=packs(torch.float32), native=False)
+    x1, x8 = torch.randn(1, 576, generator=g), torch.randn(8, 576, generator=g)
+    t = {(k, r): _best_of(lambda: lin(x), reps=15) for k, lin in (("native", nat), ("ref", ref)) for r, x in ((1, x1), (8, x8))}
+    on = t["native", 1] < 0.9 * t["ref", 1] and t["native", 8] <= 1.25 * t["ref", 8]
+    _NATIVE_LINEAR.update(on=on, why=f"{'on' if on else 'off'}: 576x1536 fp32, 1 row {t['native', 1] * 1e6:.0f} vs "
+                                     f"{t['ref', 1] * 1e6:.0f} us, 8 rows {t['native', 8] * 1e6:.0f} vs {t['ref', 8] * 1e6:.0f} us (oneDNN)")
+    return on
+
+
+def native_linear_status() -> str:
+    native_linear()
+    return str(_NATIVE_LINEAR["why"])
+
+
+def _blocks16(w: torch.Tensor) -> torch.Tensor:
+    """[out, in] fp32 -> linear.c's layout (nb, in, 16): column blocks of 16, zero-padded."""
+    N, K = w.shape
+    nb = -(-N // 16)
+    wp = torch.zeros(nb * 16, K, dtype=torch.float32)
+    wp[:N] = w
+    return wp.view(nb, 16, K).transpose(1, 2).contiguous()
+
+
+def _best_of(f, reps: int = 5) -> float:
+    f()
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 class Linear:
     """A projection weight as the engine multiplies it: ``x @ W_t`` for a checkpoint weight W
     stored [out, in]. ``shape`` is W_t's, (in, out), as for the plain tensor it replaces.
@@ -451,16 +558,23 @@ class Linear:
     Elsewhere (CUDA, builds without oneDNN, other dtypes) it holds the ``as_t`` tensor.
     """
 
-    __slots__ = ("_dense", "_packed", "dtype", "shape")
+    __slots__ = ("_blocks", "_dense", "_gemv", "_packed", "dtype", "shape")
 
-    def __init__(self, w: torch.Tensor, dtype: torch.dtype, pack: bool | None = None):
+    def __init__(self, w: torch.Tensor, dtype: torch.dtype, pack: bool | None = None, native: bool | None = None):
         w = w.detach().to(dtype)
         self.shape = torch.Size((w.shape[1], w.shape[0]))
         self.dtype = dtype
         self._packed = None
         self._dense = None
+        self._blocks = None  # linear.c's layout, for passes of <= NATIVE_ROWS rows
+        self._gemv: torch.Tensor | bool | None = None  # fast_rows' single-row operand: None = not measured yet, False = slower
+        cpu2d = w.device.type == "cpu" and w.dim() == 2
+        if native is None:
+            native = cpu2d and dtype == torch.float32 and native_linear()
+        if native:
+            self._blocks = _blocks16(w)
         if pack is None:
-            pack = w.device.type == "cpu" and w.dim() == 2 and packs(dtype)
+            pack = cpu2d and packs(dtype)
         if pack:
             self._packed = torch.ops.mkldnn._reorder_linear_weight(w.contiguous(), 1)
         else:
@@ -475,10 +589,39 @@ class Linear:
         through the packed product: every output is one weight times 1 plus zeros)."""
         if self._dense is not None:
             return self._dense
+        if self._blocks is not None:
+            nb, K, _ = self._blocks.shape
+            return self._blocks.transpose(1, 2).reshape(nb * 16, K)[: self.shape[1]].t().contiguous()
         eye = torch.eye(self.shape[0], dtype=self.dtype)
         return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "")
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self._gemv is not False and x.dim() == 2 and x.shape[0] == 1 and _ROWS.get() == "fast":
+            g = self._gemv if self._gemv is not None else self._measure_gemv(x)
+            if g is not False:
+                return x @ g if bias is None else torch.addmm(bias, x, g)
+        return self._exact(x, bias)
+
+    def _measure_gemv(self, x: torch.Tensor) -> torch.Tensor | bool:
+        """Once per weight, on the first single-row drafter call: a plain GEMV over an unpacked
+        copy against the row-consistent path (a packed weight runs one row as two); the faster is
+        kept. Measured, not assumed: on an AVX2 EPYC the fp32 GEMV was 2-3x faster for a drafter's
+        projections and its 480 x 11,327 head, and CPUs with AVX-512 may well differ."""
+        if x.device.type != "cpu":
+            self._gemv = False
+            return False
+        g = _layout_t(self.dense().t(), self.dtype) if self._packed is not None else self._dense
+        if _best_of(lambda: x @ g) < 0.9 * _best_of(lambda: self._exact(x, None)):
+            self._gemv = g
+        else:
+            self._gemv = False
+        return self._gemv
+
+    def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self._blocks is not None and x.dtype == torch.float32:
+            rows = x.numel() // self.shape[0]
+            if rows <= NATIVE_ROWS or self._packed is None and self._dense is None:
+                return self._native(x, bias)
         one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
         if one:
             x = x.expand(2, -1)
@@ -490,15 +633,30 @@ class Linear:
             y = x @ self._dense
         return y[:1] if one else y
 
+    def _native(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        from .. import native
+
+        K, N = self.shape
+        x2 = x.reshape(-1, K)
+        if x2.stride(1) != 1 or x2.stride(0) < K:
+            x2 = x2.contiguous()
+        y = torch.empty(x2.shape[0], N, dtype=torch.float32)
+        if bias is not None:
+            bias = bias.float().contiguous()
+        native.lib().linear_rows_f32(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._blocks.data_ptr(), N,
+                                     None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        return y.view(*x.shape[:-1], N)
+
     def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
         return self(x)
 
     def take_cols(self, cols: torch.Tensor) -> Linear:
         """The same weight restricted to output columns ``cols`` (a drafter's draft vocabulary)."""
-        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None)
+        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None, native=self._blocks is not None)
 
     def __repr__(self) -> str:
-        return f"Linear(in={self.shape[0]}, out={self.shape[1]}, {str(self.dtype).replace('torch.', '')}, {'packed' if self.packed else 'dense'})"
+        kind = "+".join(k for k, on in (("native", self._blocks is not None), ("packed", self.packed)) if on) or "dense"
+        return f"Linear(in={self.shape[0]}, out={self.shape[1]}, {str(self.dtype).replace('torch.', '')}, {kind})"
 
 
 def mm(x: torch.Tensor, w: torch.Tensor | Linear) -> torch.Tensor:

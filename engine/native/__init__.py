@@ -48,18 +48,22 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-def _build(src: Path, cc: str) -> Path:
+SOURCES = ("attn.c", "linear.c")
+
+
+def _build(srcs: list[Path], cc: str) -> Path:
     flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
-    key = hashlib.sha256(src.read_bytes() + cc.encode() + " ".join(flags).encode() + _cpu_key().encode()).hexdigest()[:16]
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in srcs) + cc.encode() + " ".join(flags).encode()
+                         + _cpu_key().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
-    so = out_dir / f"{src.stem}-{key}.so"
+    so = out_dir / f"specchat-{key}.so"
     if so.exists():
         return so
     out_dir.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=out_dir)
     os.close(fd)
     try:
-        r = subprocess.run([cc, *flags, "-o", tmp, str(src), "-lm"], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([cc, *flags, "-o", tmp, *map(str, srcs), "-lm"], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
         os.replace(tmp, so)  # atomic: concurrent builders each write their own temp file
@@ -83,13 +87,15 @@ def _load() -> ctypes.CDLL | None:
             _reason = f"off: no C compiler ({cc!r} not found)"
             return None
         try:
-            lib = ctypes.CDLL(str(_build(_HERE / "attn.c", cc)))
+            lib = ctypes.CDLL(str(_build([_HERE / s for s in SOURCES], cc)))
         except Exception as e:  # noqa: BLE001 - any build/load failure means: use torch
             _reason = f"off: {type(e).__name__}: {e}"
             return None
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         lib.attn_rows_bf16.argtypes = [p, i64, i64, p, p, i64, i32, i32, i32, p, p, p, i32, f32, p, i32, i32]
         lib.attn_rows_bf16.restype = ctypes.c_int
+        lib.linear_rows_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i32]
+        lib.linear_rows_f32.restype = ctypes.c_int
         _lib = lib
         _reason = "on"
         return lib
