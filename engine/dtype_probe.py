@@ -10,19 +10,10 @@ is always bf16. ~50 ms, once per process.
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
-
-def _best_of(f, reps: int = 5) -> float:
-    f()
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        f()
-        best = min(best, time.perf_counter() - t0)
-    return best
+from .models.common import _best_of
 
 
 @functools.lru_cache(maxsize=None)

@@ -139,7 +139,7 @@ def test_linear_runs_on_this_cpu_packed_or_not(dtype, monkeypatch):
     x = torch.randn(6, 320, generator=g).to(dtype)
     for pack_ok in (common.packs(dtype), False):
         monkeypatch.setattr(common, "_PACK_OK", {dtype: pack_ok})
-        lin = common.Linear(W, dtype)
+        lin = common.Linear(W, dtype, native=False)
         assert lin.packed == pack_ok and lin.shape == (320, 96)
         y = lin(x)
         assert y.dtype == dtype and y.shape == (6, 96)
@@ -154,21 +154,25 @@ def test_linear_runs_on_this_cpu_packed_or_not(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("packed", [True, False])
-def test_drafter_numerics_only_change_single_rows_and_never_under_exact(dtype, packed, monkeypatch):
+@pytest.mark.parametrize("layout", ["packed", "dense", "native"])
+def test_drafter_numerics_only_change_single_rows_and_never_under_exact(dtype, layout, monkeypatch):
     """Under ``fast_rows`` (a drafter's calls) one row may take a plain GEMV, kept only where it
     measured faster; its result is the same product up to rounding. Multi-row products, calls
     outside the context and calls under ``exact_rows`` keep the row-consistent bits the target's
     decoding relies on."""
     from engine.models import common
 
-    if packed and not common.packs(dtype):
+    from engine import native
+
+    if layout == "packed" and not common.packs(dtype):
         pytest.skip(f"this CPU does not pack {dtype}")
+    if layout == "native" and (dtype != torch.float32 or native.lib() is None):
+        pytest.skip("the C linear is fp32 only (and needs a C compiler)")
     g = torch.Generator().manual_seed(1)
     W = torch.randn(200, 480, generator=g)
     b = torch.randn(200, generator=g).to(dtype)
     x = torch.randn(5, 480, generator=g).to(dtype)
-    lin = common.Linear(W, dtype, pack=packed)
+    lin = common.Linear(W, dtype, pack=layout == "packed", native=layout == "native")
     exact1, exact5, exact1b = lin(x[:1]), lin(x), lin(x[:1], b)
     tol = dict(atol=0.3, rtol=0.02) if dtype == torch.bfloat16 else dict(atol=1e-4, rtol=1e-5)
     for forced in (None, True):  # as measured on this CPU, then with the GEMV forced on

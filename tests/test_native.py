@@ -141,7 +141,7 @@ def test_the_shared_object_is_cached_by_source_and_cpu(tmp_path):
 def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch):
     """engine/native/linear.c: every output one FMA chain over the input in order, so a row's bits
     are the same alone, in any group of rows, at any offset, on 1 or 2 threads, with a bias; the
-    result is the fp64 product up to fp32 rounding; passes above NATIVE_ROWS rows take oneDNN."""
+    result is the fp64 product up to fp32 rounding, also for a prefill-sized pass."""
     g = torch.Generator().manual_seed(K + N)
     W = torch.randn(N, K, generator=g)
     b = torch.randn(N, generator=g)
@@ -155,7 +155,7 @@ def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch
     try:
         for nt in (1, 2):
             torch.set_num_threads(nt)
-            for a, e in [(0, 1), (7, 8), (0, 5), (3, 9), (10, 26), (1, 40)]:
+            for a, e in [(0, 1), (7, 8), (0, 5), (3, 9), (10, 26), (1, 40), (2, 4), (5, 12), (0, 7)]:
                 assert torch.equal(lin(x[a:e], b), full[a:e]), (nt, a, e)
                 assert torch.equal(lin(x[a:e]), nobias[a:e]), (nt, a, e)
             assert torch.equal(lin(x[None, 3:9], b)[0], full[3:9])  # (B, T, K) inputs too
@@ -163,8 +163,9 @@ def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch
         torch.set_num_threads(threads)
     assert torch.equal(lin.dense(), W.t())
     assert torch.equal(lin.take_cols(torch.tensor([0, N - 1]))(x[:3]), lin(x[:3])[:, [0, N - 1]])
-    big = torch.randn(common.NATIVE_ROWS + 1, K, generator=g)
-    assert torch.allclose(lin(big), big @ W.t(), atol=1e-4 * K ** 0.5)
+    big = torch.randn(300, K, generator=g)
+    out = lin(big)
+    assert torch.allclose(out, big @ W.t(), atol=1e-4 * K ** 0.5) and torch.equal(out[:40], lin(big[:40]))
 
 
 @needs_native

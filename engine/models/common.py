@@ -481,12 +481,9 @@ def drafter_numerics(fn):
 
 
 # engine/native/linear.c: row-consistent fp32 products (every output one FMA chain over the input
-# in order, for any number of rows). Where it measures faster than oneDNN's packed GEMM at decode
-# sizes (``native_linear``), fp32 weights use it for passes of up to NATIVE_ROWS rows: decode
-# steps, verify passes, drafting. Bigger passes (prompt prefill chunks) take oneDNN, which is
-# faster there; a prefill is the same in plain and speculative decoding, so exactness between the
-# two paths is never needed. SPECCHAT_NATIVE_LINEAR=0/1 forces it off/on.
-NATIVE_ROWS = 128
+# in order, for any number of rows). Where it measures faster than oneDNN's packed GEMM
+# (``native_linear``), fp32 weights are kept only in its layout and every pass uses it: decode
+# steps, verify passes, prefill chunks, drafting. SPECCHAT_NATIVE_LINEAR=0/1 forces it off/on.
 _NATIVE_LINEAR: dict[str, object] = {}
 
 
@@ -566,13 +563,14 @@ class Linear:
         self.dtype = dtype
         self._packed = None
         self._dense = None
-        self._blocks = None  # linear.c's layout, for passes of <= NATIVE_ROWS rows
+        self._blocks = None  # linear.c's layout (then the only copy of the weight)
         self._gemv: torch.Tensor | bool | None = None  # fast_rows' single-row operand: None = not measured yet, False = slower
         cpu2d = w.device.type == "cpu" and w.dim() == 2
         if native is None:
             native = cpu2d and dtype == torch.float32 and native_linear()
         if native:
             self._blocks = _blocks16(w)
+            return
         if pack is None:
             pack = cpu2d and packs(dtype)
         if pack:
@@ -610,7 +608,7 @@ class Linear:
         if x.device.type != "cpu":
             self._gemv = False
             return False
-        g = _layout_t(self.dense().t(), self.dtype) if self._packed is not None else self._dense
+        g = self._dense if self._dense is not None else _layout_t(self.dense().t(), self.dtype)
         if _best_of(lambda: x @ g) < 0.9 * _best_of(lambda: self._exact(x, None)):
             self._gemv = g
         else:
@@ -618,10 +616,8 @@ class Linear:
         return self._gemv
 
     def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self._blocks is not None and x.dtype == torch.float32:
-            rows = x.numel() // self.shape[0]
-            if rows <= NATIVE_ROWS or self._packed is None and self._dense is None:
-                return self._native(x, bias)
+        if self._blocks is not None:
+            return self._native(x.float(), bias)
         one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
         if one:
             x = x.expand(2, -1)
@@ -655,7 +651,7 @@ class Linear:
         return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None, native=self._blocks is not None)
 
     def __repr__(self) -> str:
-        kind = "+".join(k for k, on in (("native", self._blocks is not None), ("packed", self.packed)) if on) or "dense"
+        kind = "native" if self._blocks is not None else "packed" if self.packed else "dense"
         return f"Linear(in={self.shape[0]}, out={self.shape[1]}, {str(self.dtype).replace('torch.', '')}, {kind})"
 
 
