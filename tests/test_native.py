@@ -211,3 +211,38 @@ def _linears(model):
         elif hasattr(o, "__dict__") and type(o).__module__.startswith("engine."):
             todo.extend(vars(o).values())
     return out
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["mamba2", "mamba2_smol"])
+def test_native_mamba2_draft_step_matches_the_torch_step(kind, tmp_path, monkeypatch):
+    """engine/native/mamba2_step.c runs a drafter's fp32 Mamba-2 step (rows forked from the
+    committed state) under common.fast_rows; its logits and the states it leaves match the torch
+    step's closely (drafting only chooses proposals). Outside fast_rows the torch step runs."""
+    from engine.loading import load
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    m = load(str(saved(kind, str(tmp_path)))).model
+    m.allocate()
+    m.prefill(list(range(3, 40)))
+    toks = torch.tensor([5, 9, 11])
+    a = m.fork(3)
+    calls = []
+    real = m._native_step
+    monkeypatch.setattr(m, "_native_step", lambda *s: calls.append(real(*s)) or calls[-1])
+    with torch.inference_mode():
+        for step in range(4):
+            before = {k: v.clone() for k, v in a.state.items()}
+            ref = a.step(toks + step)  # torch
+            assert calls[-1] is None
+            after = {k: v.clone() for k, v in a.state.items()}
+            for k, v in before.items():
+                a.state[k].copy_(v)
+            with common.fast_rows():
+                got = a.step(toks + step)  # C, from the same states
+            assert calls[-1] is not None
+            assert torch.allclose(got, ref, atol=2e-4, rtol=1e-4), (got - ref).abs().max()
+            for k in ("conv", "ssm"):
+                assert torch.allclose(a.state[k], after[k], atol=1e-4, rtol=1e-3), (k, (a.state[k] - after[k]).abs().max())

@@ -471,6 +471,11 @@ def exact_rows():
         _ROWS.reset(token)
 
 
+def rows_fast() -> bool:
+    """Inside ``fast_rows`` (and no ``exact_rows`` within it): a drafter's call."""
+    return _ROWS.get() == "fast"
+
+
 def drafter_numerics(fn):
     """Decorator: ``fn`` runs under ``fast_rows``."""
     @functools.wraps(fn)

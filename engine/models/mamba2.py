@@ -41,7 +41,7 @@ from .. import cuda_graphs
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, RecurrentCache
 from .base import CausalLM
-from .common import as_t, mm, require, rms_norm, tensor_getter
+from .common import as_t, mm, require, rms_norm, rows_fast, tensor_getter
 
 MODEL_TYPES = ("mamba2",)
 DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
@@ -555,7 +555,36 @@ class Mamba2(CausalLM):
 
     def _step(self, conv: torch.Tensor, ssm: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embed[tokens].float()  # (B, D)
+        lib = self._native_step(conv, ssm)
+        if lib is not None:  # a drafter's step on a CPU: each block in one C call (engine/native/mamba2_step.c)
+            c = self.cfg
+            x = x.contiguous()
+            for i, (norm, m) in enumerate(self.layers):
+                rc = lib.mamba2_block_f32(
+                    x.data_ptr(), x.shape[0], c.hidden_size, norm.data_ptr(), c.norm_eps, m.w_in._blocks.data_ptr(),
+                    conv[i].data_ptr(), m.conv_w.data_ptr(), None if m.conv_b is None else m.conv_b.data_ptr(), c.conv_kernel,
+                    m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), c.gate_norm_eps,
+                    m.w_out._blocks.data_ptr(), ssm[i].data_ptr(), c.num_heads, c.head_dim, c.state_size, c.n_groups,
+                    c.dt_limit[0], c.dt_limit[1], torch.get_num_threads())
+                if rc:
+                    raise MemoryError("mamba2 step scratch allocation failed")
+            return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
         for i, (norm, mixer) in enumerate(self.layers):
             x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
         return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+
+    def _native_step(self, conv: torch.Tensor, ssm: torch.Tensor):
+        """The C block (engine/native/mamba2_step.c) where it applies: a drafter's call
+        (common.fast_rows: its numbers need not be bit-equal to the torch path's, only close),
+        fp32 on a CPU, weights in linear.c's layout, no projection biases, contiguous states."""
+        if not (rows_fast() and self._dtype == torch.float32 and conv.device.type == "cpu" and self.graphs is None):
+            return None
+        if not (conv.is_contiguous() and ssm.is_contiguous() and conv.dtype == torch.float32):
+            return None
+        if not all(m.w_in._blocks is not None and m.w_out._blocks is not None and m.b_in is None and m.b_out is None
+                   for _, m in self.layers):
+            return None
+        from .. import native
+
+        return native.lib()
 

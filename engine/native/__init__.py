@@ -48,7 +48,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "linear.c")
+SOURCES = ("attn.c", "linear.c", "mamba2_step.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:
@@ -96,6 +96,9 @@ def _load() -> ctypes.CDLL | None:
         lib.attn_rows_bf16.restype = ctypes.c_int
         lib.linear_rows_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i32]
         lib.linear_rows_f32.restype = ctypes.c_int
+        lib.mamba2_block_f32.argtypes = [p, i64, i64, p, f32, p, p, p, p, i64, p, p, p, p, f32, p, p, i64, i64, i64, i64,
+                                         f32, f32, i32]
+        lib.mamba2_block_f32.restype = ctypes.c_int
         _lib = lib
         _reason = "on"
         return lib

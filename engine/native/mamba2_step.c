@@ -1,0 +1,102 @@
+/* One Mamba-2 block for a batch of draft rows, fp32, in one call (engine/models/mamba2.py
+ * Mamba2._step uses it for drafting; engine/native/__init__.py builds it beside linear.c).
+ *
+ * Why: a drafter step is a few small products and ~40 tiny torch ops per layer; on a 2-core CPU
+ * the ops' dispatch cost more than the products (a 5-token chain of the shipped d480 x 3 drafter:
+ * ~16 ms, ~6 of them in the products). Drafting decides only what is proposed, never what is
+ * emitted, so this path needs to be close to the torch one (tests: allclose), not bit-equal.
+ *
+ * Per row, mamba-drafters §4.1 / ALGORITHMS.md §4, the plain recurrence:
+ *   u = rms_norm(x) * norm_w;  [z | xBC | dt] = u @ W_in
+ *   conv = Σ_k window_k * conv_w[k] + conv_b  (window = the K-1 previous xBC, then this one)
+ *   x, B, C = silu(conv);  dt = clamp(softplus(dt + dt_bias));  S = exp(dt A) S + dt x ⊗ B
+ *   y = S C + D x;  y = gated_rms_norm(y * silu(z));  x += y @ W_out
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
+                    const float *bias, float *y, int nthreads);
+
+static inline float silu(float v) { return v / (1.0f + expf(-v)); }
+static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
+
+/* x (B, Dm) residual, updated in place. conv (B, Cd, K-1) and ssm (B, H, P, N) states, updated in
+ * place. w_in: linear.c blocks of (Dm -> I + Cd + H); w_out: blocks of (I -> Dm). conv_w (K, Cd),
+ * conv_b (Cd) or NULL, dt_bias (H), A (H), Dsk (H, P), gate_w (I), norm_w (Dm).
+ * Returns 0, or 1 if scratch memory could not be allocated. */
+int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float eps,
+                     const float *w_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
+                     const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
+                     const float *w_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
+                     float dt_min, float dt_max, int nthreads) {
+    const int64_t I = H * P, Cd = I + 2 * G * N, Z = I + Cd + H, R = H / G;
+    float *u = (float *)malloc(sizeof(float) * (size_t)(B * Dm + B * Z + B * Cd + B * I + B * Dm));
+    if (!u) return 1;
+    float *proj = u + B * Dm, *act = proj + B * Z, *y = act + B * Cd, *out = y + B * I;
+    for (int64_t b = 0; b < B; b++) {
+        const float *xr = x + b * Dm;
+        double ss = 0.0;
+        for (int64_t d = 0; d < Dm; d++) ss += (double)xr[d] * xr[d];
+        const float r = 1.0f / sqrtf((float)(ss / Dm) + eps);
+        for (int64_t d = 0; d < Dm; d++) u[b * Dm + d] = norm_w[d] * (xr[d] * r);
+    }
+    if (linear_rows_f32(u, Dm, B, Dm, w_in, Z, 0, proj, nthreads)) {
+        free(u);
+        return 1;
+    }
+    const int64_t k1 = K - 1;
+    for (int64_t b = 0; b < B; b++) {
+        const float *pz = proj + b * Z, *pxbc = pz + I, *pdt = pxbc + Cd;
+        float *cs = conv + b * Cd * k1, *a = act + b * Cd;
+        for (int64_t c = 0; c < Cd; c++) {
+            float *st = cs + c * k1;
+            float v = conv_b ? conv_b[c] : 0.0f;
+            for (int64_t k = 0; k < k1; k++) v += st[k] * conv_w[k * Cd + c];
+            v += pxbc[c] * conv_w[k1 * Cd + c];
+            for (int64_t k = 0; k + 1 < k1; k++) st[k] = st[k + 1];
+            if (k1 > 0) st[k1 - 1] = pxbc[c];
+            a[c] = silu(v);
+        }
+        const float *xs = a, *Bv = a + I, *Cv = Bv + G * N;
+        float *yr = y + b * I;
+        for (int64_t h = 0; h < H; h++) {
+            float dt = softplus(pdt[h] + dt_bias[h]);
+            dt = dt < dt_min ? dt_min : (dt > dt_max ? dt_max : dt);
+            const float dA = expf(dt * A[h]);
+            const float *Bg = Bv + (h / R) * N, *Cg = Cv + (h / R) * N;
+            float *S = ssm + ((b * H + h) * P) * N;
+            for (int64_t p = 0; p < P; p++) {
+                const float dx = dt * xs[h * P + p];
+                float *Sp = S + p * N;
+                for (int64_t n = 0; n < N; n++) Sp[n] = Sp[n] * dA + dx * Bg[n];  /* vectorised */
+                float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};  /* 8 partial sums: a vectorisable dot */
+                int64_t n = 0;
+                for (; n + 8 <= N; n += 8)
+                    for (int l = 0; l < 8; l++) part[l] += Sp[n + l] * Cg[n + l];
+                float acc = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+                for (; n < N; n++) acc += Sp[n] * Cg[n];
+                yr[h * P + p] = acc + Dsk[h * P + p] * xs[h * P + p];
+            }
+        }
+        const int64_t gi = I / G;
+        for (int64_t g = 0; g < G; g++) {
+            float *yg = yr + g * gi;
+            const float *zg = pz + g * gi;
+            double ss = 0.0;
+            for (int64_t i = 0; i < gi; i++) {
+                yg[i] *= silu(zg[i]);
+                ss += (double)yg[i] * yg[i];
+            }
+            const float r = 1.0f / sqrtf((float)(ss / gi) + gate_eps);
+            for (int64_t i = 0; i < gi; i++) yg[i] = yg[i] * r * gate_w[g * gi + i];
+        }
+    }
+    int rc = linear_rows_f32(y, I, B, I, w_out, Dm, 0, out, nthreads);
+    if (!rc)
+        for (int64_t i = 0; i < B * Dm; i++) x[i] += out[i];
+    free(u);
+    return rc;
+}
