@@ -105,6 +105,13 @@ class Registry:
                 return p
         return None
 
+    def pairing(self, target: str, drafter: str) -> Pairing | None:
+        """The registered pairing of ``target`` with ``drafter`` (registry names), if any."""
+        for p in self.pairings:
+            if p.target == target and p.drafter == drafter:
+                return p
+        return None
+
 
 def default_registry_path() -> Path:
     """models.toml: $SPECCHAT_MODELS, else the one beside the package (the repo's / the installed copy)."""

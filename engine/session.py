@@ -79,6 +79,8 @@ class ChatSession:
         if drafter_ref and drafter_ref not in ("ngram", "none"):
             drf = load(drafter_ref, dtype=dtype, registry=reg, max_context=max_context)
             check_bridgeable(tgt, drf)
+            if pairing is None:  # a drafter named explicitly: its registered pairing's measured strategy, if any
+                pairing = reg.pairing(tgt.name, drf.name)
         strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
         if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
             strat = strat.replace(drafter="ngram")

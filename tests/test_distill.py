@@ -107,7 +107,10 @@ def test_distill_train_byte_level_drafter(tmp_path, smollm2_gguf_path):
     assert b[-1] == ByteTokenizer.EOS and "<|im_start|>assistant" in bytes(b[:bstart]).decode()
     out = tmp_path / "bytes"
     assert main(["distill", "train", "--data", str(data), "--out", str(out), "--byte-level", "--d-model", "64", "--layers", "1",
-                 "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "128", "--steps", "2", "--holdout", "0.34"]) == 0
+                 "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "128", "--steps", "2", "--holdout", "0.34",
+                 "--eval-data", str(data)]) == 0  # --eval-data replies are turned into bytes too
+    rec = json.loads((out / "distill.json").read_text())
+    assert 0.0 <= rec["eval-data_top1"] <= 1.0
     drafter = load(str(out))
     assert drafter.model.vocab_size == 264 and drafter.tokenizer.vocab_size == 259
     assert drafter.tokenizer.decode(list("héllo".encode())) == "héllo"
