@@ -599,7 +599,7 @@ class Linear:
         return torch.ops.mkldnn._linear_pointwise(eye, self._packed, None, "none", [], "")
 
     def __call__(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self._gemv is not False and x.dim() == 2 and x.shape[0] == 1 and _ROWS.get() == "fast":
+        if self._gemv is not False and x.dim() == 2 and x.shape[0] == 1 and rows_fast():
             g = self._gemv if self._gemv is not None else self._measure_gemv(x)
             if g is not False:
                 return x @ g if bias is None else torch.addmm(bias, x, g)

@@ -581,8 +581,11 @@ class Mamba2(CausalLM):
             return None
         if not (conv.is_contiguous() and ssm.is_contiguous() and conv.dtype == torch.float32):
             return None
-        if not all(m.w_in._blocks is not None and m.w_out._blocks is not None and m.b_in is None and m.b_out is None
-                   for _, m in self.layers):
+        ok = getattr(self, "_c_block_weights", None)
+        if ok is None:  # the weights never change layout: checked once, not every draft step
+            ok = self._c_block_weights = all(m.w_in._blocks is not None and m.w_out._blocks is not None
+                                             and m.b_in is None and m.b_out is None for _, m in self.layers)
+        if not ok:
             return None
         from .. import native
 
