@@ -107,6 +107,19 @@ class GGUFFile:
         return out
 
 
+    def read_blocks(self, name: str) -> np.ndarray:
+        """A 2-D tensor's raw quantised blocks, (rows, bytes per row) uint8, copied out of the map."""
+        from gguf.constants import GGML_QUANT_SIZES
+
+        info = self.tensors[name]
+        block, type_size = GGML_QUANT_SIZES[info.qtype]
+        raw = np.frombuffer(self._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset)
+        try:
+            return raw.reshape(info.shape[0], info.shape[1] // block * type_size).copy()
+        finally:
+            del raw
+
+
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse the header of a GGUF file; tensor data stays on disk (memory-mapped)."""
     p = Path(path)
@@ -249,6 +262,9 @@ class GGUFCheckpoint:
     quant: str  # "Q4_1", "Q8_0", "F16", ...
     path: Path
     metadata: dict[str, Any] = field(default_factory=dict, repr=False)
+    # HF name -> (qtype, raw GGUF rows) for the Q4_1 / Q8_0 matrices (rows in HF order, q/k
+    # unpermuted): what engine/models/quant.py keeps instead of the fp32 copy
+    blocks: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict, repr=False)
 
 
 # (gguf tensor suffix, HF suffix) per layer; "q"/"k" mark the rows llama.cpp permuted for RoPE.
@@ -282,7 +298,7 @@ def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
         try:
             tokenizer = Tokenizer.from_gguf(f)
             config = _hf_config(md, arch, p)
-            state_dict, rope_freqs = _state_dict(f, arch, config, p)
+            state_dict, rope_freqs, blocks = _state_dict(f, arch, config, p)
             if rope_freqs is not None:
                 config["rope_scaling"] = _llama3_scaling_from_rope_freqs(rope_freqs, config, md, p)
         except ModelLoadError:
@@ -292,7 +308,7 @@ def load_gguf(path: str | os.PathLike) -> GGUFCheckpoint:
             raise ModelLoadError(f"corrupt or inconsistent GGUF ({type(e).__name__}: {e})", path=p) from e
         config["vocab_size"] = state_dict["model.embed_tokens.weight"].shape[0]
         config["tie_word_embeddings"] = "lm_head.weight" not in state_dict
-        return GGUFCheckpoint(config, state_dict, tokenizer, _quant_name(f), p, md)
+        return GGUFCheckpoint(config, state_dict, tokenizer, _quant_name(f), p, md, blocks)
 
 
 def _hf_config(md: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
@@ -373,7 +389,11 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path) -> tuple[dict[str, torch.Tensor], np.ndarray | None]:
+_KEPT_QUANTS = ("Q4_1", "Q8_0")  # the block formats engine/native/linear.c multiplies directly
+
+
+def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path
+                ) -> tuple[dict[str, torch.Tensor], np.ndarray | None, dict[str, tuple[str, np.ndarray]]]:
     heads, kv_heads, head_dim = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     permuted = arch == "llama"  # qwen2 uses NeoX-style RoPE in ggml: stored as in HF
     plan: dict[str, tuple[str, str | None]] = {  # gguf name -> (HF name, permutation)
@@ -418,6 +438,7 @@ def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path) -> tupl
             "attn_q": (heads * E, D), "attn_k": (kv_heads * E, D), "attn_v": (kv_heads * E, D), "attn_output": (D, heads * E),
             "ffn_gate": (F, D), "ffn_up": (F, D), "ffn_down": (D, F)}
     sd: dict[str, torch.Tensor] = {}
+    blocks: dict[str, tuple[str, np.ndarray]] = {}
     for gname, (hname, perm) in plan.items():
         if gname not in f.tensors:
             continue
@@ -429,8 +450,14 @@ def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path) -> tupl
         if perm is not None:
             w = np.ascontiguousarray(_unpermute(w, heads if perm == "q" else kv_heads))
         sd[hname] = torch.from_numpy(w)
+        qname = f.tensors[gname].qtype.name
+        if kind == "weight" and len(shape) == 2 and qname in _KEPT_QUANTS and shape[1] % 32 == 0:
+            raw = f.read_blocks(gname)
+            if perm is not None:
+                raw = np.ascontiguousarray(_unpermute(raw, heads if perm == "q" else kv_heads))
+            blocks[hname] = (qname, raw)
     rope_freqs = f.read_tensor("rope_freqs.weight") if "rope_freqs.weight" in f.tensors else None
-    return sd, rope_freqs
+    return sd, rope_freqs, blocks
 
 
 def _llama3_scaling_from_rope_freqs(ff: np.ndarray, cfg: dict[str, Any], md: dict[str, Any], path: Path) -> dict[str, Any]:

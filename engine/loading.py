@@ -45,11 +45,13 @@ class Loaded:
     fmt: str  # "hf" | "gguf"
     config: dict[str, Any] = field(default_factory=dict)
     quant: str | None = None
+    kept_quantized: int = 0  # projections multiplied from their GGUF blocks (engine/models/quant.py)
 
     @property
     def description(self) -> str:
         q = f" {self.quant}" if self.quant else ""
-        return f"{self.name} ({self.fmt}{q}, {str(self.model.dtype).replace('torch.', '')})"
+        kept = ", blocks kept" if self.kept_quantized else ""
+        return f"{self.name} ({self.fmt}{q}, {str(self.model.dtype).replace('torch.', '')}{kept})"
 
 
 def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
@@ -367,8 +369,23 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype, max_context: int | Non
     ck = load_gguf(path)
     _check_config_values(ck.config, path)
     model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
+    kept = _keep_quantized(model, ck, dtype)
     _check_tokenizer(ck.tokenizer, model, path)
-    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None))
+    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept)
+
+
+def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype) -> int:
+    """fp32 on CPU with linear.c: keep the GGUF's Q4_1 / Q8_0 matrices in their blocks (bit-identical
+    products from ~1/5 of the bytes; engine/models/quant.py). SPECCHAT_QUANT=0 keeps fp32. Returns
+    how many projections were kept quantised."""
+    from .models import quant
+    from .models.common import native_linear
+
+    if dtype != torch.float32 or not ck.blocks or not quant.enabled() or not hasattr(model, "keep_quantized"):
+        return 0
+    if not native_linear():
+        return 0
+    return model.keep_quantized(ck.blocks)
 
 
 def _check_tokenizer(tok: Any, model: CausalLM, path: Path) -> None:

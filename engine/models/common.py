@@ -560,7 +560,7 @@ class Linear:
     Elsewhere (CUDA, builds without oneDNN, other dtypes) it holds the ``as_t`` tensor.
     """
 
-    __slots__ = ("_blocks", "_dense", "_gemv", "_packed", "dtype", "shape")
+    __slots__ = ("_blocks", "_dense", "_gemv", "_packed", "_qrec", "_qtype", "dtype", "shape")
 
     def __init__(self, w: torch.Tensor, dtype: torch.dtype, pack: bool | None = None, native: bool | None = None):
         w = w.detach().to(dtype)
@@ -569,6 +569,7 @@ class Linear:
         self._packed = None
         self._dense = None
         self._blocks = None  # linear.c's layout (then the only copy of the weight)
+        self._qrec = self._qtype = None  # GGUF-quantised records (engine/models/quant.py), then the only copy
         self._gemv: torch.Tensor | bool | None = None  # fast_rows' single-row operand: None = not measured yet, False = slower
         cpu2d = w.device.type == "cpu" and w.dim() == 2
         if native is None:
@@ -583,6 +584,18 @@ class Linear:
         else:
             self._dense = _layout_t(w, dtype)
 
+    @classmethod
+    def quantized(cls, records: torch.Tensor, qtype: str, K: int, N: int) -> Linear:
+        """A weight kept in GGUF blocks (``quant.pack``'s records, Q4_1 or Q8_0): fp32 products
+        bit-identical to the dequantised weight's through linear.c (engine/models/quant.py)."""
+        self = cls.__new__(cls)
+        self.shape = torch.Size((K, N))
+        self.dtype = torch.float32
+        self._packed = self._dense = self._blocks = None
+        self._gemv = None
+        self._qrec, self._qtype = records, qtype
+        return self
+
     @property
     def packed(self) -> bool:
         return self._packed is not None
@@ -592,6 +605,11 @@ class Linear:
         through the packed product: every output is one weight times 1 plus zeros)."""
         if self._dense is not None:
             return self._dense
+        if self._qrec is not None:
+            from .quant import dequantize_rows
+
+            K, N = self.shape
+            return dequantize_rows(self._qrec, self._qtype, N, K, torch.arange(N)).t().contiguous()
         if self._blocks is not None:
             nb, K, _ = self._blocks.shape
             return self._blocks.transpose(1, 2).reshape(nb * 16, K)[: self.shape[1]].t().contiguous()
@@ -621,7 +639,7 @@ class Linear:
         return self._gemv
 
     def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if self._blocks is not None:
+        if self._blocks is not None or self._qrec is not None:
             return self._native(x.float(), bias)
         one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
         if one:
@@ -644,8 +662,17 @@ class Linear:
         y = torch.empty(x2.shape[0], N, dtype=torch.float32)
         if bias is not None:
             bias = bias.float().contiguous()
-        native.lib().linear_rows_f32(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._blocks.data_ptr(), N,
-                                     None if bias is None else bias.data_ptr(), y.data_ptr(), torch.get_num_threads())
+        b = None if bias is None else bias.data_ptr()
+        if self._qrec is not None:
+            from .quant import QTYPES
+
+            rc = native.lib().linear_rows_q(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._qrec.data_ptr(), QTYPES[self._qtype],
+                                            N, b, y.data_ptr(), torch.get_num_threads())
+        else:
+            rc = native.lib().linear_rows_f32(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._blocks.data_ptr(), N,
+                                              b, y.data_ptr(), torch.get_num_threads())
+        if rc:
+            raise MemoryError(f"linear.c failed ({rc}) for {self!r}")
         return y.view(*x.shape[:-1], N)
 
     def __rmatmul__(self, x: torch.Tensor) -> torch.Tensor:
@@ -653,10 +680,12 @@ class Linear:
 
     def take_cols(self, cols: torch.Tensor) -> Linear:
         """The same weight restricted to output columns ``cols`` (a drafter's draft vocabulary)."""
-        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None, native=self._blocks is not None)
+        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None,
+                      native=self._blocks is not None or self._qrec is not None)
 
     def __repr__(self) -> str:
-        kind = "native" if self._blocks is not None else "packed" if self.packed else "dense"
+        kind = (f"native {self._qtype}" if self._qrec is not None else "native" if self._blocks is not None
+                else "packed" if self.packed else "dense")
         return f"Linear(in={self.shape[0]}, out={self.shape[1]}, {str(self.dtype).replace('torch.', '')}, {kind})"
 
 

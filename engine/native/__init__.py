@@ -96,6 +96,10 @@ def _load() -> ctypes.CDLL | None:
         lib.attn_rows_bf16.restype = ctypes.c_int
         lib.linear_rows_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i32]
         lib.linear_rows_f32.restype = ctypes.c_int
+        lib.linear_rows_q.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i32]
+        lib.linear_rows_q.restype = ctypes.c_int
+        lib.quant_rows_f32.argtypes = [p, i32, i64, i64, p, i64, p]
+        lib.quant_rows_f32.restype = ctypes.c_int
         lib.mamba2_block_f32.argtypes = [p, i64, i64, p, f32, p, p, p, p, i64, p, p, p, p, f32, p, p, i64, i64, i64, i64,
                                          f32, f32, i32]
         lib.mamba2_block_f32.restype = ctypes.c_int

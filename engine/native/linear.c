@@ -95,30 +95,155 @@ static void block_rows(const float *x, int64_t ldx, int64_t i0, int64_t i1, cons
     for (; r < nr; r++) row1(x + r * ldx, i0, i1, w, acc + r * JB);
 }
 
-/* x (R, K) row stride ldx; Wp (nb, K, 16); bias (N,) or NULL; y (R, N) contiguous. Returns 0, or
- * 1 if the accumulator scratch could not be allocated. */
-int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
-                    const float *bias, float *y, int nthreads) {
+/* GGUF block-quantised weights, kept quantised (engine/models/quant.py packs them). Each column
+ * block of 16 outputs is a stream of K/32 records, one per 32 inputs:
+ *   Q4_1 (384 bytes): float d[16], float m[16], uint8 q[32][8]  -- w[i][j] = d[j] * q + m[j], with
+ *                     q = q[i][j] & 15 for j < 8 and q[i][j - 8] >> 4 for j >= 8 (GGUF's formula);
+ *   Q8_0 (576 bytes): float d[16], int8 q[32][16]               -- w[i][j] = d[j] * q[i][j].
+ * A chunk of input rows is dequantised into an L1 scratch in linear.c's fp32 layout and the same
+ * row kernels run over it, so every output is the same FMA chain over the same fp32 weights as
+ * linear_rows_f32 over the dequantised matrix: bit-identical results from a fifth of the bytes.
+ * d * q is exact in fp32 (an fp16 scale times a 4- or 8-bit integer), so fmaf(d, q, m) rounds once,
+ * like GGUF's (d * q) + m. */
+#define QK 32
+enum { QT_F32 = 0, QT_Q4_1 = 1, QT_Q8_0 = 2 };
+
+static int64_t qrecord_bytes(int qtype) { return qtype == QT_Q4_1 ? 384 : qtype == QT_Q8_0 ? 576 : 0; }
+
+static void dequant_q4_1(const uint8_t *rec, float *out) {
+    const float *d = (const float *)rec, *m = d + JB;
+    const uint8_t *q = rec + 2 * JB * sizeof(float);
+#ifdef SPECCHAT_FMA_VEC
+    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8), m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8);
+    const __m256i low = _mm256_set1_epi32(15);
+    for (int i = 0; i < QK; i++) {
+        const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * i)));
+        _mm256_storeu_ps(out + i * JB, _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(b, low)), m0));
+        _mm256_storeu_ps(out + i * JB + 8, _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(b, 4)), m1));
+    }
+#else
+    for (int i = 0; i < QK; i++)
+        for (int j = 0; j < JB; j++) {
+            const int v = j < 8 ? (q[8 * i + j] & 15) : (q[8 * i + j - 8] >> 4);
+            out[i * JB + j] = fmaf(d[j], (float)v, m[j]);
+        }
+#endif
+}
+
+static void dequant_q8_0(const uint8_t *rec, float *out) {
+    const float *d = (const float *)rec;
+    const int8_t *q = (const int8_t *)(rec + JB * sizeof(float));
+#ifdef SPECCHAT_FMA_VEC
+    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+    for (int i = 0; i < QK; i++) {
+        const __m128i b = _mm_loadu_si128((const __m128i *)(q + JB * i));
+        _mm256_storeu_ps(out + i * JB, _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b))));
+        _mm256_storeu_ps(out + i * JB + 8, _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)))));
+    }
+#else
+    for (int i = 0; i < QK; i++)
+        for (int j = 0; j < JB; j++) out[i * JB + j] = d[j] * (float)q[JB * i + j];
+#endif
+}
+
+#ifdef SPECCHAT_FMA_VEC
+/* Up to 4 rows straight from the records, the weights dequantised in registers (no scratch): the
+ * same w0/w1 values and the same FMA order as dequant + block_rows. For 1-4 rows (decode steps,
+ * short verify passes), where the scratch round trip was a third of the work. */
+#define Q4_W(i) const __m256i qb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * (i)))); \
+    const __m256 w0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(qb, low)), m0), \
+                 w1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(qb, 4)), m1);
+#define Q8_W(i) const __m128i qb = _mm_loadu_si128((const __m128i *)(q + JB * (i))); \
+    const __m256 w0 = _mm256_mul_ps(d0, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qb))), \
+                 w1 = _mm256_mul_ps(d1, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qb, 8))));
+#define Q4_HEAD const float *d = (const float *)rec, *m = d + JB; const uint8_t *q = rec + 2 * JB * sizeof(float); \
+    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8), m0 = _mm256_loadu_ps(m), m1 = _mm256_loadu_ps(m + 8); \
+    const __m256i low = _mm256_set1_epi32(15);
+#define Q8_HEAD const float *d = (const float *)rec; const int8_t *q = (const int8_t *)(rec + JB * sizeof(float)); \
+    const __m256 d0 = _mm256_loadu_ps(d), d1 = _mm256_loadu_ps(d + 8);
+/* x points at this chunk's first input; n inputs (a multiple of 32), records of rb bytes */
+#define QROWS(name, HEAD, WAT, LOADS, FMAS, STORES) \
+static void name(const float *x, int64_t ldx, int64_t n, const uint8_t *rec, int64_t rb, float *acc) { \
+    LOADS \
+    for (int64_t i0 = 0; i0 < n; i0 += QK, rec += rb) { \
+        HEAD \
+        for (int i = 0; i < QK; i++) { WAT(i) { const int64_t ii = i0 + i; FMAS } } \
+    } \
+    STORES \
+    (void)ldx; \
+}
+#define FMA_ROWQ(r) { const __m256 v = _mm256_broadcast_ss(x##r + ii); \
+    a##r##0 = _mm256_fmadd_ps(v, w0, a##r##0); a##r##1 = _mm256_fmadd_ps(v, w1, a##r##1); }
+QROWS(q4_rows1, Q4_HEAD, Q4_W, LOAD_ROW(0), FMA_ROWQ(0), STORE_ROW(0))
+QROWS(q4_rows2, Q4_HEAD, Q4_W, LOAD_ROW(0) LOAD_ROW(1), FMA_ROWQ(0) FMA_ROWQ(1), STORE_ROW(0) STORE_ROW(1))
+QROWS(q4_rows4, Q4_HEAD, Q4_W, LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2) LOAD_ROW(3),
+      FMA_ROWQ(0) FMA_ROWQ(1) FMA_ROWQ(2) FMA_ROWQ(3), STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3))
+QROWS(q8_rows1, Q8_HEAD, Q8_W, LOAD_ROW(0), FMA_ROWQ(0), STORE_ROW(0))
+QROWS(q8_rows2, Q8_HEAD, Q8_W, LOAD_ROW(0) LOAD_ROW(1), FMA_ROWQ(0) FMA_ROWQ(1), STORE_ROW(0) STORE_ROW(1))
+QROWS(q8_rows4, Q8_HEAD, Q8_W, LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2) LOAD_ROW(3),
+      FMA_ROWQ(0) FMA_ROWQ(1) FMA_ROWQ(2) FMA_ROWQ(3), STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3))
+
+/* rows [0, nr) (nr <= 4) of one column block over one chunk, fused; returns 0 if not handled */
+static int qrows_fused(int qtype, const float *x, int64_t ldx, int64_t n, const uint8_t *rec, int64_t rb, int64_t nr, float *acc) {
+    int64_t r = 0;
+    if (nr > 4) return 0;
+    if (qtype == QT_Q4_1) {
+        for (; nr - r >= 4; r += 4) q4_rows4(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
+        for (; nr - r >= 2; r += 2) q4_rows2(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
+        for (; r < nr; r++) q4_rows1(x + r * ldx, 0, n, rec, rb, acc + r * JB);
+    } else {
+        for (; nr - r >= 4; r += 4) q8_rows4(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
+        for (; nr - r >= 2; r += 2) q8_rows2(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
+        for (; r < nr; r++) q8_rows1(x + r * ldx, 0, n, rec, rb, acc + r * JB);
+    }
+    return 1;
+}
+#else
+static int qrows_fused(int qtype, const float *x, int64_t ldx, int64_t n, const uint8_t *rec, int64_t rb, int64_t nr, float *acc) {
+    (void)qtype, (void)x, (void)ldx, (void)n, (void)rec, (void)rb, (void)nr, (void)acc;
+    return 0;
+}
+#endif
+
+/* y = x @ W (+ bias) for W given as fp32 blocks (Wp, qtype QT_F32) or quantised records (Wq). */
+static int linear_rows(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, const uint8_t *Wq, int qtype,
+                       int64_t N, const float *bias, float *y, int nthreads) {
     const int64_t nb = (N + JB - 1) / JB;
+    const int64_t rb = qrecord_bytes(qtype);
     int failed = 0;
     if (nthreads < 1) nthreads = 1;
+    if (qtype != QT_F32 && (rb == 0 || K % QK != 0)) return 2;
 #pragma omp parallel num_threads(nthreads) if (R * K * N > 65536) reduction(| : failed)
     {
-        float *acc = (float *)malloc(sizeof(float) * (size_t)R * JB);
+        float *acc = (float *)malloc(sizeof(float) * (size_t)(R * JB + (qtype != QT_F32 ? KC * JB : 0)));
+        float *scratch = acc ? acc + R * JB : NULL;
         if (!acc) {
             failed = 1;
         } else {
 #pragma omp for schedule(static)
             for (int64_t b = 0; b < nb; b++) {
-                const float *w = Wp + b * K * JB;
                 const int64_t j0 = b * JB;
                 const int64_t nj = N - j0 < JB ? N - j0 : JB;
                 memset(acc, 0, sizeof(float) * (size_t)R * JB);
                 for (int64_t i0 = 0; i0 < K; i0 += KC) {
                     const int64_t i1 = K - i0 < KC ? K : i0 + KC;
-                    for (int64_t r0 = 0; r0 < R; r0 += RB) {
-                        const int64_t nr = R - r0 < RB ? R - r0 : RB;
-                        block_rows(x + r0 * ldx, ldx, i0, i1, w, nr, acc + r0 * JB);
+                    if (qtype == QT_F32) {
+                        const float *w = Wp + b * K * JB;
+                        for (int64_t r0 = 0; r0 < R; r0 += RB) {
+                            const int64_t nr = R - r0 < RB ? R - r0 : RB;
+                            block_rows(x + r0 * ldx, ldx, i0, i1, w, nr, acc + r0 * JB);
+                        }
+                    } else {
+                        const uint8_t *rec = Wq + (b * (K / QK) + i0 / QK) * rb;
+                        if (qrows_fused(qtype, x + i0, ldx, i1 - i0, rec, rb, R, acc)) continue;
+                        for (int64_t i = 0; i < i1 - i0; i += QK, rec += rb) {
+                            if (qtype == QT_Q4_1) dequant_q4_1(rec, scratch + i * JB);
+                            else dequant_q8_0(rec, scratch + i * JB);
+                        }
+                        for (int64_t r0 = 0; r0 < R; r0 += RB) {
+                            const int64_t nr = R - r0 < RB ? R - r0 : RB;
+                            block_rows(x + r0 * ldx + i0, ldx, 0, i1 - i0, scratch, nr, acc + r0 * JB);
+                        }
                     }
                 }
                 for (int64_t r = 0; r < R; r++) {
@@ -135,4 +260,37 @@ int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const flo
         }
     }
     return failed;
+}
+
+/* x (R, K) row stride ldx; Wp (nb, K, 16); bias (N,) or NULL; y (R, N) contiguous. Returns 0, or
+ * 1 if the accumulator scratch could not be allocated. */
+int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
+                    const float *bias, float *y, int nthreads) {
+    return linear_rows(x, ldx, R, K, Wp, NULL, QT_F32, N, bias, y, nthreads);
+}
+
+/* The same product over quantised records (qtype 1 = Q4_1, 2 = Q8_0; see above). Returns 0, 1 if
+ * the scratch could not be allocated, 2 for an unknown qtype or K not a multiple of 32. */
+int linear_rows_q(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8_t *Wq, int qtype, int64_t N,
+                  const float *bias, float *y, int nthreads) {
+    return linear_rows(x, ldx, R, K, NULL, Wq, qtype, N, bias, y, nthreads);
+}
+
+/* Rows `ids` (n of them) of the [N, K] matrix held as quantised records, dequantised into out
+ * (n, K): an embedding lookup from the tied head's quantised copy. Returns 2 for a bad qtype. */
+int quant_rows_f32(const uint8_t *Wq, int qtype, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    const int64_t rb = qrecord_bytes(qtype);
+    float tmp[QK * JB];
+    if (rb == 0 || K % QK != 0) return 2;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t v = ids[t];
+        if (v < 0 || v >= N) return 3;
+        const uint8_t *rec = Wq + (v / JB) * (K / QK) * rb;
+        for (int64_t kb = 0; kb < K / QK; kb++, rec += rb) {
+            if (qtype == QT_Q4_1) dequant_q4_1(rec, tmp);
+            else dequant_q8_0(rec, tmp);
+            for (int i = 0; i < QK; i++) out[t * K + kb * QK + i] = tmp[i * JB + v % JB];
+        }
+    }
+    return 0;
 }

@@ -1,0 +1,86 @@
+"""GGUF block-quantised weights kept quantised on CPU (engine/native/linear.c ``linear_rows_q``).
+
+A GGUF checkpoint's Q4_1 / Q8_0 matrices used to be dequantised to fp32 at load and multiplied
+from 4 bytes per weight. The products are memory-bound at the 1-16 rows of decoding and
+verification, so here each matrix stays in its GGUF blocks (re-laid out for the kernel: Q4_1 is
+4 bits + 2 fp32 scales per 32 weights, 6 bits a weight; Q8_0 9 bits) and is dequantised chunk by
+chunk into L1 inside the product. The kernel runs the same FMA chain over the same fp32 weights as
+the fp32 path (GGUF's dequantisation ``d * q + m`` is exact up to one rounding, which ``fmaf``
+reproduces), so the outputs are bit-identical to the dequantised model's: this is storage, not a
+new dtype, and losslessness is untouched (tests/test_quant.py).
+
+Layout (``pack``): column blocks of 16 outputs, each a stream of K / 32 records:
+    Q4_1, 384 bytes: float32 d[16], float32 m[16], uint8 q[32][8] with output j < 8 in the low
+                     nibble of byte j and output j + 8 in its high nibble;
+    Q8_0, 576 bytes: float32 d[16], int8 q[32][16].
+Outputs past N are padded with zero scales (zero weights).
+
+Switch: ``SPECCHAT_QUANT=0`` keeps the dequantised fp32 weights (A/B benchmarks).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+
+QTYPES = {"Q4_1": 1, "Q8_0": 2}
+_RECORD = {"Q4_1": 384, "Q8_0": 576}
+_GGUF_BLOCK = {"Q4_1": 20, "Q8_0": 34}  # bytes per 32 weights in the file
+
+
+def enabled() -> bool:
+    return os.environ.get("SPECCHAT_QUANT", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def pack(raw: np.ndarray, qtype: str, K: int) -> torch.Tensor:
+    """GGUF rows -> the kernel's records. ``raw`` is (N, K / 32 * block bytes) uint8, one output
+    row per line as stored in the file. Returns a flat uint8 tensor of nb * K / 32 records."""
+    if qtype not in _RECORD:
+        raise ValueError(f"unsupported quantisation {qtype}")
+    if K % 32:
+        raise ValueError(f"K={K} is not a multiple of 32")
+    N = raw.shape[0]
+    nkb = K // 32
+    bs = _GGUF_BLOCK[qtype]
+    if raw.shape[1] != nkb * bs:
+        raise ValueError(f"{qtype} rows of {raw.shape[1]} bytes, expected {nkb * bs} for K={K}")
+    nb = -(-N // 16)
+    blocks = np.zeros((nb * 16, nkb, bs), dtype=np.uint8)
+    blocks[:N] = raw.reshape(N, nkb, bs)
+    blocks = blocks.reshape(nb, 16, nkb, bs).transpose(0, 2, 1, 3)  # (nb, nkb, 16 outputs, bs)
+    d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)  # (nb, nkb, 16)
+    if qtype == "Q4_1":
+        m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
+        qs = blocks[..., 4:20]  # (nb, nkb, 16, 16): byte t holds inputs t (low) and t + 16 (high)
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # (nb, nkb, 16 outputs, 32 inputs)
+        q = q.transpose(0, 1, 3, 2)  # (nb, nkb, 32 inputs, 16 outputs)
+        qb = (q[..., :8] | (q[..., 8:] << 4)).astype(np.uint8)  # (nb, nkb, 32, 8)
+        rec = np.concatenate([d.view(np.uint8), m.view(np.uint8), qb.reshape(nb, nkb, 256)], axis=-1)
+    else:
+        q = np.ascontiguousarray(blocks[..., 2:34]).view(np.int8).transpose(0, 1, 3, 2)  # (nb, nkb, 32, 16)
+        rec = np.concatenate([d.view(np.uint8), np.ascontiguousarray(q).view(np.uint8).reshape(nb, nkb, 512)], axis=-1)
+    rec = np.ascontiguousarray(rec)
+    assert rec.shape == (nb, nkb, _RECORD[qtype])
+    return torch.from_numpy(rec.reshape(-1))
+
+
+def dequantize_rows(records: torch.Tensor, qtype: str, N: int, K: int, ids: torch.Tensor) -> torch.Tensor:
+    """Rows ``ids`` of the [N, K] matrix held as records, as fp32 (n, K)."""
+    from .. import native
+
+    ids = ids.to(torch.int64).contiguous()
+    out = torch.empty(ids.shape[0], K, dtype=torch.float32)
+    rc = native.lib().quant_rows_f32(records.data_ptr(), QTYPES[qtype], N, K, ids.data_ptr(), ids.shape[0], out.data_ptr())
+    if rc:
+        raise ValueError(f"quant_rows_f32 failed ({rc})")
+    return out
+
+
+def gguf_blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
+    """Dequantise GGUF rows with the gguf package (the reference the kernel must match)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    return np.asarray(dequantize(raw, GGMLQuantizationType[qtype]), dtype=np.float32)

@@ -1,0 +1,157 @@
+"""GGUF Q4_1 / Q8_0 matrices kept quantised (engine/models/quant.py, linear.c ``linear_rows_q``).
+
+The kernel must give the same bits as the fp32 kernel over the dequantised matrix (GGUF's own
+dequantisation, gguf.quants), for any number of rows, any row offset, 1 or 2 threads, with a
+bias; and a quantised GGUF model must give the dequantised model's logits bit for bit, so every
+greedy strategy still equals plain greedy decoding.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine import native
+from engine.models import common, quant
+
+needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
+
+
+def _quantised(N: int, K: int, qtype: str, seed: int) -> tuple[np.ndarray, torch.Tensor]:
+    import gguf
+    from gguf.quants import quantize
+
+    rng = np.random.default_rng(seed)
+    W = rng.standard_normal((N, K)).astype(np.float32) * rng.uniform(0.01, 3, size=(N, 1)).astype(np.float32)
+    raw = quantize(W, gguf.GGMLQuantizationType[qtype])
+    return raw, torch.from_numpy(quant.gguf_blocks(raw, qtype).reshape(N, K))
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("K, N", [(576, 1536), (32, 5), (96, 17), (160, 64), (1536, 100)])
+def test_quantised_rows_equal_the_fp32_kernel_over_gguf_dequantisation(qtype, K, N):
+    raw, Wd = _quantised(N, K, qtype, K + N)
+    lq = common.Linear.quantized(quant.pack(raw, qtype, K), qtype, K, N)
+    lf = common.Linear(Wd, torch.float32, native=True)
+    assert f"native {qtype}" in repr(lq)
+    assert torch.equal(lq.dense(), Wd.t())  # the records hold exactly GGUF's dequantised weights
+    g = torch.Generator().manual_seed(N)
+    b = torch.randn(N, generator=g)
+    x = torch.randn(40, K, generator=g)
+    full = lq(x, b)
+    assert torch.equal(full, lf(x, b))
+    assert torch.equal(lq(x), lf(x))
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for a, e in [(0, 1), (7, 8), (0, 2), (3, 6), (0, 4), (1, 5), (0, 5), (3, 9), (10, 26), (1, 40)]:
+                assert torch.equal(lq(x[a:e], b), full[a:e]), (nt, a, e)
+            assert torch.equal(lq(x[None, 3:9], b)[0], full[3:9])
+            xs = torch.randn(6, 2 * K, generator=g)[:, ::2]  # strided input rows
+            assert torch.equal(lq(xs), lf(xs.contiguous()))
+    finally:
+        torch.set_num_threads(threads)
+    ids = torch.tensor([0, N - 1, N // 2, 0])
+    assert torch.equal(quant.dequantize_rows(lq._qrec, qtype, N, K, ids), Wd[ids])
+    assert torch.equal(lq.take_cols(torch.tensor([0, N - 1]))(x[:3]), lq(x[:3])[:, [0, N - 1]])
+
+
+def test_pack_rejects_what_it_cannot_hold():
+    raw, _ = _quantised(4, 64, "Q4_1", 0)
+    with pytest.raises(ValueError):
+        quant.pack(raw, "Q5_0", 64)
+    with pytest.raises(ValueError):
+        quant.pack(raw, "Q4_1", 96)  # row length disagrees with K
+
+
+def _write_quantised_llama(path, *, mixed: bool) -> None:
+    """A 2-layer llama GGUF (tied Q8_0 embedding, Q4_1 projections; ``mixed``: k in Q8_0 and the
+    MLP down projection in F16, which must stay fp32)."""
+    import gguf
+    from gguf.quants import quantize
+
+    from tests.conftest import tiny_vocab
+
+    rng = np.random.default_rng(5)
+    tokens, types, merges = tiny_vocab()
+    V, D, F, H, KV = len(tokens), 64, 96, 4, 2
+    E = D // H
+    w = gguf.GGUFWriter(str(path), "llama")
+    for k, v in (("block_count", 2), ("embedding_length", D), ("feed_forward_length", F),
+                 ("attention.head_count", H), ("attention.head_count_kv", KV), ("context_length", 256)):
+        w.add_uint32(f"llama.{k}", v)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,)}
+    for i in range(2):
+        shapes.update({f"blk.{i}.attn_norm.weight": (D,), f"blk.{i}.ffn_norm.weight": (D,), f"blk.{i}.attn_q.weight": (H * E, D),
+                       f"blk.{i}.attn_k.weight": (KV * E, D), f"blk.{i}.attn_v.weight": (KV * E, D),
+                       f"blk.{i}.attn_output.weight": (D, H * E), f"blk.{i}.ffn_gate.weight": (F, D),
+                       f"blk.{i}.ffn_up.weight": (F, D), f"blk.{i}.ffn_down.weight": (D, F)})
+    for name, shape in shapes.items():
+        t = (rng.standard_normal(shape) * (0.3 if len(shape) == 2 else 1)).astype(np.float32)
+        if len(shape) == 1:
+            w.add_tensor(name, np.abs(t) + 0.5)
+            continue
+        qt = "Q8_0" if name == "token_embd.weight" or (mixed and "attn_k" in name) else "Q4_1"
+        if mixed and "ffn_down" in name:
+            w.add_tensor(name, t.astype(np.float16))
+            continue
+        q = quantize(t, gguf.GGMLQuantizationType[qt])
+        w.add_tensor(name, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType[qt])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@needs_native
+@pytest.mark.parametrize("mixed", [False, True])
+def test_quantised_gguf_model_is_the_dequantised_model_bit_for_bit(mixed, tmp_path, monkeypatch):
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+
+    path = tmp_path / "q.gguf"
+    _write_quantised_llama(path, mixed=mixed)
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    monkeypatch.setenv("SPECCHAT_QUANT", "0")
+    ref = load(str(path), dtype="fp32").model
+    monkeypatch.setenv("SPECCHAT_QUANT", "1")
+    q = load(str(path), dtype="fp32").model
+    kinds = {repr(lin).split(", ")[-1].rstrip(")") for lin in [q.lm_head_t] + [lyr[k] for lyr in q.layers for k in ("wqkv", "wo", "wgu", "wd")]}
+    assert kinds == ({"native Q8_0", "native Q4_1", "native"} if mixed else {"native Q8_0", "native Q4_1"})
+    assert "Q4_1" not in repr(ref.layers[0]["wgu"])
+    ids = list(range(3, 60))
+    assert torch.equal(q.full_logits(ids), ref.full_logits(ids))
+    prompt = [5, 9, 3, 5, 9, 3, 7, 2, 5, 9, 11, 4]
+    dq, dref = Decoder(q, q), Decoder(ref, ref)
+    want, _ = run_generation(dref, prompt, preset("ar"), 40)
+    want = [t for e in want for t in e.emitted]
+    for s in (preset("ar"), preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("pld"), preset("hybrid")):
+        evs, _ = run_generation(dq, prompt, s, 40)
+        assert [t for e in evs for t in e.emitted] == want, s.label()
+
+
+@needs_native
+def test_smollm2_projections_keep_the_gguf_blocks(smollm2_gguf_path, monkeypatch):
+    """The shipped default (SmolLM2-135M Q4_1, Q8_0 tied embedding): every projection and the head
+    are kept quantised, and the logits equal the dequantised fp32 model's."""
+    from engine.loading import load
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    q = load(str(smollm2_gguf_path), dtype="fp32").model
+    assert "Q8_0" in repr(q.lm_head_t)
+    assert all("Q4_1" in repr(lyr[k]) for lyr in q.layers for k in ("wqkv", "wo", "wgu", "wd"))
+    monkeypatch.setenv("SPECCHAT_QUANT", "0")
+    ref = load(str(smollm2_gguf_path), dtype="fp32").model
+    assert torch.equal(q.layers[3]["wqkv"].dense(), ref.layers[3]["wqkv"].dense())  # q/k rows unpermuted alike
+    ids = list(range(100, 140))
+    assert torch.equal(q.full_logits(ids), ref.full_logits(ids))
