@@ -5,6 +5,7 @@ the CPU hot-path switches, each configuration in its own process (the switches a
     SPECCHAT_NATIVE=0   the torch blockwise attention instead of the C kernel (engine/native)
     SPECCHAT_NATIVE_LINEAR=1  fp32 projections through engine/native/linear.c (row-consistent)
     SPECCHAT_QUANT=1    ... with the GGUF's Q4_1 / Q8_0 matrices kept in their blocks (bit-identical)
+    SPECCHAT_NATIVE_ROWS=1  ... and the whole pass in one C call (engine/native/llama_rows.c)
 
 Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32]
 Prints one line per configuration: ms per 1-token decode step and per verify pass of 6 / 16 chain
@@ -69,21 +70,25 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
     a = ap.parse_args()
-    configs = [("plain weights, torch attention", "0", "0", "0", "0"), ("packed weights, torch attention", "1", "0", "0", "0"),
-               ("packed weights, C attention", "1", "1", "0", "0")]
+    configs = [("plain weights, torch attention", "0", "0", "0", "0", "0"), ("packed weights, torch attention", "1", "0", "0", "0", "0"),
+               ("packed weights, C attention", "1", "1", "0", "0", "0")]
     if a.dtype == "fp32":
-        configs.append(("C linear (fp32), C attention", "1", "1", "1", "0"))
-        configs.append(("C linear (GGUF blocks), C attention", "1", "1", "1", "1"))
+        configs.append(("C linear (fp32), torch pass", "1", "1", "1", "0", "0"))
+        configs.append(("C linear (GGUF blocks), torch pass", "1", "1", "1", "1", "0"))
+        configs.append(("C pass (llama_rows.c), fp32 weights", "1", "1", "1", "0", "1"))
+        configs.append(("C pass (llama_rows.c), GGUF blocks", "1", "1", "1", "1", "1"))
     print(f"SmolLM2-135M {a.dtype}, context {a.context}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    for label, packed, nat, lin, quant in configs:
-        env = dict(os.environ, SPECCHAT_PACKED=packed, SPECCHAT_NATIVE=nat, SPECCHAT_NATIVE_LINEAR=lin, SPECCHAT_QUANT=quant)
+    for label, packed, nat, lin, quant, rows in configs:
+        env = dict(os.environ, SPECCHAT_PACKED=packed, SPECCHAT_NATIVE=nat, SPECCHAT_NATIVE_LINEAR=lin, SPECCHAT_QUANT=quant,
+                   SPECCHAT_NATIVE_ROWS=rows)
         r = subprocess.run([sys.executable, "-c", CHILD, str(a.context), str(a.steps), a.dtype], capture_output=True, text=True, env=env)
         if r.returncode:
             print(f"{label}: failed: {r.stderr.strip().splitlines()[-1:]}")
             continue
         d = json.loads(r.stdout.strip().splitlines()[-1])
         print(f"{label:<36} packed={d['packed']} decode {d['decode_ms']:6.2f} ms ({1000 / d['decode_ms']:5.1f} tok/s) · verify 6 rows {d['verify6_ms']:6.2f}"
-              f" · 16 rows {d['verify16_ms']:6.2f} · tree 46 {d['tree46_ms']:6.2f} ms (attention {d['tree46_attn_ms']:5.2f})")
+              f" · 16 rows {d['verify16_ms']:6.2f} · tree 46 {d['tree46_ms']:6.2f} ms"
+              + (f" (attention {d['tree46_attn_ms']:5.2f})" if d["tree46_attn_ms"] else " (attention inside the C pass)"))
     return 0
 
 

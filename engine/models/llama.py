@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Rope, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
+from .common import Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -122,7 +122,6 @@ class Llama(CausalLM):
         """Swap fp32 projections for GGUF-quantised ones (engine/models/quant.py) where every source
         matrix of a projection is quantised in the same format; bit-identical products, ~1/5 of the
         bytes. Returns the number of projections swapped."""
-        from .common import Linear
         from . import quant
 
         def swap(names: list[str], lin: Linear) -> Linear:
@@ -135,6 +134,7 @@ class Llama(CausalLM):
                 return lin
             return Linear.quantized(quant.pack(raw, got[0][0], K), got[0][0], K, N)
 
+        self.__dict__.pop("_native_tab", None)  # the native pass's weight table is rebuilt
         n = 0
         head = "lm_head.weight" if "lm_head.weight" in blocks else "model.embed_tokens.weight"
         new = swap([head], self.lm_head_t)
@@ -154,7 +154,70 @@ class Llama(CausalLM):
         return {"family": c.model_type, "layers": c.num_layers, "hidden": c.hidden_size, "heads": f"{c.num_heads}/{c.num_kv_heads}",
                 "vocab": c.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
 
+    # engine/native/llama_rows.c: the whole pass in one C call when every projection is held by
+    # linear.c (fp32 blocks or GGUF records). Built on first use; None = the torch pass.
+    _NATIVE_SLOTS = 14
+
+    def _native_table(self) -> torch.Tensor | None:
+        tab = self.__dict__.get("_native_tab", False)
+        if tab is not False:
+            return tab
+        from .. import native
+        from .quant import QTYPES
+
+        tab = None
+        c = self.cfg
+        lib = native.lib()
+        ok = (lib is not None and native.rows_enabled() and self._dtype == torch.float32 and c.head_dim % 2 == 0
+              and self.rope.rot_dim % 2 == 0 and self.embed.device.type == "cpu")
+        rows = []
+        for L in self.layers if ok else ():
+            slots = []
+            for key in ("ln1", "ln2"):
+                slots.append(L[key].data_ptr() if L[key].is_contiguous() and L[key].dtype == torch.float32 else None)
+            for w, b in (("wqkv", "bqkv"), ("wo", "bo"), ("wgu", "bgu"), ("wd", "bd")):
+                lin, bias = L[w], L[b]
+                if not isinstance(lin, Linear) or (lin._blocks is None and lin._qrec is None):
+                    slots.append(None)
+                    break
+                slots += [lin._qrec.data_ptr() if lin._qrec is not None else lin._blocks.data_ptr(),
+                          QTYPES[lin._qtype] if lin._qrec is not None else 0,
+                          0 if bias is None else (bias.data_ptr() if bias.is_contiguous() and bias.dtype == torch.float32 else None)]
+            if None in slots or len(slots) != self._NATIVE_SLOTS:
+                rows = None
+                break
+            rows.append(slots)
+        if ok and rows:
+            tab = torch.tensor(rows, dtype=torch.int64)
+        self.__dict__["_native_tab"] = tab
+        return tab
+
+    def _native_rows(self, tab: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, start: int,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        from .. import native
+
+        c = self.cfg
+        kc, vc = self.cache.k, self.cache.v
+        # every pass of this model must take the same path (a row's bits may not depend on the pass)
+        assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == torch.float32, "KV cache layout"
+        if mask is not None and (mask.stride(1) != 1 or mask.dtype != torch.bool):
+            mask = mask.to(torch.bool).contiguous()
+        T = tokens.shape[0]
+        x = self.embed[tokens].contiguous()  # (T, D), a copy
+        cos, sin = self.rope.cos[positions].contiguous(), self.rope.sin[positions].contiguous()
+        rc = native.lib().llama_rows_f32(
+            x.data_ptr(), T, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.rope.rot_dim,
+            tab.data_ptr(), tab.shape[0], kc.data_ptr(), vc.data_ptr(), kc.shape[2], start, cos.data_ptr(), sin.data_ptr(),
+            None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0), c.rms_norm_eps, self.scale,
+            torch.get_num_threads())
+        if rc:
+            raise MemoryError(f"llama_rows_f32 failed ({rc})")
+        return rms_norm(x, self.norm, c.rms_norm_eps)
+
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        tab = self._native_table()
+        if tab is not None:
+            return self._native_rows(tab, tokens, positions, start, mask)
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
         T = tokens.shape[0]

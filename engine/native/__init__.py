@@ -35,6 +35,12 @@ def enabled() -> bool:
     return os.environ.get("SPECCHAT_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+def rows_enabled() -> bool:
+    """llama_rows.c for whole fp32 llama passes (SPECCHAT_NATIVE_ROWS=0: the torch pass over the
+    same linear.c products)."""
+    return os.environ.get("SPECCHAT_NATIVE_ROWS", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def _cpu_key() -> str:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
@@ -48,7 +54,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "linear.c", "mamba2_step.c")
+SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:
@@ -100,6 +106,8 @@ def _load() -> ctypes.CDLL | None:
         lib.linear_rows_q.restype = ctypes.c_int
         lib.quant_rows_f32.argtypes = [p, i32, i64, i64, p, i64, p]
         lib.quant_rows_f32.restype = ctypes.c_int
+        lib.llama_rows_f32.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, i64, p, p, i64, i64, p, p, p, i64, f32, f32, i32]
+        lib.llama_rows_f32.restype = ctypes.c_int
         lib.mamba2_block_f32.argtypes = [p, i64, i64, p, f32, p, p, p, p, i64, p, p, p, p, f32, p, p, i64, i64, i64, i64,
                                          f32, f32, i32]
         lib.mamba2_block_f32.restype = ctypes.c_int

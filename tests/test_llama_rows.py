@@ -1,0 +1,95 @@
+"""engine/native/llama_rows.c: a whole fp32 llama pass in one C call.
+
+It must equal transformers (fp32 rounding), and a row's bits must not depend on the pass it rides
+in: one full forward, chunked prefill, 1-token decode steps and tree verification give every row
+exactly the same logits (which is what makes speculative decoding lossless through it).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import native
+from engine.loading import load
+from engine.models import common
+from .test_models import _random_tree
+from .tiny import saved
+
+needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
+KINDS = ["llama", "llama_tied", "qwen2", "llama3_rope", "mistral_window"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture
+def native_linear_on(monkeypatch):
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+
+
+def _load(kind: str, root: str):
+    m = load(str(saved(kind, root))).model
+    assert m._native_table() is not None, "the fused pass should take this model"
+    return m
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KINDS)
+def test_fused_pass_matches_transformers_and_the_torch_pass(kind, root, native_linear_on, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    m = _load(kind, root)
+    ids = torch.randint(0, 96, (40,), generator=torch.Generator().manual_seed(1))
+    out = m.full_logits(ids.tolist())
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(saved(kind, root)).eval()(ids[None]).logits[0]
+    assert (ref - out).abs().max().item() <= 1e-4
+    monkeypatch.setattr(native, "rows_enabled", lambda: False)
+    torch_pass = load(str(saved(kind, root))).model
+    assert torch_pass._native_table() is None
+    assert (torch_pass.full_logits(ids.tolist()) - out).abs().max().item() <= 1e-4
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_rows_bits_do_not_depend_on_its_pass(kind, root, native_linear_on):
+    m = _load(kind, root)
+    ids = torch.randint(0, 96, (30,), generator=torch.Generator().manual_seed(2)).tolist()
+    full = m.full_logits(ids)
+    m.allocate()
+    m.prefill(ids[:11], chunk=4)
+    rows = []
+    for t in ids[11:]:
+        rows.append(m.verify([t], [-1])[0])
+        m.commit([0])
+    assert torch.equal(torch.stack(rows), full[11:])
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert torch.equal(m.with_own_cache().full_logits(ids), full)
+    finally:
+        torch.set_num_threads(threads)
+    prefix = ids[:9]
+    for seed in range(3):
+        tree = _random_tree(14, 96, seed)
+        m.allocate()
+        m.prefill(prefix[:-1])
+        tokens, parents = tree.packed(prefix[-1])
+        logits = m.verify(tokens, parents)
+        for i in range(len(tree)):
+            path = tree.path_tokens(tree.path_to(i))
+            assert torch.equal(logits[i + 1], m.with_own_cache().full_logits(prefix + path)[-1]), (seed, i)
+        leaf = max(range(len(tree)), key=lambda i: tree.depth[i])
+        path = tree.path_to(leaf)
+        m.commit([0] + [i + 1 for i in path])
+        got = m.verify([7], [-1])[0]
+        assert torch.equal(got, m.with_own_cache().full_logits(prefix + tree.path_tokens(path) + [7])[-1])
+
+
+@needs_native
+def test_switch_off_keeps_the_torch_pass(root, native_linear_on, monkeypatch):
+    monkeypatch.setenv("SPECCHAT_NATIVE_ROWS", "0")
+    assert load(str(saved("llama", root))).model._native_table() is None
