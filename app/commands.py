@@ -20,6 +20,7 @@ from engine.strategy import BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIE
 
 TREE_SHAPES = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (2, 2, 2), (4, 2, 1))
 DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
+ADAPTIVE = ("sd", "pld", "hybrid")  # the strategies with a cost-aware draft length (engine/gate.py)
 TEMPERATURES = (0.0, 0.7, 1.0)
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"
@@ -41,7 +42,8 @@ class Toggle:
 
 def _carry(current: Strategy, name: str) -> Strategy:
     """A preset with the sampling knobs carried over (as the ctrl+s cycle does)."""
-    s = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed)
+    s = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
+               adaptive=current.adaptive and name in ADAPTIVE)
     if current.drafter == "ngram" and s.drafter == "model" and name in ("ersd",):
         s = s.replace(drafter="ngram")
     return s
@@ -57,7 +59,9 @@ def toggles() -> list[Toggle]:
         label = ",".join(map(str, shape))
         out.append(Toggle("Tree shape", label, lambda s, t=shape: s.replace(name="tree", tree=t), "static tree (N1..Ngamma)"))
     for k in DRAFT_LENGTHS:
-        out.append(Toggle("Draft length", str(k), lambda s, k=k: s.replace(draft_len=k), "chain length for sd / pld / ersd"))
+        out.append(Toggle("Draft length", str(k), lambda s, k=k: s.replace(draft_len=k, adaptive=False), "chain length for sd / pld / ersd"))
+    out.append(Toggle("Draft length", "auto", lambda s: s.replace(adaptive=s.name in ADAPTIVE),
+                      "sd / pld / hybrid: each step drafts the length that pays, from the measured verify cost and recent acceptance"))
     for b in NODE_BUDGETS:
         out.append(Toggle("Optimal tree budget", str(b), lambda s, b=b: s.replace(name="optimal", node_budget=b),
                           "exponential-races Alg. 3 tree of at most this many nodes"))

@@ -18,7 +18,8 @@ class CycleResult:
 def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE) -> CycleResult:
     """The next preset after ``current`` in ``cycle`` that validates for this session.
 
-    The sampling knobs (temperature, top-p, seed) carry over; everything else comes from the preset.
+    The sampling knobs (temperature, top-p, seed) and an adaptive draft length (where the next
+    preset has one) carry over; everything else comes from the preset.
     Presets that do not validate are skipped, each with its one-line reason.
     """
     start = cycle.index(current.name) if current.name in cycle else -1
@@ -28,7 +29,8 @@ def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = C
         if name == current.name:
             break  # came back round: nothing else is usable
         try:
-            candidate = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed)
+            candidate = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
+                               adaptive=current.adaptive and name in ("sd", "pld", "hybrid"))
             if name == "ersd" and not has_drafter:
                 # exponential races are lossless with any drafter: use n-gram drafts (shown in the label)
                 candidate = candidate.replace(drafter="ngram")

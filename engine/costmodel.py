@@ -29,6 +29,21 @@ class VerifyCost:
     def __call__(self, n: int) -> float:
         return self.a + self.b * n + self.c * n * n
 
+    def at(self, n: int) -> float:
+        """t(n) from the measured points, linearly interpolated between them (small passes have
+        steps the smooth fit misses: linear.c runs 1-4 rows from registers, more through a
+        scratch); the fit past the largest measured size."""
+        if n in self.points:
+            return self.points[n]
+        ns = sorted(self.points)
+        if not ns or n > ns[-1]:
+            return self(n)
+        if n < ns[0]:
+            return self.points[ns[0]]
+        hi = next(i for i in ns if i > n)
+        lo = max(i for i in ns if i < n)
+        return self.points[lo] + (self.points[hi] - self.points[lo]) * (n - lo) / (hi - lo)
+
     def relative(self, n: int) -> float:
         """t(n) / t(1): what a pass over n rows costs in single-token steps."""
         return self(n) / self(1)

@@ -65,7 +65,9 @@ class Decoder:
         self.drafters = {"ngram": NgramDrafter()}
         self.policies: dict[tuple, object] = {}  # tree policies (mab / optimal), per conversation
         self.shape_costs: dict = {}  # measured drafting/verify times per tree shape: kept across conversations
-        self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy
+        self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy or gate
+        self.gate = None  # engine.gate.DraftGate of the adaptive (:auto) strategies
+        self._gated: str | None = None  # the gate's source of this step's draft
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -97,6 +99,7 @@ class Decoder:
         self.history = []
         self._pending = []
         self.policies = {}
+        self.gate = None  # acceptance is learnt per conversation, like the tree policies
         for d in self.drafters.values():
             d.reset()
 
@@ -151,7 +154,7 @@ class Decoder:
             if room <= 0:
                 yield self._final(step, s, decoder, "context")
                 return
-            if s.name in ("mab", "optimal") and self.verify_cost is None:
+            if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
             tree, draft_s = self._draft(s, gen, min(room - 1, 256))
@@ -161,6 +164,9 @@ class Decoder:
             commit([0] + [i + 1 for i in path])
             t2 = time.perf_counter()
             policy = self._book(s, tree, path, draft_s * 1000.0, (t2 - t1) * 1000.0)
+            if s.adaptive and self._gated is not None:
+                self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0, len(tree))
+                policy = dict(self.gate.last)
             emitted = tree.path_tokens(path) + [bonus]
             reason = None
             for j, t in enumerate(emitted):
@@ -290,7 +296,19 @@ class Decoder:
         V = self.target.vocab_size
         return lambda d: race_noise(int(s.seed), base + d, V)
 
+    def _budget(self, s: Strategy, source: str, k_max: int) -> int:
+        """An adaptive strategy's draft length for ``source`` now (engine/gate.py), else k_max."""
+        if not s.adaptive:
+            return k_max
+        if self.gate is None:
+            from .gate import DraftGate
+
+            self.gate = DraftGate(self.verify_cost)
+        self._gated = source
+        return self.gate.budget(source, k_max)
+
     def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:
+        self._gated = None
         if s.name == "ar" or max_nodes <= 0:
             return TokenTree.empty(), 0.0
         drafter = self.drafters.get(s.drafter)
@@ -306,11 +324,23 @@ class Decoder:
                                ngram_min=s.ngram_min, ngram_max=s.ngram_max)
             tree = self.drafters["ngram"].propose(self.history, req)
             if len(tree):
-                return tree, time.perf_counter() - t0
-        shape = tuple(s.tree) if s.name == "tree" else (1,) * s.draft_len
+                if not s.adaptive:
+                    return tree, time.perf_counter() - t0
+                k = self._budget(s, "ngram", min(len(tree), max_nodes))
+                if k:
+                    return tree.truncated(k), time.perf_counter() - t0
+                # the gate has shut lookup off for now: the drafter model's chain, if it pays
+        k = s.draft_len
+        if s.adaptive and s.name in ("sd", "pld", "hybrid"):
+            k = self._budget(s, "ngram" if s.name == "pld" else "model", min(s.draft_len, max_nodes))
+            if k == 0:
+                return TokenTree.empty(), time.perf_counter() - t0
+        shape = tuple(s.tree) if s.name == "tree" else (1,) * k
         plan = None
         if s.name == "pld" and s.ngram_branches > 1:
-            shape = (s.ngram_branches,) + (1,) * (s.draft_len - 1)
+            shape = (s.ngram_branches,) + (1,) * (k - 1)
+            if s.adaptive:
+                max_nodes = min(max_nodes, k)
         elif s.name == "mab":
             shape = self._policy(s).choose()
         elif s.name == "optimal":

@@ -166,7 +166,8 @@ def default_target_name(reg) -> str:
 def default_strategy(has_drafter_model: bool) -> Strategy:
     from .strategy import preset
 
-    return preset("sd") if has_drafter_model else preset("pld")
+    # a cost-aware draft length (engine/gate.py): a draft that does not pay here is not made
+    return preset("sd", adaptive=True) if has_drafter_model else preset("pld", adaptive=True)
 
 
 def check_bridgeable(target, drafter) -> None:

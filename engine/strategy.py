@@ -43,6 +43,9 @@ class Strategy:
     arms        mab: the static shapes the UCB bandit chooses among (mamba-drafters §4.2)
     lambda_ucb  mab: exploration weight of eq. 1
     node_budget optimal: most draft nodes of the Alg. 3 tree (the cost model may cap it lower)
+    adaptive    sd/pld/hybrid: draft_len is a cap; each step drafts the length that maximises
+                expected tokens per ms from the measured verify cost and recent acceptance
+                (engine/gate.py; 0 = a plain step). Spec ``NAME:auto`` or ``NAME:K:auto``.
     """
 
     name: str = "sd"
@@ -62,6 +65,7 @@ class Strategy:
     arms: tuple[tuple[int, ...], ...] = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (1, 1, 1, 1, 1))
     lambda_ucb: float = 0.3
     node_budget: int = 16
+    adaptive: bool = False
 
     # ---- derived --------------------------------------------------------------------------------
     @property
@@ -102,7 +106,7 @@ class Strategy:
         """Short description for status lines."""
         parts = [self.name]
         if self.name in ("sd", "pld", "ersd", "hybrid"):
-            parts.append(f"k={self.draft_len}")
+            parts.append(f"k<={self.draft_len} auto" if self.adaptive else f"k={self.draft_len}")
         if self.drafter == "ngram" and self.name not in ("pld", "ar"):
             parts.append("ngram")
         if self.name == "tree":
@@ -183,6 +187,8 @@ class Strategy:
                 raise StrategyError("lambda_ucb must be >= 0")
         if self.name == "optimal" and not 1 <= self.node_budget <= 256:
             raise StrategyError("the optimal tree's node budget must be between 1 and 256")
+        if self.adaptive and self.name not in ("sd", "pld", "hybrid"):
+            raise StrategyError(f"an adaptive draft length (:auto) is for sd, pld and hybrid, not {self.name}")
         if self.name == "hybrid" and self.drafter != "model":
             raise StrategyError("hybrid combines prompt lookup with a drafter model (--drafter REF); without one use pld")
         if self.name in ("mab", "optimal") and self.drafter == "ngram":
@@ -216,7 +222,8 @@ def preset(name: str, **overrides: Any) -> Strategy:
 def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     """A strategy from ``NAME`` or ``NAME:PARAM`` (bench --strategies, models.toml pairings):
     ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` / ``ersd:5`` (draft length), ``optimal:24``
-    (node budget); a ``@BRIDGE`` suffix picks the vocabulary bridge (``sd:5@tli``, ``sd@slrs``).
+    (node budget), ``sd:auto`` / ``pld:12:auto`` (a cost-aware draft length up to the preset's or
+    K, engine/gate.py); a ``@BRIDGE`` suffix picks the vocabulary bridge (``sd:5@tli``, ``sd@slrs``).
     ``base``: the strategy NAME already built with the caller's other knobs (default: the
     preset). Not validated here."""
     spec, _, vocab = spec.strip().partition("@")
@@ -228,6 +235,13 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
         s = s.replace(vocab=vocab)
     if not param:
         return s
+    parts = param.split(":")
+    if "auto" in parts and name in ("sd", "pld", "hybrid"):
+        parts.remove("auto")
+        s = s.replace(adaptive=True)
+        if not parts:
+            return s
+        param = ":".join(parts)
     try:
         if name == "tree":
             return s.replace(tree=parse_shape(param.replace("-", ",")))
@@ -237,4 +251,4 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
             return s.replace(node_budget=int(param))
     except ValueError as e:
         raise StrategyError(f"strategy {spec!r}: {e}") from None
-    raise StrategyError(f"strategy {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, optimal:24)")
+    raise StrategyError(f"strategy {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, sd:auto, pld:12:auto, optimal:24)")

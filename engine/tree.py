@@ -101,6 +101,14 @@ class TokenTree:
             sampling = "iid" if draft_probs is not None else "deterministic"
         return cls(tokens, parents, draft_probs, sampling)
 
+    def truncated(self, n: int) -> "TokenTree":
+        """The first ``n`` nodes (packed order is topological, so still a tree)."""
+        if n >= len(self.tokens):
+            return self
+        probs = None if self.draft_probs is None else self.draft_probs[: n + 1]
+        return TokenTree(self.tokens[:n], self.parents[:n], probs, self.sampling,
+                         rejected_rows={r for r in self.rejected_rows if r <= n})
+
     # ---- structure ----------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self.tokens)

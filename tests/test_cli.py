@@ -107,12 +107,12 @@ def test_models_lists_the_offline_default(smollm2_gguf_path, capsys):
 
 def test_default_is_the_shipped_pairing_with_its_measured_strategy(smollm2_gguf_path, capsys):
     """With no --target / --drafter / --strategy, `generate` decodes SmolLM2 with the shipped
-    Mamba-2 drafter and the pairing's strategy (models.toml: hybrid); --drafter none falls back
-    to prompt lookup."""
+    Mamba-2 drafter and the pairing's strategy (models.toml: pld:auto); --drafter none falls back
+    to prompt lookup, with the cost-aware draft length too."""
     res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--json")
-    assert res["strategy"]["name"] == "hybrid" and res["strategy"]["drafter"] == "model"
+    assert res["strategy"]["name"] == "pld" and res["strategy"]["adaptive"]
     res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--drafter", "none", "--json")
-    assert res["strategy"]["name"] == "pld"
+    assert res["strategy"]["name"] == "pld" and res["strategy"]["adaptive"]
     # a drafter named explicitly takes its own registered pairing's strategy (models.toml: sd:8 for
     # the shipped byte drafter, bridged), and its greedy output is plain decoding's
     res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "12", "--drafter", "mamba-byte-drafter", "--json")

@@ -165,9 +165,10 @@ SAMPLING = {
     "mab": preset("mab", temperature=1.0, arms=((2, 2), (1, 1, 1), (3, 1))),             # shapes chosen from past steps
     "optimal": preset("optimal", temperature=1.0, node_budget=5),                      # Alg. 3 trees, mss
     "hybrid": preset("hybrid", temperature=1.0),                                       # n-gram steps (membership) and model steps (rs)
+    "auto": preset("hybrid", temperature=1.0, adaptive=True),                          # draft lengths chosen by the cost gate
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
-                  if k not in ("membership-model", "mab", "optimal", "hybrid") or t in ("llama", "mamba2")]  # policy-level: two targets
+                  if k not in ("membership-model", "mab", "optimal", "hybrid", "auto") or t in ("llama", "mamba2")]  # policy-level: two targets
 
 
 # In the default suite every strategy is checked on an attention and a Mamba-2 target, plain
@@ -175,7 +176,7 @@ SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2",
 # Mamba-1 and Granite targets, and two Mamba-2 repeats, run with -m slow (CI runs them after the
 # default suite): ~2 minutes of a suite that must stay under 15 on 2 cores.
 SLOW_SAMPLING = {("mss", "mamba"), ("mss", "granite"), ("membership-ngram", "mamba"), ("membership-ngram", "granite"),
-                 ("mss", "mamba2"), ("membership-model", "mamba2")}
+                 ("mss", "mamba2"), ("membership-model", "mamba2"), ("auto", "mamba2")}
 
 
 @pytest.mark.parametrize("case, target", [pytest.param(k, t, marks=pytest.mark.slow) if (k, t) in SLOW_SAMPLING else (k, t)

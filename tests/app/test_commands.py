@@ -84,3 +84,14 @@ async def test_palette_refuses_an_invalid_entry_with_its_reason():
     await _run_palette(app, "Strategy: mab")
     assert engine.strategy == preset("pld")
     assert any("unavailable" in n and "needs a drafter model" in n for n in notes)
+
+
+def test_draft_length_auto_toggles_the_cost_gate_and_carries_over():
+    new, why = evaluate(_find("Draft length", "auto"), preset("pld"), has_drafter=True)
+    assert why is None and new.adaptive and "auto" in new.label()
+    new, why = evaluate(_find("Strategy", "sd"), new, has_drafter=True)  # carried to the next chain preset
+    assert why is None and new.name == "sd" and new.adaptive
+    new, why = evaluate(_find("Draft length", "3"), new, has_drafter=True)  # a number fixes the length again
+    assert why is None and not new.adaptive and new.draft_len == 3
+    new, why = evaluate(_find("Draft length", "auto"), preset("tree"), has_drafter=True)
+    assert why is None and not new.adaptive  # trees have their own policies

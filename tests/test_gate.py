@@ -1,0 +1,87 @@
+"""The cost-aware draft length of the :auto strategies (engine/gate.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.costmodel import VerifyCost, fit
+from engine.gate import DraftGate
+from engine.generate import Decoder, run_generation
+from engine.loading import load
+from engine.strategy import StrategyError, from_spec, preset
+
+# a CPU-like curve: 1-4 rows cheap, then a step (linear.c's register path ends at 4 rows)
+POINTS = {1: 9.0, 2: 10.0, 4: 12.0, 8: 26.0, 16: 54.0}
+
+
+def _cost() -> VerifyCost:
+    return fit(POINTS, quadratic=True)
+
+
+def test_verify_cost_interpolates_its_measured_points():
+    c = _cost()
+    assert c.at(1) == 9.0 and c.at(4) == 12.0
+    assert c.at(3) == pytest.approx(11.0) and c.at(6) == pytest.approx(19.0)
+    assert c.at(20) == pytest.approx(c(20))  # past the last point: the fit
+
+
+def test_gate_follows_acceptance_and_probes_when_shut():
+    g = DraftGate(_cost(), probe=4)
+    assert g.budget("ngram", 8) == 1  # the Beta(1, 2) prior: alpha 1/3 pays for a one-token draft here
+    for _ in range(30):
+        g.observe("ngram", depth=3, accepted=0, draft_ms=0.0, drafted=3)
+    assert g.alpha("ngram") < 0.1
+    ks = [g.budget("ngram", 8) for _ in range(8)]
+    assert ks == [0, 0, 0, 1, 0, 0, 0, 1]  # shut, with a one-token probe every 4th step ...
+    g.observe("ngram", depth=1, accepted=0, draft_ms=0.0, drafted=1)
+    ks = [g.budget("ngram", 8) for _ in range(16)]
+    assert ks.index(1) == 7  # ... whose wait doubles when a probe fails
+    g.observe("ngram", depth=1, accepted=0, draft_ms=0.0, drafted=1)
+    assert [g.budget("ngram", 8) for _ in range(16)].index(1) == 15
+    for _ in range(30):
+        g.observe("ngram", depth=8, accepted=8, draft_ms=0.0, drafted=8)
+    assert g.alpha("ngram") > 0.9
+    assert g.budget("ngram", 8) == 3  # 4 rows: the last cheap pass of this curve (7 tokens at 26 ms pay less)
+    assert g.last["k"] == 3 and g.last["source"] == "ngram"
+    flat = DraftGate(fit({1: 9.0, 2: 9.2, 4: 9.6, 8: 10.4, 16: 12.0}), sources=g.sources)
+    assert flat.budget("ngram", 8) == 8  # where rows are nearly free (a GPU, bf16 with AMX) it drafts long
+
+
+def test_gate_charges_the_drafters_time():
+    cheap, dear = DraftGate(_cost()), DraftGate(_cost())
+    for g, ms in ((cheap, 0.1), (dear, 30.0)):
+        for _ in range(20):
+            g.observe("model", depth=3, accepted=2, draft_ms=ms * 3, drafted=3)
+    assert cheap.budget("model", 5) >= 2
+    assert dear.budget("model", 5) == 0
+
+
+def test_auto_specs():
+    s = from_spec("sd:auto")
+    assert s.adaptive and s.draft_len == preset("sd").draft_len and "auto" in s.label()
+    s = from_spec("pld:12:auto")
+    assert s.adaptive and s.draft_len == 12
+    assert not from_spec("pld:12").adaptive
+    with pytest.raises(StrategyError):
+        from_spec("tree:auto")
+    with pytest.raises(StrategyError):
+        preset("mab", adaptive=True).validate()
+
+
+def test_auto_strategies_equal_plain_greedy_and_vary_their_length(tmp_path):
+    from .tiny import saved
+
+    target = load(str(saved("llama", str(tmp_path)))).model
+    drafter = load(str(saved("draft", str(tmp_path)))).model  # often wrong: the gate must shut it off
+    dec = Decoder(target, drafter)
+    for prompt in ([1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9, 3, 5, 9], list(range(10, 40))):
+        ref, _ = run_generation(dec, prompt, preset("ar"), 48)
+        ref = [t for e in ref for t in e.emitted]
+        for spec in ("sd:auto", "pld:auto", "hybrid:auto", "sd:3:auto"):
+            evs, _ = run_generation(dec, prompt, from_spec(spec), 48)
+            assert [t for e in evs for t in e.emitted] == ref, (spec, prompt)
+            if spec == "sd:auto":
+                drafted = [e.drafted for e in evs]
+                assert 0 in drafted[1:], drafted  # the wrong drafter is shut off ...
+                assert all(e.policy and "k" in e.policy for e in evs if e.drafted)
+    assert dec.gate is not None and dec.gate.alpha("model") < 0.5
