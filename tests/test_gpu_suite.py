@@ -4,6 +4,8 @@ both result files are written, so a GPU session spends its time measuring, not d
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import subprocess
@@ -34,6 +36,7 @@ def test_smoke_run_completes_every_part_and_writes_the_results(tmp_path):
     assert "SMOKE RUN" in md and "## e." in md
 
 
+@pytest.mark.slow  # ~22 s of subprocess timeouts on 2 cores; CI runs it after the default suite
 def test_a_part_that_fails_or_hangs_is_recorded_and_the_next_still_runs(tmp_path):
     """Each part runs in a worker process under a time limit: an exception (a), a hang (b) and
     a crashed process (c) are each recorded, and e still runs."""

@@ -45,7 +45,9 @@ def smol_bf16(smollm2_gguf_path):
     return load(str(smollm2_gguf_path), dtype="bf16")
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+# bf16 on a CPU without AVX-512 runs ~4x slower than the fp32 C pass (~40 s here): CI runs it with
+# -m slow; bf16 greedy identity on tiny models stays in the default suite (test_generate.py)
+@pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_greedy_strategies_identical_on_smollm2(dtype, request):
     """Lossless in the dtype used: greedy speculative output == greedy plain decoding, fp32 and
     bf16 (bf16 rounds every op, so a verify pass must compute each row exactly as a 1-token step
