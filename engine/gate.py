@@ -63,7 +63,8 @@ class DraftGate:
         if best_k == 0 and k_max > 0 and s.idle + 1 >= (s.wait or self.probe):
             best_k, s.probing = 1, True
         s.idle = 0 if best_k else s.idle + 1
-        self.last = {"source": source, "alpha": round(a, 3), "k": best_k, "k_max": k_max}
+        self.last = {"policy": "gate", "source": source, "alpha": round(a, 3), "k": best_k, "k_max": k_max,
+                     "probe": s.probing}
         return best_k
 
     def observe(self, source: str, depth: int, accepted: int, draft_ms: float, drafted: int) -> None:

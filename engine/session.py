@@ -79,6 +79,7 @@ class ChatSession:
         if drafter_ref and drafter_ref not in ("ngram", "none"):
             drf = load(drafter_ref, dtype=dtype, registry=reg, max_context=max_context)
             check_bridgeable(tgt, drf)
+            _drafter_weights(drf)
             if pairing is None:  # a drafter named explicitly: its registered pairing's measured strategy, if any
                 pairing = reg.pairing(tgt.name, drf.name)
         strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
@@ -161,6 +162,19 @@ def _stream_decoder(tok):
 def default_target_name(reg) -> str:
     e = reg.default_target()
     return e.name if e is not None else "smollm2-135m-instruct"
+
+
+def _drafter_weights(drf) -> None:
+    """A drafter model's fp32 weights in Q8_0 where linear.c holds them (Mamba-2 drafters:
+    ``quantize_for_drafting``): a draft step streams a quarter of the bytes, and a drafter's numbers
+    never decide what is emitted. SPECCHAT_DRAFT_Q8=0 keeps fp32."""
+    import os
+
+    if os.environ.get("SPECCHAT_DRAFT_Q8", "1").strip().lower() in ("0", "off", "false", "no"):
+        return
+    q = getattr(drf.model, "quantize_for_drafting", None)
+    if q is not None:
+        q()
 
 
 def default_strategy(has_drafter_model: bool) -> Strategy:

@@ -155,3 +155,38 @@ def test_smollm2_projections_keep_the_gguf_blocks(smollm2_gguf_path, monkeypatch
     assert torch.equal(q.layers[3]["wqkv"].dense(), ref.layers[3]["wqkv"].dense())  # q/k rows unpermuted alike
     ids = list(range(100, 140))
     assert torch.equal(q.full_logits(ids), ref.full_logits(ids))
+
+
+@needs_native
+def test_a_drafter_in_q8_0_drafts_close_and_stays_lossless(tmp_path, monkeypatch):
+    """Mamba-2 drafter weights quantised to Q8_0 (engine/session.py loads drafters so): the C
+    draft step runs on the records, its logits stay close to the fp32 drafter's, and greedy
+    speculative decoding with it still equals plain greedy decoding."""
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    ref = load(str(saved("mamba2", str(tmp_path)))).model
+    d = load(str(saved("mamba2", str(tmp_path)))).model
+    assert d.quantize_for_drafting() == 2 * len(d.layers) + 1
+    assert "Q8_0" in repr(d.layers[0][1].w_in) and "Q8_0" in repr(d.lm_head_t)
+    logits = []
+    for m in (ref, d):
+        m.allocate()
+        m.prefill(list(range(3, 30)))
+        with common.fast_rows(), torch.inference_mode():
+            b = m.fork(2)
+            logits.append(b.step(torch.tensor([5, 9])))
+    assert torch.allclose(logits[0], logits[1], atol=0.05 * logits[0].abs().max().item())
+    target = load(str(saved("llama", str(tmp_path)))).model
+    d.allocate()
+    dec = Decoder(target, d)
+    prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2]
+    want, _ = run_generation(dec, prompt, preset("ar"), 30)
+    want = [t for e in want for t in e.emitted]
+    for s in (preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("sd", adaptive=True)):
+        evs, _ = run_generation(dec, prompt, s, 30)
+        assert [t for e in evs for t in e.emitted] == want, s.label()

@@ -91,6 +91,13 @@ def policy_only_text(policy: dict | None) -> Text:
     if not policy:
         return Text("static tree (no policy running)", style="dim")
     out = Text()
+    if policy.get("policy") == "gate":  # engine/gate.py: the :auto strategies' draft length
+        src = "prompt lookup" if policy.get("source") == "ngram" else "drafter model"
+        out.append(f"draft-length gate · {src}\n", style="bold")
+        k, kmax = policy.get("k", 0), policy.get("k_max", 0)
+        what = "plain step (a draft would not pay)" if k == 0 else ("probe, 1 token" if policy.get("probe") else f"k = {k} of {kmax}")
+        out.append(f"α {policy.get('alpha', 0):.2f} · {what}")
+        return out
     if policy.get("policy") == "mab":
         out.append(f"UCB bandit · round {policy['rounds']} · λγ {policy['lambda_gamma']:.2f}\n", style="bold")
         chosen = policy.get("chosen")

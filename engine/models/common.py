@@ -596,6 +596,27 @@ class Linear:
         self._qrec, self._qtype = records, qtype
         return self
 
+    def native_weight(self) -> tuple[int, int] | None:
+        """(pointer, qtype) of the weight as linear.c holds it (qtype 0 = fp32 blocks), or None."""
+        if self._qrec is not None:
+            from .quant import QTYPES
+
+            return self._qrec.data_ptr(), QTYPES[self._qtype]
+        if self._blocks is not None:
+            return self._blocks.data_ptr(), 0
+        return None
+
+    def to_q8_0(self) -> Linear:
+        """This fp32 weight quantised to GGUF Q8_0 and held in records (engine/models/quant.py), or
+        itself where that does not apply (not linear.c's, already quantised, in % 32 != 0). For
+        drafters only: the products change (by Q8_0's rounding of the weights)."""
+        K, N = self.shape
+        if self._blocks is None or self.dtype != torch.float32 or K % 32:
+            return self
+        from .quant import pack, quantize_rows
+
+        return Linear.quantized(pack(quantize_rows(self.dense().t().contiguous(), "Q8_0"), "Q8_0", K), "Q8_0", K, N)
+
     @property
     def packed(self) -> bool:
         return self._packed is not None

@@ -561,10 +561,10 @@ class Mamba2(CausalLM):
             x = x.contiguous()
             for i, (norm, m) in enumerate(self.layers):
                 rc = lib.mamba2_block_f32(
-                    x.data_ptr(), x.shape[0], c.hidden_size, norm.data_ptr(), c.norm_eps, m.w_in._blocks.data_ptr(),
+                    x.data_ptr(), x.shape[0], c.hidden_size, norm.data_ptr(), c.norm_eps, *m.w_in.native_weight(),
                     conv[i].data_ptr(), m.conv_w.data_ptr(), None if m.conv_b is None else m.conv_b.data_ptr(), c.conv_kernel,
                     m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), c.gate_norm_eps,
-                    m.w_out._blocks.data_ptr(), ssm[i].data_ptr(), c.num_heads, c.head_dim, c.state_size, c.n_groups,
+                    *m.w_out.native_weight(), ssm[i].data_ptr(), c.num_heads, c.head_dim, c.state_size, c.n_groups,
                     c.dt_limit[0], c.dt_limit[1], torch.get_num_threads())
                 if rc:
                     raise MemoryError("mamba2 step scratch allocation failed")
@@ -572,6 +572,23 @@ class Mamba2(CausalLM):
         for i, (norm, mixer) in enumerate(self.layers):
             x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
         return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+
+    def quantize_for_drafting(self) -> int:
+        """A drafter's fp32 projections and head in Q8_0 (engine/models/quant.py), a quarter of the
+        bytes a draft step streams. Only for a drafter: its numbers choose proposals, never what is
+        emitted (the verifier is exact for any q, and SLRS recomputes q from the same weights).
+        Returns the number of weights converted."""
+        n = 0
+        for _, m in self.layers:
+            for name in ("w_in", "w_out"):
+                q = getattr(m, name).to_q8_0()
+                n += q is not getattr(m, name)
+                setattr(m, name, q)
+        q = self.lm_head_t.to_q8_0()
+        n += q is not self.lm_head_t
+        self.lm_head_t = q
+        self._c_block_weights = None
+        return n
 
     def _native_step(self, conv: torch.Tensor, ssm: torch.Tensor):
         """The C block (engine/native/mamba2_step.c) where it applies: a drafter's call
@@ -583,7 +600,7 @@ class Mamba2(CausalLM):
             return None
         ok = getattr(self, "_c_block_weights", None)
         if ok is None:  # the weights never change layout: checked once, not every draft step
-            ok = self._c_block_weights = all(m.w_in._blocks is not None and m.w_out._blocks is not None
+            ok = self._c_block_weights = all(m.w_in.native_weight() is not None and m.w_out.native_weight() is not None
                                              and m.b_in is None and m.b_out is None for _, m in self.layers)
         if not ok:
             return None

@@ -84,3 +84,11 @@ def gguf_blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
     from gguf.quants import dequantize
 
     return np.asarray(dequantize(raw, GGMLQuantizationType[qtype]), dtype=np.float32)
+
+
+def quantize_rows(w: torch.Tensor, qtype: str) -> np.ndarray:
+    """An [N, K] fp32 matrix quantised with the gguf package (GGUF rows, as ``pack`` takes them)."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    return quantize(w.detach().float().numpy(), GGMLQuantizationType[qtype])

@@ -19,18 +19,27 @@
 
 int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
                     const float *bias, float *y, int nthreads);
+int linear_rows_q(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8_t *Wq, int qtype, int64_t N,
+                  const float *bias, float *y, int nthreads);
+
+/* a weight held by linear.c: fp32 blocks (qtype 0) or quantised records (engine/models/quant.py) */
+static int product(const float *x, int64_t R, int64_t K, const void *W, int qtype, int64_t N, float *y, int nthreads) {
+    if (qtype == 0) return linear_rows_f32(x, K, R, K, (const float *)W, N, 0, y, nthreads);
+    return linear_rows_q(x, K, R, K, (const uint8_t *)W, qtype, N, 0, y, nthreads);
+}
 
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
 /* x (B, Dm) residual, updated in place. conv (B, Cd, K-1) and ssm (B, H, P, N) states, updated in
- * place. w_in: linear.c blocks of (Dm -> I + Cd + H); w_out: blocks of (I -> Dm). conv_w (K, Cd),
+ * place. w_in: linear.c blocks of (Dm -> I + Cd + H), or records of qtype q_in; w_out: the same for
+ * (I -> Dm) with q_out. conv_w (K, Cd),
  * conv_b (Cd) or NULL, dt_bias (H), A (H), Dsk (H, P), gate_w (I), norm_w (Dm).
  * Returns 0, or 1 if scratch memory could not be allocated. */
 int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float eps,
-                     const float *w_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
+                     const void *w_in, int q_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
                      const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
-                     const float *w_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
+                     const void *w_out, int q_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
                      float dt_min, float dt_max, int nthreads) {
     const int64_t I = H * P, Cd = I + 2 * G * N, Z = I + Cd + H, R = H / G;
     float *u = (float *)malloc(sizeof(float) * (size_t)(B * Dm + B * Z + B * Cd + B * I + B * Dm));
@@ -43,7 +52,7 @@ int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float
         const float r = 1.0f / sqrtf((float)(ss / Dm) + eps);
         for (int64_t d = 0; d < Dm; d++) u[b * Dm + d] = norm_w[d] * (xr[d] * r);
     }
-    if (linear_rows_f32(u, Dm, B, Dm, w_in, Z, 0, proj, nthreads)) {
+    if (product(u, B, Dm, w_in, q_in, Z, proj, nthreads)) {
         free(u);
         return 1;
     }
@@ -94,7 +103,7 @@ int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float
             for (int64_t i = 0; i < gi; i++) yg[i] = yg[i] * r * gate_w[g * gi + i];
         }
     }
-    int rc = linear_rows_f32(y, I, B, I, w_out, Dm, 0, out, nthreads);
+    int rc = product(y, B, I, w_out, q_out, Dm, out, nthreads);
     if (!rc)
         for (int64_t i = 0; i < B * Dm; i++) x[i] += out[i];
     free(u);

@@ -242,6 +242,11 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     opt = {"policy": "optimal", "rounds": 3, "nodes": 12, "budget": 16, "depth": 5, "rank_acceptance": [0.61, 0.2, 0.07, 0.03]}
     text = policy_text(opt).plain
     assert "12 nodes (budget 16), depth 5" in text and "0.61 0.20 0.07 0.03" in text
+    gate = {"policy": "gate", "source": "ngram", "alpha": 0.72, "k": 3, "k_max": 8, "probe": False}
+    text = policy_text(gate).plain
+    assert "draft-length gate · prompt lookup" in text and "α 0.72 · k = 3 of 8" in text
+    text = policy_text(dict(gate, source="model", k=0)).plain
+    assert "drafter model" in text and "plain step" in text
 
 
 def test_engine_measures_a_plain_decoding_baseline_on_its_own_cache(smollm2_gguf_path) -> None:
