@@ -119,14 +119,29 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
     dt = parse_dtype(dtype)
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _load_gguf(name, path, dt, max_context)
+            return _trimmed(_load_gguf(name, path, dt, max_context))
         raise ModelLoadError(f"{path}: not a model (expected a .gguf file or an HF-format directory)")
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
-        return _load_gguf(name, ggufs[0], dt, max_context)
-    loaded = _load_hf_dir(name, path, dt, max_context)
+        return _trimmed(_load_gguf(name, ggufs[0], dt, max_context))
+    loaded = _trimmed(_load_hf_dir(name, path, dt, max_context))
     if need_tokenizer and loaded.tokenizer is None:
         raise ModelLoadError(f"{path}: no tokenizer (tokenizer.json) found; pass --prompt-ids to decode from token ids")
+    return loaded
+
+
+def _trimmed(loaded: Loaded) -> Loaded:
+    """Give the heap the loader freed back to the system: the fp32 state dict, dequantised GGUF
+    tensors and replaced layouts leave ~0.6 GB in glibc's arenas otherwise (SmolLM2 + drafter:
+    RSS 1579 -> 1005 MB measured). glibc only; anything else is left alone."""
+    import ctypes
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     return loaded
 
 
