@@ -35,7 +35,8 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
 def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     from .strategy import BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES
 
-    p.add_argument("--strategy", choices=STRATEGIES, default=None)
+    p.add_argument("--strategy", default=None, metavar="NAME[:PARAM][:auto]",
+                   help=f"{' | '.join(STRATEGIES)}, with bench's spec forms: sd:4, tree:3-2-1, pld:auto (cost-aware draft length)")
     p.add_argument("--draft-len", type=int, default=None, metavar="K")
     p.add_argument("--tree", default=None, metavar="SHAPE", help="static tree shape, e.g. 3,2,2,1,1")
     p.add_argument("--arms", default=None, metavar="S1;S2;...",
@@ -186,10 +187,10 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
     models.toml pairing's best measured strategy when its drafter was loaded), else the preset
     default for whether a drafter model is loaded."""
     from .session import default_strategy
-    from .strategy import preset
+    from .strategy import from_spec
     from .tree import parse_shape
 
-    s = preset(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
+    s = from_spec(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
     changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
         if getattr(args, opt) is not None:

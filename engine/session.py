@@ -65,7 +65,7 @@ class ChatSession:
              models_file: str | None = None, dtype: str | None = None, max_context: int | None = None) -> "ChatSession":
         from .loading import load
         from .registry import load_registry
-        from .strategy import preset
+        from .strategy import from_spec
 
         reg = load_registry(models_file)
         target_ref = target or default_target_name(reg)
@@ -82,12 +82,10 @@ class ChatSession:
             _drafter_weights(drf)
             if pairing is None:  # a drafter named explicitly: its registered pairing's measured strategy, if any
                 pairing = reg.pairing(tgt.name, drf.name)
-        strat = strategy if isinstance(strategy, Strategy) else (preset(strategy) if strategy else None)
+        strat = strategy if isinstance(strategy, Strategy) else (from_spec(strategy) if strategy else None)
         if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
             strat = strat.replace(drafter="ngram")
         if strat is None and pairing is not None and pairing.strategy and drf is not None:
-            from .strategy import from_spec
-
             strat = from_spec(pairing.strategy)  # the pairing's best measured strategy (models.toml)
         if strat is not None:
             strat.validate(has_drafter_model=drf is not None)

@@ -113,6 +113,9 @@ def test_default_is_the_shipped_pairing_with_its_measured_strategy(smollm2_gguf_
     assert res["strategy"]["name"] == "pld" and res["strategy"]["adaptive"]
     res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--drafter", "none", "--json")
     assert res["strategy"]["name"] == "pld" and res["strategy"]["adaptive"]
+    # --strategy takes bench's spec forms too
+    res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "4", "--strategy", "sd:3:auto", "--json")
+    assert res["strategy"]["name"] == "sd" and res["strategy"]["draft_len"] == 3 and res["strategy"]["adaptive"]
     # a drafter named explicitly takes its own registered pairing's strategy (models.toml: sd:8 for
     # the shipped byte drafter, bridged), and its greedy output is plain decoding's
     res = run_json(capsys, "generate", "Say hi.", "--max-new-tokens", "12", "--drafter", "mamba-byte-drafter", "--json")
