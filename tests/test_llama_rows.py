@@ -93,3 +93,26 @@ def test_a_rows_bits_do_not_depend_on_its_pass(kind, root, native_linear_on):
 def test_switch_off_keeps_the_torch_pass(root, native_linear_on, monkeypatch):
     monkeypatch.setenv("SPECCHAT_NATIVE_ROWS", "0")
     assert load(str(saved("llama", root))).model._native_table() is None
+
+
+@needs_native
+def test_long_prefill_takes_the_torch_pass_and_decoding_stays_lossless(root, native_linear_on, monkeypatch):
+    """Prefill chunks over NATIVE_PREFILL_ROWS rows run the torch pass (batched attention); decode
+    steps and verify passes stay in C, and every greedy strategy still equals plain greedy."""
+    import engine.models.llama as llama_mod
+    from engine.generate import Decoder, run_generation
+    from engine.strategy import preset
+
+    m = _load("llama", root)
+    calls = []
+    real = llama_mod.Llama._native_rows
+    monkeypatch.setattr(llama_mod.Llama, "_native_rows", lambda self, tab, tokens, *a: calls.append(tokens.shape[0]) or real(self, tab, tokens, *a))
+    prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(4)).tolist()
+    dec = Decoder(m, load(str(saved("draft", root))).model)
+    want, _ = run_generation(dec, prompt, preset("ar"), 24)
+    assert calls and max(calls) == 1  # the 119-row prefill took the torch pass, the steps C
+    want = [t for e in want for t in e.emitted]
+    for s in (preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("pld"), preset("sd", adaptive=True)):
+        evs, _ = run_generation(dec, prompt, s, 24)
+        assert [t for e in evs for t in e.emitted] == want, s.label()
+    assert max(calls) > 1  # verify passes ran in C

@@ -82,10 +82,14 @@ class CausalLM(torch.nn.Module):
         """Commit ``ids`` after the current prefix, in chunks (bounded attention-mask memory)."""
         ids = list(ids)
         self.cache.clear_scratch()
-        for s in range(0, len(ids), chunk):
-            part = ids[s:s + chunk]
-            self._run(part, list(range(-1, len(part) - 1)), want_logits=False)
-            self.cache.commit(range(len(part)))
+        self._prefilling = True  # a family may take another path for long prefill chunks (llama.py)
+        try:
+            for s in range(0, len(ids), chunk):
+                part = ids[s:s + chunk]
+                self._run(part, list(range(-1, len(part) - 1)), want_logits=False)
+                self.cache.commit(range(len(part)))
+        finally:
+            self._prefilling = False
 
     @torch.inference_mode()
     def verify(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:

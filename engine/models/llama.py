@@ -73,6 +73,9 @@ class LlamaConfig:
         )
 
 
+NATIVE_PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack recompute re-prefills
+
+
 class Llama(CausalLM):
     family = "llama"
 
@@ -155,7 +158,12 @@ class Llama(CausalLM):
                 "vocab": c.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
 
     # engine/native/llama_rows.c: the whole pass in one C call when every projection is held by
-    # linear.c (fp32 blocks or GGUF records). Built on first use; None = the torch pass.
+    # linear.c (fp32 blocks or GGUF records). Built on first use; None = the torch pass. Prefill
+    # chunks of more than NATIVE_PREFILL_ROWS rows take the torch pass (its attention is batched
+    # GEMMs; the C kernel's per-row attention made a 2k-token prefill take seconds). Prefill
+    # only writes the context's K/V, which every strategy then shares, so the two paths never
+    # meet in a comparison: decode steps and verify passes (whose rows must agree) always run here,
+    # and so do the short re-prefills of --backtrack recompute (an accepted chain, <= 64 rows).
     _NATIVE_SLOTS = 14
 
     def _native_table(self) -> torch.Tensor | None:
@@ -216,7 +224,7 @@ class Llama(CausalLM):
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
-        if tab is not None:
+        if tab is not None and not (self.__dict__.get("_prefilling") and tokens.shape[0] > NATIVE_PREFILL_ROWS):
             return self._native_rows(tab, tokens, positions, start, mask)
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
