@@ -16,11 +16,10 @@ from typing import Any
 from rich.text import Text
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from engine.strategy import BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES, Strategy, preset
+from engine.strategy import ADAPTIVE, BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES, Strategy, preset
 
 TREE_SHAPES = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (2, 2, 2), (4, 2, 1))
 DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
-ADAPTIVE = ("sd", "pld", "hybrid")  # the strategies with a cost-aware draft length (engine/gate.py)
 TEMPERATURES = (0.0, 0.7, 1.0)
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.strategy import CYCLE, Strategy, preset
+from engine.strategy import ADAPTIVE, CYCLE, Strategy, preset
 
 
 @dataclass
@@ -30,7 +30,7 @@ def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = C
             break  # came back round: nothing else is usable
         try:
             candidate = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
-                               adaptive=current.adaptive and name in ("sd", "pld", "hybrid"))
+                               adaptive=current.adaptive and name in ADAPTIVE)
             if name == "ersd" and not has_drafter:
                 # exponential races are lossless with any drafter: use n-gram drafts (shown in the label)
                 candidate = candidate.replace(drafter="ngram")

@@ -331,7 +331,7 @@ class Decoder:
                     return tree.truncated(k), time.perf_counter() - t0
                 # the gate has shut lookup off for now: the drafter model's chain, if it pays
         k = s.draft_len
-        if s.adaptive and s.name in ("sd", "pld", "hybrid"):
+        if s.adaptive:  # validate() allows it for sd / pld / hybrid only
             k = self._budget(s, "ngram" if s.name == "pld" else "model", min(s.draft_len, max_nodes))
             if k == 0:
                 return TokenTree.empty(), time.perf_counter() - t0

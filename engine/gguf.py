@@ -106,7 +106,6 @@ class GGUFFile:
             del raw
         return out
 
-
     def read_blocks(self, name: str) -> np.ndarray:
         """A 2-D tensor's raw quantised blocks, (rows, bytes per row) uint8, copied out of the map."""
         from gguf.constants import GGML_QUANT_SIZES

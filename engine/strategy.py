@@ -13,6 +13,7 @@ from .errors import SpecchatError
 from .tree import parse_shape
 
 STRATEGIES = ("ar", "pld", "sd", "tree", "mab", "optimal", "ersd", "hybrid")
+ADAPTIVE = ("sd", "pld", "hybrid")  # the chain strategies with a cost-aware draft length (engine/gate.py)
 VERIFIERS = ("auto", "greedy", "rs", "mss", "membership", "race")
 VOCAB_BRIDGES = ("auto", "union", "tli", "slem", "slrs")
 SSM_TREE_MODES = ("stree", "unrolled")
@@ -187,7 +188,7 @@ class Strategy:
                 raise StrategyError("lambda_ucb must be >= 0")
         if self.name == "optimal" and not 1 <= self.node_budget <= 256:
             raise StrategyError("the optimal tree's node budget must be between 1 and 256")
-        if self.adaptive and self.name not in ("sd", "pld", "hybrid"):
+        if self.adaptive and self.name not in ADAPTIVE:
             raise StrategyError(f"an adaptive draft length (:auto) is for sd, pld and hybrid, not {self.name}")
         if self.name == "hybrid" and self.drafter != "model":
             raise StrategyError("hybrid combines prompt lookup with a drafter model (--drafter REF); without one use pld")
@@ -236,7 +237,7 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     if not param:
         return s
     parts = param.split(":")
-    if "auto" in parts and name in ("sd", "pld", "hybrid"):
+    if "auto" in parts and name in ADAPTIVE:
         parts.remove("auto")
         s = s.replace(adaptive=True)
         if not parts:

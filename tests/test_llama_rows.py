@@ -13,7 +13,7 @@ import torch
 from engine import native
 from engine.loading import load
 from engine.models import common
-from .test_models import _random_tree
+from .test_models import _random_tree, tree_walk
 from .tiny import saved
 
 needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
@@ -74,19 +74,10 @@ def test_a_rows_bits_do_not_depend_on_its_pass(kind, root, native_linear_on):
         torch.set_num_threads(threads)
     prefix = ids[:9]
     for seed in range(3):
-        tree = _random_tree(14, 96, seed)
-        m.allocate()
-        m.prefill(prefix[:-1])
-        tokens, parents = tree.packed(prefix[-1])
-        logits = m.verify(tokens, parents)
-        for i in range(len(tree)):
-            path = tree.path_tokens(tree.path_to(i))
-            assert torch.equal(logits[i + 1], m.with_own_cache().full_logits(prefix + path)[-1]), (seed, i)
-        leaf = max(range(len(tree)), key=lambda i: tree.depth[i])
-        path = tree.path_to(leaf)
-        m.commit([0] + [i + 1 for i in path])
-        got = m.verify([7], [-1])[0]
-        assert torch.equal(got, m.with_own_cache().full_logits(prefix + tree.path_tokens(path) + [7])[-1])
+        nodes, (got, ref), _ = tree_walk(m, prefix, _random_tree(14, 96, seed), nxt=7)
+        for i, (a, b) in enumerate(nodes):
+            assert torch.equal(a, b), (seed, i)
+        assert torch.equal(got, ref)
 
 
 @needs_native

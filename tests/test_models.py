@@ -60,6 +60,22 @@ def _random_tree(n: int, vocab: int, seed: int) -> TokenTree:
     return TokenTree(tokens, parents)
 
 
+def tree_walk(m, prefix: list[int], tree: TokenTree, nxt: int):
+    """Verify ``tree`` after ``prefix``, commit its deepest path, then decode ``nxt``. Returns the
+    (tree logits, full-forward reference) pair of every node, the same pair for the step after the
+    commit, and the committed path."""
+    m.allocate()
+    m.prefill(prefix[:-1])
+    tokens, parents = tree.packed(prefix[-1])
+    logits = m.verify(tokens, parents)
+    nodes = [(logits[i + 1], m.with_own_cache().full_logits(prefix + tree.path_tokens(tree.path_to(i)))[-1])
+             for i in range(len(tree))]
+    path = tree.path_to(max(range(len(tree)), key=lambda i: tree.depth[i]))
+    m.commit([0] + [i + 1 for i in path])
+    got = m.verify([nxt], [-1])[0]
+    return nodes, (got, m.with_own_cache().full_logits(prefix + tree.path_tokens(path) + [nxt])[-1]), path
+
+
 @pytest.mark.parametrize("kind", ["llama", "gpt_neox"])
 def test_tree_verify_and_commit_equal_path_forward(kind, root):
     """Each tree node's logits equal a full forward of prefix + its path; committing a path keeps
@@ -67,21 +83,9 @@ def test_tree_verify_and_commit_equal_path_forward(kind, root):
     m = load(str(saved(kind, root))).model
     prefix = torch.randint(0, 96, (9,), generator=torch.Generator().manual_seed(3)).tolist()
     for seed in range(4):
-        tree = _random_tree(12, 96, seed)
-        m.allocate()
-        m.prefill(prefix[:-1])
-        tokens, parents = tree.packed(prefix[-1])
-        logits = m.verify(tokens, parents)
-        for i in range(len(tree)):
-            path = tree.path_tokens(tree.path_to(i))
-            ref = m.with_own_cache().full_logits(prefix + path)[-1]
-            assert (logits[i + 1] - ref).abs().max().item() <= 1e-4
-        leaf = max(range(len(tree)), key=lambda i: tree.depth[i])
-        path = tree.path_to(leaf)
-        m.commit([0] + [i + 1 for i in path])
-        nxt = 5
-        got = m.verify([nxt], [-1])[0]
-        ref = m.with_own_cache().full_logits(prefix + tree.path_tokens(path) + [nxt])[-1]
+        nodes, (got, ref), path = tree_walk(m, prefix, _random_tree(12, 96, seed), nxt=5)
+        for a, b in nodes:
+            assert (a - b).abs().max().item() <= 1e-4
         assert m.length == len(prefix) + len(path)
         assert (got - ref).abs().max().item() <= 1e-4
 

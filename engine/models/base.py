@@ -27,6 +27,7 @@ from ..cache import KVCache
 
 class CausalLM(torch.nn.Module):
     family: str = "?"
+    _prefilling: bool = False  # inside prefill(): a family may take another path for long chunks (llama.py)
 
     def __init__(self) -> None:
         super().__init__()
@@ -82,7 +83,7 @@ class CausalLM(torch.nn.Module):
         """Commit ``ids`` after the current prefix, in chunks (bounded attention-mask memory)."""
         ids = list(ids)
         self.cache.clear_scratch()
-        self._prefilling = True  # a family may take another path for long prefill chunks (llama.py)
+        self._prefilling = True
         try:
             for s in range(0, len(ids), chunk):
                 part = ids[s:s + chunk]

@@ -171,7 +171,6 @@ class Llama(CausalLM):
         if tab is not False:
             return tab
         from .. import native
-        from .quant import QTYPES
 
         tab = None
         c = self.cfg
@@ -185,12 +184,11 @@ class Llama(CausalLM):
                 slots.append(L[key].data_ptr() if L[key].is_contiguous() and L[key].dtype == torch.float32 else None)
             for w, b in (("wqkv", "bqkv"), ("wo", "bo"), ("wgu", "bgu"), ("wd", "bd")):
                 lin, bias = L[w], L[b]
-                if not isinstance(lin, Linear) or (lin._blocks is None and lin._qrec is None):
+                held = lin.native_weight() if isinstance(lin, Linear) else None
+                if held is None:
                     slots.append(None)
                     break
-                slots += [lin._qrec.data_ptr() if lin._qrec is not None else lin._blocks.data_ptr(),
-                          QTYPES[lin._qtype] if lin._qrec is not None else 0,
-                          0 if bias is None else (bias.data_ptr() if bias.is_contiguous() and bias.dtype == torch.float32 else None)]
+                slots += [*held, 0 if bias is None else (bias.data_ptr() if bias.is_contiguous() and bias.dtype == torch.float32 else None)]
             if None in slots or len(slots) != self._NATIVE_SLOTS:
                 rows = None
                 break
@@ -224,7 +222,7 @@ class Llama(CausalLM):
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
-        if tab is not None and not (self.__dict__.get("_prefilling") and tokens.shape[0] > NATIVE_PREFILL_ROWS):
+        if tab is not None and not (self._prefilling and tokens.shape[0] > NATIVE_PREFILL_ROWS):
             return self._native_rows(tab, tokens, positions, start, mask)
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
