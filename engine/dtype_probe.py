@@ -33,10 +33,27 @@ def cpu_costs(d: int = 576, f: int = 1536, v: int = 8192) -> dict[str, float]:
     return out
 
 
-def auto_dtype(device: str | torch.device = "cpu") -> str:
-    """"bf16" or "fp32" for ``device``: bf16 on CUDA; on CPU bf16 when the probe finds it at least
-    10% faster."""
+def native_fp32_pass() -> bool:
+    """Whether an fp32 llama-family model would run its passes in engine/native/llama_rows.c (the
+    library builds, the C pass and linear.c are on)."""
+    from . import native
+    from .models.common import native_linear
+
+    return native.lib() is not None and native.rows_enabled() and bool(native_linear())
+
+
+def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None) -> str:
+    """"bf16" or "fp32" for ``device``: bf16 on CUDA; on CPU fp32 for a llama-family model the C
+    pass takes (there is no bf16 C pass: on an AVX-512 BF16 EPYC, where the product probe favours
+    bf16 1.8x, SmolLM2's fp32 C-pass decode step took 6.6-7.2 ms against the bf16 torch pass's
+    22.8-22.9, `bench/decode_step.py --last 1`, 2026-11-24); otherwise bf16 when the probe finds it
+    at least 10% faster."""
     if torch.device(device).type == "cuda":
         return "bf16"
+    if model_type is not None:
+        from .models.llama import MODEL_TYPES
+
+        if model_type in MODEL_TYPES and native_fp32_pass():
+            return "fp32"
     c = cpu_costs()
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"

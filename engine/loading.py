@@ -54,15 +54,15 @@ class Loaded:
         return f"{self.name} ({self.fmt}{q}, {str(self.model.dtype).replace('torch.', '')}{kept})"
 
 
-def parse_dtype(name: str | torch.dtype | None) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None) -> torch.dtype:
     """None is fp32 (the library default); "auto" is the faster of fp32 and bf16 on this machine
-    (engine/dtype_probe.py), the CLI's default."""
+    for a model of ``model_type`` (engine/dtype_probe.py), the CLI's default."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
         from .dtype_probe import auto_dtype
 
-        name = auto_dtype()
+        name = auto_dtype(model_type=model_type)
     table = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
     if name not in table:
         raise ModelLoadError(f"unknown dtype {name!r} (auto, fp32 or bf16)")
@@ -116,7 +116,7 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
         raise ModelLoadError(f"max_context (--max-context) must be a number of tokens >= 0 (0: the default), got {max_context!r}")
     max_context = max_context or DEFAULT_CONTEXT
     name, path = resolve(ref, registry)
-    dt = parse_dtype(dtype)
+    dt = parse_dtype(dtype) if dtype != "auto" else "auto"  # "auto" waits for the model's type
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _trimmed(_load_gguf(name, path, dt, max_context))
@@ -345,8 +345,9 @@ def _pickle_refusal(e: BaseException) -> str:
     return f"not readable with torch.load(weights_only=True): corrupt, or not a plain state dict ({detail[:160]})"
 
 
-def _load_hf_dir(name: str, path: Path, dtype: torch.dtype, max_context: int | None) -> Loaded:
+def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None) -> Loaded:
     cfg = read_config(path)
+    dtype = parse_dtype(dtype, cfg.get("model_type"))
     sd = read_state_dict(path)
     model = build(cfg, sd, dtype, max_context, str(path))
     tok = None
@@ -378,10 +379,11 @@ def _read_draft_vocab(path: Path, vocab_size: int) -> torch.Tensor:
     return t
 
 
-def _load_gguf(name: str, path: Path, dtype: torch.dtype, max_context: int | None) -> Loaded:
+def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None) -> Loaded:
     from .gguf import load_gguf
 
     ck = load_gguf(path)
+    dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
     model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
     kept = _keep_quantized(model, ck, dtype)

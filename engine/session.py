@@ -77,7 +77,8 @@ class ChatSession:
             pairing = reg.default_pairing(tgt.name)
             drafter_ref = pairing.drafter if pairing else None
         if drafter_ref and drafter_ref not in ("ngram", "none"):
-            drf = load(drafter_ref, dtype=dtype, registry=reg, max_context=max_context)
+            # the target's dtype ("auto" resolves per model type: a drafter follows its target)
+            drf = load(drafter_ref, dtype=tgt.model.dtype, registry=reg, max_context=max_context)
             check_bridgeable(tgt, drf)
             _drafter_weights(drf)
             if pairing is None:  # a drafter named explicitly: its registered pairing's measured strategy, if any

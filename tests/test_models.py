@@ -255,3 +255,22 @@ def test_dtype_auto_picks_a_dtype_by_measurement():
     assert parse_dtype("auto") in (torch.float32, torch.bfloat16)
     assert parse_dtype(None) == torch.float32  # the library default stays fp32
     assert auto_dtype("cuda") == "bf16"
+
+
+def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkeypatch):
+    """A llama-family model runs fp32 in engine/native/llama_rows.c and bf16 only through torch, so
+    "auto" keeps fp32 for it even where the product probe favours bf16 (an AVX-512 BF16 CPU);
+    other families follow the probe, and a drafter follows its target's dtype."""
+    from engine import dtype_probe
+    from engine.loading import load, parse_dtype
+
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
+    monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: True)
+    assert dtype_probe.auto_dtype("cpu", "llama") == "fp32"
+    assert dtype_probe.auto_dtype("cpu", "mamba2") == "bf16"
+    assert dtype_probe.auto_dtype("cpu") == "bf16"
+    assert parse_dtype("auto", "qwen2") == torch.float32
+    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
+    assert load(str(saved("mamba2", str(tmp_path))), dtype="auto").model.dtype == torch.bfloat16
+    monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: False)
+    assert dtype_probe.auto_dtype("cpu", "llama") == "bf16"

@@ -158,6 +158,8 @@ def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch
             for a, e in [(0, 1), (7, 8), (0, 5), (3, 9), (10, 26), (1, 40), (2, 4), (5, 12), (0, 7)]:
                 assert torch.equal(lin(x[a:e], b), full[a:e]), (nt, a, e)
                 assert torch.equal(lin(x[a:e]), nobias[a:e]), (nt, a, e)
+            for r in range(1, 21):  # every split into even groups of at most 6 rows
+                assert torch.equal(lin(x[:r], b), full[:r]), (nt, r)
             assert torch.equal(lin(x[None, 3:9], b)[0], full[3:9])  # (B, T, K) inputs too
     finally:
         torch.set_num_threads(threads)

@@ -49,6 +49,8 @@ def test_quantised_rows_equal_the_fp32_kernel_over_gguf_dequantisation(qtype, K,
             torch.set_num_threads(nt)
             for a, e in [(0, 1), (7, 8), (0, 2), (3, 6), (0, 4), (1, 5), (0, 5), (3, 9), (10, 26), (1, 40)]:
                 assert torch.equal(lq(x[a:e], b), full[a:e]), (nt, a, e)
+            for r in range(1, 21):  # every split into row groups, in registers (<= 14) and via scratch
+                assert torch.equal(lq(x[:r], b), full[:r]), (nt, r)
             assert torch.equal(lq(x[None, 3:9], b)[0], full[3:9])
             xs = torch.randn(6, 2 * K, generator=g)[:, ::2]  # strided input rows
             assert torch.equal(lq(xs), lf(xs.contiguous()))

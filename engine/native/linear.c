@@ -23,7 +23,7 @@
 #endif
 
 #define JB 16
-#define RB 24 /* rows per call of block_rows: 6-row kernels, then 4, 2, 1 */
+#define RB 48 /* rows per call of block_rows (split there into even groups of at most 6) */
 
 #define KC 128 /* input chunk: its 128 x 64 bytes of a column block stay in L1 across the row blocks */
 
@@ -59,6 +59,24 @@ static void rows4(const float *x, int64_t ldx, int64_t i0, int64_t i1, const flo
     STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3)
 }
 
+static void rows5(const float *x, int64_t ldx, int64_t i0, int64_t i1, const float *w, float *acc) {
+    LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2) LOAD_ROW(3) LOAD_ROW(4)
+    for (int64_t i = i0; i < i1; i++) {
+        W_AT(i)
+        FMA_ROW(0) FMA_ROW(1) FMA_ROW(2) FMA_ROW(3) FMA_ROW(4)
+    }
+    STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3) STORE_ROW(4)
+}
+
+static void rows3(const float *x, int64_t ldx, int64_t i0, int64_t i1, const float *w, float *acc) {
+    LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2)
+    for (int64_t i = i0; i < i1; i++) {
+        W_AT(i)
+        FMA_ROW(0) FMA_ROW(1) FMA_ROW(2)
+    }
+    STORE_ROW(0) STORE_ROW(1) STORE_ROW(2)
+}
+
 static void rows2(const float *x, int64_t ldx, int64_t i0, int64_t i1, const float *w, float *acc) {
     LOAD_ROW(0) LOAD_ROW(1)
     for (int64_t i = i0; i < i1; i++) {
@@ -85,14 +103,29 @@ static void row1(const float *x, int64_t i0, int64_t i1, const float *w, float *
 }
 #endif
 
+/* rows [0, nr) in groups of at most 6 split evenly (16 -> 6 + 5 + 5: a 4-, 2- or 1-row remainder
+ * runs the FMA units at a fraction of their rate) */
 static void block_rows(const float *x, int64_t ldx, int64_t i0, int64_t i1, const float *w, int64_t nr, float *acc) {
-    int64_t r = 0;
 #ifdef SPECCHAT_FMA_VEC
-    for (; nr - r >= 6; r += 6) rows6(x + r * ldx, ldx, i0, i1, w, acc + r * JB);
-    for (; nr - r >= 4; r += 4) rows4(x + r * ldx, ldx, i0, i1, w, acc + r * JB);
-    for (; nr - r >= 2; r += 2) rows2(x + r * ldx, ldx, i0, i1, w, acc + r * JB);
+    const int64_t groups = (nr + 5) / 6;
+    int64_t r = 0;
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t take = (nr - r + (groups - g) - 1) / (groups - g);
+        const float *xr = x + r * ldx;
+        float *ar = acc + r * JB;
+        switch (take) {
+        case 6: rows6(xr, ldx, i0, i1, w, ar); break;
+        case 5: rows5(xr, ldx, i0, i1, w, ar); break;
+        case 4: rows4(xr, ldx, i0, i1, w, ar); break;
+        case 3: rows3(xr, ldx, i0, i1, w, ar); break;
+        case 2: rows2(xr, ldx, i0, i1, w, ar); break;
+        default: row1(xr, i0, i1, w, ar); break;
+        }
+        r += take;
+    }
+#else
+    for (int64_t r = 0; r < nr; r++) row1(x + r * ldx, i0, i1, w, acc + r * JB);
 #endif
-    for (; r < nr; r++) row1(x + r * ldx, i0, i1, w, acc + r * JB);
 }
 
 /* GGUF block-quantised weights, kept quantised (engine/models/quant.py packs them). Each column
@@ -147,9 +180,13 @@ static void dequant_q8_0(const uint8_t *rec, float *out) {
 }
 
 #ifdef SPECCHAT_FMA_VEC
-/* Up to 4 rows straight from the records, the weights dequantised in registers (no scratch): the
- * same w0/w1 values and the same FMA order as dequant + block_rows. For 1-4 rows (decode steps,
- * short verify passes), where the scratch round trip was a third of the work. */
+/* Rows straight from the records, the weights dequantised in registers (no scratch): the same
+ * w0/w1 values and the same FMA order as dequant + block_rows. Up to SPECCHAT_QFUSED_MAX rows
+ * (default 14) in groups of at most 6, each group dequantising again: at 5-14 rows this beat the
+ * scratch path, whose 4-, 2- and 1-row remainders ran the FMA units at a fraction of their rate
+ * (SmolLM2's projections + head at 6 rows 16.6 -> 11.8 ms, 8 rows 21.0 -> 16.1, 5 rows
+ * 23.4 -> 10.5; bench/quant_kernels.py, AVX-512 EPYC, 2 threads); from ~16 rows one dequantisation
+ * shared by every row wins. */
 #define Q4_W(i) const __m256i qb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * (i)))); \
     const __m256 w0 = _mm256_fmadd_ps(d0, _mm256_cvtepi32_ps(_mm256_and_si256(qb, low)), m0), \
                  w1 = _mm256_fmadd_ps(d1, _mm256_cvtepi32_ps(_mm256_srli_epi32(qb, 4)), m1);
@@ -174,27 +211,74 @@ static void name(const float *x, int64_t ldx, int64_t n, const uint8_t *rec, int
 }
 #define FMA_ROWQ(r) { const __m256 v = _mm256_broadcast_ss(x##r + ii); \
     a##r##0 = _mm256_fmadd_ps(v, w0, a##r##0); a##r##1 = _mm256_fmadd_ps(v, w1, a##r##1); }
-QROWS(q4_rows1, Q4_HEAD, Q4_W, LOAD_ROW(0), FMA_ROWQ(0), STORE_ROW(0))
-QROWS(q4_rows2, Q4_HEAD, Q4_W, LOAD_ROW(0) LOAD_ROW(1), FMA_ROWQ(0) FMA_ROWQ(1), STORE_ROW(0) STORE_ROW(1))
-QROWS(q4_rows4, Q4_HEAD, Q4_W, LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2) LOAD_ROW(3),
-      FMA_ROWQ(0) FMA_ROWQ(1) FMA_ROWQ(2) FMA_ROWQ(3), STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3))
-QROWS(q8_rows1, Q8_HEAD, Q8_W, LOAD_ROW(0), FMA_ROWQ(0), STORE_ROW(0))
-QROWS(q8_rows2, Q8_HEAD, Q8_W, LOAD_ROW(0) LOAD_ROW(1), FMA_ROWQ(0) FMA_ROWQ(1), STORE_ROW(0) STORE_ROW(1))
-QROWS(q8_rows4, Q8_HEAD, Q8_W, LOAD_ROW(0) LOAD_ROW(1) LOAD_ROW(2) LOAD_ROW(3),
-      FMA_ROWQ(0) FMA_ROWQ(1) FMA_ROWQ(2) FMA_ROWQ(3), STORE_ROW(0) STORE_ROW(1) STORE_ROW(2) STORE_ROW(3))
+#define L1 LOAD_ROW(0)
+#define L2 L1 LOAD_ROW(1)
+#define L3 L2 LOAD_ROW(2)
+#define L4 L3 LOAD_ROW(3)
+#define L5 L4 LOAD_ROW(4)
+#define L6 L5 LOAD_ROW(5)
+#define F1 FMA_ROWQ(0)
+#define F2 F1 FMA_ROWQ(1)
+#define F3 F2 FMA_ROWQ(2)
+#define F4 F3 FMA_ROWQ(3)
+#define F5 F4 FMA_ROWQ(4)
+#define F6 F5 FMA_ROWQ(5)
+#define S1 STORE_ROW(0)
+#define S2 S1 STORE_ROW(1)
+#define S3 S2 STORE_ROW(2)
+#define S4 S3 STORE_ROW(3)
+#define S5 S4 STORE_ROW(4)
+#define S6 S5 STORE_ROW(5)
+/* 5-6 rows: 12 accumulators leave no registers for the scales, so they are read from the record
+ * each input and w = d * q + m runs as a multiply and an add: d * q is exact (see above), so the
+ * bits are fmaf's. */
+#define Q4_WM(i) const __m256i qb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + 8 * (i)))); \
+    const __m256 w0 = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_and_si256(qb, _mm256_set1_epi32(15))), \
+                                                  _mm256_loadu_ps(d)), _mm256_loadu_ps(m)), \
+                 w1 = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(qb, 4)), \
+                                                  _mm256_loadu_ps(d + 8)), _mm256_loadu_ps(m + 8));
+#define Q8_WM(i) const __m128i qb = _mm_loadu_si128((const __m128i *)(q + JB * (i))); \
+    const __m256 w0 = _mm256_mul_ps(_mm256_loadu_ps(d), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(qb))), \
+                 w1 = _mm256_mul_ps(_mm256_loadu_ps(d + 8), _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(qb, 8))));
+#define Q4_HEADM const float *d = (const float *)rec, *m = d + JB; const uint8_t *q = rec + 2 * JB * sizeof(float);
+#define Q8_HEADM const float *d = (const float *)rec; const int8_t *q = (const int8_t *)(rec + JB * sizeof(float));
+QROWS(q4_rows1, Q4_HEAD, Q4_W, L1, F1, S1)
+QROWS(q4_rows2, Q4_HEAD, Q4_W, L2, F2, S2)
+QROWS(q4_rows3, Q4_HEAD, Q4_W, L3, F3, S3)
+QROWS(q4_rows4, Q4_HEAD, Q4_W, L4, F4, S4)
+QROWS(q4_rows5, Q4_HEADM, Q4_WM, L5, F5, S5)
+QROWS(q4_rows6, Q4_HEADM, Q4_WM, L6, F6, S6)
+QROWS(q8_rows1, Q8_HEAD, Q8_W, L1, F1, S1)
+QROWS(q8_rows2, Q8_HEAD, Q8_W, L2, F2, S2)
+QROWS(q8_rows3, Q8_HEAD, Q8_W, L3, F3, S3)
+QROWS(q8_rows4, Q8_HEAD, Q8_W, L4, F4, S4)
+QROWS(q8_rows5, Q8_HEADM, Q8_WM, L5, F5, S5)
+QROWS(q8_rows6, Q8_HEADM, Q8_WM, L6, F6, S6)
 
-/* rows [0, nr) (nr <= 4) of one column block over one chunk, fused; returns 0 if not handled */
+typedef void (*qrows_fn)(const float *, int64_t, int64_t, const uint8_t *, int64_t, float *);
+static const qrows_fn Q4_ROWS[7] = {NULL, q4_rows1, q4_rows2, q4_rows3, q4_rows4, q4_rows5, q4_rows6};
+static const qrows_fn Q8_ROWS[7] = {NULL, q8_rows1, q8_rows2, q8_rows3, q8_rows4, q8_rows5, q8_rows6};
+
+static int64_t qfused_max(void) {
+    static int64_t v = -1;
+    if (v < 0) {
+        const char *e = getenv("SPECCHAT_QFUSED_MAX");
+        v = e ? atoll(e) : 14;
+    }
+    return v;
+}
+
+/* rows [0, nr) of one column block over one chunk, the weights dequantised in registers, in
+ * groups of at most 6 rows split evenly (16 -> 6 + 5 + 5); returns 0 if not handled */
 static int qrows_fused(int qtype, const float *x, int64_t ldx, int64_t n, const uint8_t *rec, int64_t rb, int64_t nr, float *acc) {
+    if (nr > qfused_max() && nr > 4) return 0;
+    const qrows_fn *fn = qtype == QT_Q4_1 ? Q4_ROWS : Q8_ROWS;
+    const int64_t groups = (nr + 5) / 6;
     int64_t r = 0;
-    if (nr > 4) return 0;
-    if (qtype == QT_Q4_1) {
-        for (; nr - r >= 4; r += 4) q4_rows4(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
-        for (; nr - r >= 2; r += 2) q4_rows2(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
-        for (; r < nr; r++) q4_rows1(x + r * ldx, 0, n, rec, rb, acc + r * JB);
-    } else {
-        for (; nr - r >= 4; r += 4) q8_rows4(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
-        for (; nr - r >= 2; r += 2) q8_rows2(x + r * ldx, ldx, n, rec, rb, acc + r * JB);
-        for (; r < nr; r++) q8_rows1(x + r * ldx, 0, n, rec, rb, acc + r * JB);
+    for (int64_t g = 0; g < groups; g++) {
+        const int64_t take = (nr - r + (groups - g) - 1) / (groups - g);
+        fn[take](x + r * ldx, ldx, n, rec, rb, acc + r * JB);
+        r += take;
     }
     return 1;
 }

@@ -14,6 +14,7 @@
  * it (decode, verify, tree, prefill), so all passes share these numerics.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,12 +41,71 @@ static int proj(const float *x, int64_t R, int64_t K, const int64_t *L, int w, i
     return linear_rows_q(x, K, R, K, (const uint8_t *)W, (int)L[q], N, bias, y, nt);
 }
 
-/* y = w * (x * 1 / sqrt(mean(x^2) + eps)), the sum of squares in feature order */
+#ifdef LR_VEC
+/* the eight lanes of v summed in a fixed tree */
+static inline float hsum8(__m256 v) {
+    const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+/* exp(x) for eight lanes: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r, 2^n put in
+ * the exponent; about 1 ulp over the normal range, 0 below -87.3 (the softmax's masked -inf
+ * included), clamped at 88.7. exp1 is the same operations on one value. */
+static inline __m256 exp8(__m256 x) {
+    const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-87.3365f);
+    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    /* 2^n as two factors so that n = 128 (x near 88.7) stays finite */
+    const __m256i e = _mm256_cvtps_epi32(n);
+    const __m256i h = _mm256_srai_epi32(e, 1);
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(e, h), _mm256_set1_epi32(127)), 23));
+    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+}
+#endif
+
+/* y = w * (x * 1 / sqrt(mean(x^2) + eps)); the sum of squares in eight lanes over features in
+ * order, then a fixed tree (one chain where D % 8 != 0) */
 static void rms_row(const float *x, const float *w, int64_t D, float eps, float *y) {
     float ss = 0.0f;
-    for (int64_t i = 0; i < D; i++) ss = fmaf(x[i], x[i], ss);
+#ifdef LR_VEC
+    if (D % 8 == 0) {
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t i = 0; i < D; i += 8) {
+            const __m256 v = _mm256_loadu_ps(x + i);
+            acc = _mm256_fmadd_ps(v, v, acc);
+        }
+        ss = hsum8(acc);
+    } else
+#endif
+        for (int64_t i = 0; i < D; i++) ss = fmaf(x[i], x[i], ss);
     const float inv = 1.0f / sqrtf(ss / (float)D + eps);
     for (int64_t i = 0; i < D; i++) y[i] = w[i] * (x[i] * inv);
+}
+
+/* a = SiLU(g) * u over F features */
+static void silu_mul(const float *g, const float *u, float *a, int64_t F) {
+    int64_t i = 0;
+#ifdef LR_VEC
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= F; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 den = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv)));
+        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
+    }
+#endif
+    for (; i < F; i++) a[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
 }
 
 /* rotate-half RoPE on the first R features of one head vector, in place */
@@ -79,6 +139,120 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
     for (int64_t i = 0; i < E; i++) o[i] = fmaf(p, v[i], o[i]);
 }
 
+/* One query row of one head against keys [0, end) of its KV head (rows of E floats), keys with
+ * mrow[j] == 0 left out (mrow NULL: none). Softmax(q . k * scale) weights, out = sum_j p_j v_j.
+ *
+ * A row's bits depend only on the row, its keys and which of them it sees, never on how many rows
+ * ride in the pass or where its keys sit: the scores are eight-lane dot products reduced in a
+ * fixed tree, the keys it sees are compacted in order before the lane sums of e^(s - max), and the
+ * value sum runs over them in order. */
+static void attend_row(const float *q, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
+                       float scale, float *s, float *out) {
+#ifdef LR_VEC
+    if (E % 8 == 0 && E <= 128) {
+        const int64_t nv = E / 8;
+        __m256 qv[16];
+        for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
+        const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+        __m256 vmax = ninf;
+        for (int64_t j0 = 0; j0 < end; j0 += 8) {
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) {
+                a[k] = _mm256_setzero_ps();
+                if (j0 + k < end) {
+                    const float *kr = Kc + (j0 + k) * E;
+                    for (int64_t c = 0; c < nv; c++) a[k] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a[k]);
+                }
+            }
+            const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            __m256 sc = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31)), vscale);
+            /* keys past end or masked: -inf */
+            float keep[8];
+            for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow || mrow[j0 + k])) ? 0.0f : -INFINITY;
+            sc = _mm256_add_ps(sc, _mm256_loadu_ps(keep));
+            vmax = _mm256_max_ps(vmax, sc);
+            _mm256_storeu_ps(s + j0, sc);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        /* the keys the row sees, compacted in order: a tree node's ancestors then sit where its
+         * chain's keys do, so the lane sums below see the same values in the same lanes */
+        int32_t *idx = (int32_t *)(s + end + 8);
+        int64_t n = 0;
+        for (int64_t j = 0; j < end; j++)
+            if (s[j] != -INFINITY) { s[n] = s[j]; idx[n++] = (int32_t)j; }
+        for (int64_t j = n; j < ((n + 7) & ~(int64_t)7); j++) s[j] = -INFINITY;
+        __m256 vsum = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < n; j0 += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mx));
+            vsum = _mm256_add_ps(vsum, e);
+            _mm256_storeu_ps(s + j0, e);
+        }
+        const float inv = 1.0f / hsum8(vsum);
+        for (int64_t c0 = 0; c0 < nv; c0 += 8) { /* value sums, 64 features at a time in registers */
+            const int64_t nc = nv - c0 < 8 ? nv - c0 : 8;
+            __m256 o[8];
+            for (int64_t c = 0; c < nc; c++) o[c] = _mm256_setzero_ps();
+            for (int64_t t = 0; t < n; t++) {
+                const __m256 pj = _mm256_set1_ps(s[t]);
+                const float *vr = Vc + (int64_t)idx[t] * E + 8 * c0;
+                for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), o[c]);
+            }
+            const __m256 vinv = _mm256_set1_ps(inv);
+            for (int64_t c = 0; c < nc; c++) _mm256_storeu_ps(out + 8 * (c0 + c), _mm256_mul_ps(o[c], vinv));
+        }
+        return;
+    }
+#endif
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        s[j] = dot(q, Kc + j * E, E) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+    memset(out, 0, sizeof(float) * (size_t)E);
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        axpy(s[j] * inv, Vc + j * E, out, E);
+    }
+}
+
+/* A per-thread scratch of at least n floats, kept between calls and freed when its thread ends
+ * (the app decodes each reply on a worker thread). */
+typedef struct { size_t n; float *p; } kept_buf;
+static pthread_key_t buf_key;
+static pthread_once_t buf_once = PTHREAD_ONCE_INIT;
+static void buf_free(void *v) {
+    kept_buf *b = (kept_buf *)v;
+    free(b->p);
+    free(b);
+}
+static void buf_init(void) { (void)pthread_key_create(&buf_key, buf_free); }
+static float *pass_buffer(size_t n) {
+    (void)pthread_once(&buf_once, buf_init);
+    kept_buf *b = (kept_buf *)pthread_getspecific(buf_key);
+    if (!b) {
+        if (!(b = (kept_buf *)calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(buf_key, b)) { free(b); return NULL; }
+    }
+    if (b->n < n) {
+        free(b->p);
+        b->p = (float *)malloc(sizeof(float) * n);
+        b->n = b->p ? n : 0;
+    }
+    return b->p;
+}
+
 /* x (T, D) the residual stream, updated in place. cos/sin (T, R). mask (T, start + T) with row
  * stride ldm, nonzero = may attend, or NULL (every row sees rows [0, start + T)). The caches
  * kbase / vbase are (nlayers, KV, P, E), contiguous. Returns 0, 1 if a buffer could not be allocated, or the failing linear's
@@ -90,7 +264,10 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
     const int64_t G = H / KV, QKV = (H + 2 * KV) * E, end = start + T;
     if (nthreads < 1) nthreads = 1;
     const size_t n = (size_t)T * (size_t)(D + QKV + H * E + 2 * F + F + D);
-    float *buf = (float *)malloc(sizeof(float) * n);
+    /* the pass's activations live in a per-thread buffer kept between calls: a fresh one past
+     * glibc's mmap threshold (16 rows of SmolLM2 take 467 KB) was mapped and zero-filled by the
+     * kernel on every call (clear_page was 9% of a 16-row verify's profile) */
+    float *buf = pass_buffer(n);
     if (!buf) return 1;
     float *h = buf, *qkv = h + T * D, *o = qkv + T * QKV, *gu = o + T * H * E, *act = gu + T * 2 * F, *tmp = act + T * F;
     int rc = 0;
@@ -111,7 +288,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
         int failed = 0;
 #pragma omp parallel num_threads(nthreads) if (T * H * end * E > 32768) reduction(| : failed)
         {
-            float *s = (float *)malloc(sizeof(float) * (size_t)end);
+            float *s = (float *)malloc(sizeof(float) * (size_t)(2 * (end + 8)));
             if (!s) {
                 failed = 1;
             } else {
@@ -121,25 +298,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
                     const float *q = qkv + t * QKV + hd * E;
                     const float *Kc = kc + k * P * E, *Vc = vc + k * P * E;
                     const uint8_t *mrow = mask ? mask + t * ldm : NULL;
-                    float mx = -INFINITY;
-                    for (int64_t j = 0; j < end; j++) {
-                        if (mrow && !mrow[j]) continue;
-                        s[j] = dot(q, Kc + j * E, E) * scale;
-                        if (s[j] > mx) mx = s[j];
-                    }
-                    float sum = 0.0f;
-                    for (int64_t j = 0; j < end; j++) {
-                        if (mrow && !mrow[j]) continue;
-                        s[j] = expf(s[j] - mx);
-                        sum += s[j];
-                    }
-                    const float inv = 1.0f / sum;
-                    float *out = o + t * H * E + hd * E;
-                    memset(out, 0, sizeof(float) * (size_t)E);
-                    for (int64_t j = 0; j < end; j++) {
-                        if (mrow && !mrow[j]) continue;
-                        axpy(s[j] * inv, Vc + j * E, out, E);
-                    }
+                    attend_row(q, Kc, Vc, mrow, end, E, scale, s, o + t * H * E + hd * E);
                 }
                 free(s);
             }
@@ -149,14 +308,9 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
         for (int64_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (int64_t t = 0; t < T; t++) rms_row(x + t * D, ln2, D, eps, h + t * D);
         if ((rc = proj(h, T, D, L, S_WGU, S_QGU, S_BGU, 2 * F, gu, nthreads))) break;
-        for (int64_t t = 0; t < T; t++) {
-            const float *g = gu + t * 2 * F, *u = g + F;
-            float *a = act + t * F;
-            for (int64_t i = 0; i < F; i++) a[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
-        }
+        for (int64_t t = 0; t < T; t++) silu_mul(gu + t * 2 * F, gu + t * 2 * F + F, act + t * F, F);
         if ((rc = proj(act, T, F, L, S_WD, S_QD, S_BD, D, tmp, nthreads))) break;
         for (int64_t i = 0; i < T * D; i++) x[i] += tmp[i];
     }
-    free(buf);
     return rc;
 }
