@@ -131,9 +131,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import SpecchatError
 
     if (args.cmd in ("generate", "bench", "distill") and USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules
-            and os.getloadavg()[0] < 0.5):
-        # headless on an idle machine: active waits are ~13% faster; under any other load they
-        # collapse (engine/__init__.py), so passive stays the default then
+            and os.getloadavg()[0] < 0.5 and os.environ.get("SPECCHAT_NATIVE", "1").strip().lower() in ("0", "off", "false", "no")):
+        # headless on an idle machine with the C kernels off: torch's active waits are ~13% faster;
+        # under any other load they collapse (engine/__init__.py). With the C kernels on (the
+        # default), their own pool (engine/native/pool.c) spins between regions, and torch's
+        # actively spinning team would take its second core: SmolLM2 ar 126.8 tok/s passive vs
+        # 32.9 active (bench/results/2026-11-25-pool.md), so passive stays.
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:

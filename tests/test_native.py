@@ -248,3 +248,51 @@ def test_native_mamba2_draft_step_matches_the_torch_step(kind, tmp_path, monkeyp
             assert torch.allclose(got, ref, atol=2e-4, rtol=1e-4), (got - ref).abs().max()
             for k in ("conv", "ssm"):
                 assert torch.allclose(a.state[k], after[k], atol=1e-4, rtol=1e-3), (k, (a.state[k] - after[k]).abs().max())
+
+
+@needs_native
+def test_the_pool_serves_concurrent_callers_threads_and_a_forked_child():
+    """engine/native/pool.c: one pool for every calling thread. Products called at once from four
+    Python threads (ctypes drops the GIL) and from a forked child (which has no workers and must
+    start its own) give the same bits as on the main thread; the first region after a worker is
+    started runs (a worker that read the region counter only once it was running waited for the
+    next region forever)."""
+    g = torch.Generator().manual_seed(7)
+    W = torch.randn(1536, 576, generator=g)
+    x = torch.randn(8, 576, generator=g)
+    lin = common.Linear(W, torch.float32, native=True)
+    want = lin(x)
+    import threading
+
+    errors: list = []
+
+    def hammer(i: int) -> None:
+        try:
+            for r in range(30):
+                rows = 1 + (i + r) % 8
+                if not torch.equal(lin(x[:rows]), want[:rows]):
+                    errors.append((i, r))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=hammer, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a caller hung in the pool"
+    assert not errors, errors
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        ok = torch.equal(lin(x), want) and torch.equal(lin(x[:3]), want[:3])
+        os._exit(0 if ok else 1)
+    import time
+
+    end = time.monotonic() + 60
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < end:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung in the pool")
+    assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0

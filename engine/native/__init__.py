@@ -54,7 +54,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c")
+SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:

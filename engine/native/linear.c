@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <stdatomic.h>
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
@@ -289,61 +290,83 @@ static int qrows_fused(int qtype, const float *x, int64_t ldx, int64_t n, const 
 }
 #endif
 
+typedef void (*pool_fn)(void *ctx, int tid, int nth);
+void pool_run(int n, pool_fn fn, void *ctx);
+void pool_range(int64_t n, int t, int nth, int64_t *lo, int64_t *hi);
+
+typedef struct {
+    const float *x, *Wp, *bias;
+    const uint8_t *Wq;
+    float *y;
+    int64_t ldx, R, K, N, nb, rb;
+    int qtype;
+    atomic_int failed;
+} lin_job;
+
+/* one thread's share of the column blocks (engine/native/pool.c) */
+static void lin_part(void *ctx, int tid, int nth) {
+    lin_job *J = (lin_job *)ctx;
+    const float *x = J->x, *Wp = J->Wp, *bias = J->bias;
+    const uint8_t *Wq = J->Wq;
+    float *y = J->y;
+    const int64_t ldx = J->ldx, R = J->R, K = J->K, N = J->N, rb = J->rb;
+    const int qtype = J->qtype;
+    int64_t b0, b1;
+    pool_range(J->nb, tid, nth, &b0, &b1);
+    if (b0 >= b1) return;
+    float *acc = (float *)malloc(sizeof(float) * (size_t)(R * JB + (qtype != QT_F32 ? KC * JB : 0)));
+    float *scratch = acc ? acc + R * JB : NULL;
+    if (!acc) {
+        atomic_store(&J->failed, 1);
+        return;
+    }
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t j0 = b * JB;
+        const int64_t nj = N - j0 < JB ? N - j0 : JB;
+        memset(acc, 0, sizeof(float) * (size_t)R * JB);
+        for (int64_t i0 = 0; i0 < K; i0 += KC) {
+            const int64_t i1 = K - i0 < KC ? K : i0 + KC;
+            if (qtype == QT_F32) {
+                const float *w = Wp + b * K * JB;
+                for (int64_t r0 = 0; r0 < R; r0 += RB) {
+                    const int64_t nr = R - r0 < RB ? R - r0 : RB;
+                    block_rows(x + r0 * ldx, ldx, i0, i1, w, nr, acc + r0 * JB);
+                }
+            } else {
+                const uint8_t *rec = Wq + (b * (K / QK) + i0 / QK) * rb;
+                if (qrows_fused(qtype, x + i0, ldx, i1 - i0, rec, rb, R, acc)) continue;
+                for (int64_t i = 0; i < i1 - i0; i += QK, rec += rb) {
+                    if (qtype == QT_Q4_1) dequant_q4_1(rec, scratch + i * JB);
+                    else dequant_q8_0(rec, scratch + i * JB);
+                }
+                for (int64_t r0 = 0; r0 < R; r0 += RB) {
+                    const int64_t nr = R - r0 < RB ? R - r0 : RB;
+                    block_rows(x + r0 * ldx + i0, ldx, 0, i1 - i0, scratch, nr, acc + r0 * JB);
+                }
+            }
+        }
+        for (int64_t r = 0; r < R; r++) {
+            float *yr = y + r * N + j0;
+            const float *ar = acc + r * JB;
+            if (bias) {
+                for (int64_t j = 0; j < nj; j++) yr[j] = ar[j] + bias[j0 + j];
+            } else {
+                memcpy(yr, ar, sizeof(float) * (size_t)nj);
+            }
+        }
+    }
+    free(acc);
+}
+
 /* y = x @ W (+ bias) for W given as fp32 blocks (Wp, qtype QT_F32) or quantised records (Wq). */
 static int linear_rows(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, const uint8_t *Wq, int qtype,
                        int64_t N, const float *bias, float *y, int nthreads) {
-    const int64_t nb = (N + JB - 1) / JB;
     const int64_t rb = qrecord_bytes(qtype);
-    int failed = 0;
     if (nthreads < 1) nthreads = 1;
     if (qtype != QT_F32 && (rb == 0 || K % QK != 0)) return 2;
-#pragma omp parallel num_threads(nthreads) if (R * K * N > 65536) reduction(| : failed)
-    {
-        float *acc = (float *)malloc(sizeof(float) * (size_t)(R * JB + (qtype != QT_F32 ? KC * JB : 0)));
-        float *scratch = acc ? acc + R * JB : NULL;
-        if (!acc) {
-            failed = 1;
-        } else {
-#pragma omp for schedule(static)
-            for (int64_t b = 0; b < nb; b++) {
-                const int64_t j0 = b * JB;
-                const int64_t nj = N - j0 < JB ? N - j0 : JB;
-                memset(acc, 0, sizeof(float) * (size_t)R * JB);
-                for (int64_t i0 = 0; i0 < K; i0 += KC) {
-                    const int64_t i1 = K - i0 < KC ? K : i0 + KC;
-                    if (qtype == QT_F32) {
-                        const float *w = Wp + b * K * JB;
-                        for (int64_t r0 = 0; r0 < R; r0 += RB) {
-                            const int64_t nr = R - r0 < RB ? R - r0 : RB;
-                            block_rows(x + r0 * ldx, ldx, i0, i1, w, nr, acc + r0 * JB);
-                        }
-                    } else {
-                        const uint8_t *rec = Wq + (b * (K / QK) + i0 / QK) * rb;
-                        if (qrows_fused(qtype, x + i0, ldx, i1 - i0, rec, rb, R, acc)) continue;
-                        for (int64_t i = 0; i < i1 - i0; i += QK, rec += rb) {
-                            if (qtype == QT_Q4_1) dequant_q4_1(rec, scratch + i * JB);
-                            else dequant_q8_0(rec, scratch + i * JB);
-                        }
-                        for (int64_t r0 = 0; r0 < R; r0 += RB) {
-                            const int64_t nr = R - r0 < RB ? R - r0 : RB;
-                            block_rows(x + r0 * ldx + i0, ldx, 0, i1 - i0, scratch, nr, acc + r0 * JB);
-                        }
-                    }
-                }
-                for (int64_t r = 0; r < R; r++) {
-                    float *yr = y + r * N + j0;
-                    const float *ar = acc + r * JB;
-                    if (bias) {
-                        for (int64_t j = 0; j < nj; j++) yr[j] = ar[j] + bias[j0 + j];
-                    } else {
-                        memcpy(yr, ar, sizeof(float) * (size_t)nj);
-                    }
-                }
-            }
-            free(acc);
-        }
-    }
-    return failed;
+    lin_job J = {x, Wp, bias, Wq, y, ldx, R, K, N, (N + JB - 1) / JB, rb, qtype, 0};
+    pool_run(R * K * N > 65536 ? nthreads : 1, lin_part, &J);
+    return atomic_load(&J.failed);
 }
 
 /* x (R, K) row stride ldx; Wp (nb, K, 16); bias (N,) or NULL; y (R, N) contiguous. Returns 0, or

@@ -15,6 +15,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,6 +254,40 @@ static float *pass_buffer(size_t n) {
     return b->p;
 }
 
+typedef void (*pool_fn)(void *ctx, int tid, int nth);
+void pool_run(int n, pool_fn fn, void *ctx);
+void pool_range(int64_t n, int t, int nth, int64_t *lo, int64_t *hi);
+
+typedef struct {
+    const float *qkv, *kc, *vc;
+    const uint8_t *mask;
+    float *o;
+    int64_t ldm, T, H, G, E, QKV, P, end;
+    float scale;
+    atomic_int failed;
+} att_job;
+
+/* one thread's share of the (row, head) pairs of a layer's attention (engine/native/pool.c) */
+static void att_part(void *ctx, int tid, int nth) {
+    att_job *A = (att_job *)ctx;
+    int64_t a0, a1;
+    pool_range(A->T * A->H, tid, nth, &a0, &a1);
+    if (a0 >= a1) return;
+    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * (A->end + 8)));
+    if (!s) {
+        atomic_store(&A->failed, 1);
+        return;
+    }
+    for (int64_t th = a0; th < a1; th++) {
+        const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
+        const float *q = A->qkv + t * A->QKV + hd * A->E;
+        const float *Kc = A->kc + k * A->P * A->E, *Vc = A->vc + k * A->P * A->E;
+        const uint8_t *mrow = A->mask ? A->mask + t * A->ldm : NULL;
+        attend_row(q, Kc, Vc, mrow, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
+    }
+    free(s);
+}
+
 /* x (T, D) the residual stream, updated in place. cos/sin (T, R). mask (T, start + T) with row
  * stride ldm, nonzero = may attend, or NULL (every row sees rows [0, start + T)). The caches
  * kbase / vbase are (nlayers, KV, P, E), contiguous. Returns 0, 1 if a buffer could not be allocated, or the failing linear's
@@ -285,24 +320,9 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
                 memcpy(vc + (k * P + start + t) * E, row + (H + KV + k) * E, sizeof(float) * (size_t)E);
             }
         }
-        int failed = 0;
-#pragma omp parallel num_threads(nthreads) if (T * H * end * E > 32768) reduction(| : failed)
-        {
-            float *s = (float *)malloc(sizeof(float) * (size_t)(2 * (end + 8)));
-            if (!s) {
-                failed = 1;
-            } else {
-#pragma omp for schedule(static)
-                for (int64_t th = 0; th < T * H; th++) {
-                    const int64_t t = th / H, hd = th % H, k = hd / G;
-                    const float *q = qkv + t * QKV + hd * E;
-                    const float *Kc = kc + k * P * E, *Vc = vc + k * P * E;
-                    const uint8_t *mrow = mask ? mask + t * ldm : NULL;
-                    attend_row(q, Kc, Vc, mrow, end, E, scale, s, o + t * H * E + hd * E);
-                }
-                free(s);
-            }
-        }
+        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, scale, 0};
+        pool_run(T * H * end * E > 32768 ? nthreads : 1, att_part, &A);
+        const int failed = atomic_load(&A.failed);
         if (failed) { rc = 1; break; }
         if ((rc = proj(o, T, H * E, L, S_WO, S_QO, S_BO, D, tmp, nthreads))) break;
         for (int64_t i = 0; i < T * D; i++) x[i] += tmp[i];

@@ -1,0 +1,124 @@
+"""The chat app's streaming rate against the engine's own, same session, same process.
+
+Runs SpecChatApp headless (Textual's run_test, 120 x 40: the app composes and renders every frame,
+only the terminal writes are skipped), sends each prompt in a new chat, waits for the reply, and
+reads its GenerationSummary (new tokens / decode time, the dashboard's "avg"). Then the same
+messages through ``session.stream_chat`` in a thread with no UI. One process, one session, the
+same strategy and settings; the app's load-time plain-decoding baseline is awaited first.
+
+Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128]
+       [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def _wait(pilot, cond, timeout: float) -> None:
+    end = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > end:
+            raise TimeoutError("the app did not get there in time")
+        await pilot.pause(0.02)
+
+
+async def run_app(session, prompts: list[str], strategy, max_new: int, profile: str | None) -> list[dict]:
+    from app.main import SpecChatApp
+    from app.widgets.prompt import PromptInput
+
+    from app.screens.chat import ChatScreen
+
+    done: list = []  # the replies the chat finished (pilot.press can return after a short one ends)
+    finish = ChatScreen._finish
+
+    async def _finish(self, run):
+        done.append(run)
+        await finish(self, run)
+
+    ChatScreen._finish = _finish
+    app = SpecChatApp(lambda: session, initial_strategy=strategy, max_new_tokens=max_new)
+    out = []
+    async with app.run_test(size=(120, 40)) as pilot:
+        await _wait(pilot, lambda: app.session is not None, 120)
+        await _wait(pilot, lambda: app.chat.dashboard.baseline is not None, 120)
+        prof = None
+        if profile:
+            import cProfile
+
+            prof = cProfile.Profile()
+        for text in prompts:
+            await pilot.press("ctrl+n")
+            await pilot.pause()
+            box = app.query_one(PromptInput)
+            box.focus()
+            await pilot.pause()
+            box.text = text
+            n_done = len(done)
+            t0 = time.perf_counter()
+            if prof:
+                prof.enable()
+            await pilot.press("enter")
+            await _wait(pilot, lambda: len(done) > n_done and not app.chat.busy, 600)
+            if prof:
+                prof.disable()
+            wall = time.perf_counter() - t0
+            summ = done[-1].summary
+            out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": wall})
+        if prof:
+            prof.dump_stats(profile)
+    return out
+
+
+def run_headless(session, prompts: list[str], max_new: int) -> list[dict]:
+    from engine.events import GenerationSummary
+
+    out = []
+    for text in prompts:
+        summ = GenerationSummary()
+
+        def go() -> None:
+            for ev in session.stream_chat([{"role": "user", "content": text}], max_new, threading.Event()):
+                summ.add(ev)
+
+        t0 = time.perf_counter()
+        th = threading.Thread(target=go)
+        th.start()
+        th.join()
+        out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": time.perf_counter() - t0})
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--strategy", default="ar")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--profile", default=None)
+    a = ap.parse_args()
+    from engine.session import ChatSession
+    from engine.strategy import from_spec
+
+    prompts = [p["text"] for p in json.loads((REPO / "assets/prompts/bench.json").read_text())][: a.prompts]
+    strategy = from_spec(a.strategy)
+    session = ChatSession.load(strategy=strategy)
+    app_rows = asyncio.run(run_app(session, prompts, strategy, a.max_new_tokens, a.profile))
+    session.strategy = strategy
+    head_rows = run_headless(session, prompts, a.max_new_tokens)
+    for name, rows in (("app (headless Textual)", app_rows), ("stream_chat, no UI", head_rows)):
+        toks = sum(r["tokens"] for r in rows)
+        print(f"{name:<24} {strategy.label():<10} tokens {toks:5d}  decode {toks / sum(r['tokens'] / r['tok_s'] for r in rows if r['tok_s']):6.1f} tok/s"
+              f"  per reply {statistics.median(r['tok_s'] for r in rows):6.1f} (median)  wall {sum(r['wall_s'] for r in rows):6.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
