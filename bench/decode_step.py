@@ -10,7 +10,8 @@ the CPU hot-path switches, each configuration in its own process (the switches a
 Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32] [--last N]
 Prints one line per configuration: ms per 1-token decode step and per verify pass of 6 / 16 chain
 rows and a 46-node (3,2,2,1,1) tree, medians, and the tree pass's mean time inside attention;
-OMP_WAIT_POLICY as given (ACTIVE recommended).
+OMP_WAIT_POLICY as given, else the engine's default (PASSIVE; with the C pass's own thread pool, ACTIVE
+makes torch's team spin on the pool's second core).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import sys
 
 CHILD = r"""
 import json, statistics, sys, time
+import engine  # first: its OMP_WAIT_POLICY default (PASSIVE) must be in place before torch's OpenMP loads
 import torch
 from engine.loading import load
 from engine.policy import plan_from_shape

@@ -2,13 +2,14 @@
 1-24 rows: ms (min of N runs) and GFLOP/s, plus the sum over one model pass (30 layers of
 qkv / o / gate-up / down in Q4_1 and the 576 x 49152 Q8_0 head) -- the linear part of t(R).
 
-Usage: OMP_WAIT_POLICY=ACTIVE .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,6,8,12,16,24]
+Usage: .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,6,8,12,16,24]
 """
 
 from __future__ import annotations
 
 import argparse
 
+import engine  # noqa: F401 - first: the engine's OMP_WAIT_POLICY default before torch's OpenMP loads
 import torch
 from linear_kernels import best_ms  # bench/ is the script's directory
 
