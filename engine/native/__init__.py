@@ -59,7 +59,8 @@ SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c")
 
 def _build(srcs: list[Path], cc: str) -> Path:
     flags = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in srcs) + cc.encode() + " ".join(flags).encode()
+    headers = sorted({h for s in srcs for h in s.parent.glob("*.h")})  # included by the sources
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in [*srcs, *headers]) + cc.encode() + " ".join(flags).encode()
                          + _cpu_key().encode()).hexdigest()[:16]
     out_dir = _cache_dir()
     so = out_dir / f"specchat-{key}.so"

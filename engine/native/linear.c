@@ -18,6 +18,8 @@
 #include <math.h>
 #include <stdatomic.h>
 
+#include "pool.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define SPECCHAT_FMA_VEC 1
@@ -290,10 +292,6 @@ static int qrows_fused(int qtype, const float *x, int64_t ldx, int64_t n, const 
 }
 #endif
 
-typedef void (*pool_fn)(void *ctx, int tid, int nth);
-void pool_run(int n, pool_fn fn, void *ctx);
-void pool_range(int64_t n, int t, int nth, int64_t *lo, int64_t *hi);
-
 typedef struct {
     const float *x, *Wp, *bias;
     const uint8_t *Wq;
@@ -303,8 +301,8 @@ typedef struct {
     atomic_int failed;
 } lin_job;
 
-/* one thread's share of the column blocks (engine/native/pool.c) */
-static void lin_part(void *ctx, int tid, int nth) {
+/* one thread's part of the column blocks, claimed in chunks (engine/native/pool.c) */
+static void lin_part(void *ctx, pool_region *region) {
     lin_job *J = (lin_job *)ctx;
     const float *x = J->x, *Wp = J->Wp, *bias = J->bias;
     const uint8_t *Wq = J->Wq;
@@ -312,15 +310,15 @@ static void lin_part(void *ctx, int tid, int nth) {
     const int64_t ldx = J->ldx, R = J->R, K = J->K, N = J->N, rb = J->rb;
     const int qtype = J->qtype;
     int64_t b0, b1;
-    pool_range(J->nb, tid, nth, &b0, &b1);
-    if (b0 >= b1) return;
+    if (!pool_claim(region, &b0, &b1)) return;
     float *acc = (float *)malloc(sizeof(float) * (size_t)(R * JB + (qtype != QT_F32 ? KC * JB : 0)));
     float *scratch = acc ? acc + R * JB : NULL;
     if (!acc) {
         atomic_store(&J->failed, 1);
+        while (pool_claim(region, &b0, &b1)) {} /* nobody computes these: the call fails */
         return;
     }
-    for (int64_t b = b0; b < b1; b++) {
+    do for (int64_t b = b0; b < b1; b++) {
         const int64_t j0 = b * JB;
         const int64_t nj = N - j0 < JB ? N - j0 : JB;
         memset(acc, 0, sizeof(float) * (size_t)R * JB);
@@ -354,7 +352,7 @@ static void lin_part(void *ctx, int tid, int nth) {
                 memcpy(yr, ar, sizeof(float) * (size_t)nj);
             }
         }
-    }
+    } while (pool_claim(region, &b0, &b1));
     free(acc);
 }
 
@@ -365,7 +363,9 @@ static int linear_rows(const float *x, int64_t ldx, int64_t R, int64_t K, const 
     if (nthreads < 1) nthreads = 1;
     if (qtype != QT_F32 && (rb == 0 || K % QK != 0)) return 2;
     lin_job J = {x, Wp, bias, Wq, y, ldx, R, K, N, (N + JB - 1) / JB, rb, qtype, 0};
-    pool_run(R * K * N > 65536 ? nthreads : 1, lin_part, &J);
+    /* chunks of ~1/8 of a thread's share: a preempted thread leaves little to wait for */
+    const int nt = R * K * N > 65536 ? nthreads : 1;
+    pool_run(nt, J.nb, J.nb / (8 * nt) > 1 ? J.nb / (8 * nt) : 1, lin_part, &J);
     return atomic_load(&J.failed);
 }
 

@@ -20,6 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "pool.h"
+
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LR_VEC 1
@@ -254,10 +256,6 @@ static float *pass_buffer(size_t n) {
     return b->p;
 }
 
-typedef void (*pool_fn)(void *ctx, int tid, int nth);
-void pool_run(int n, pool_fn fn, void *ctx);
-void pool_range(int64_t n, int t, int nth, int64_t *lo, int64_t *hi);
-
 typedef struct {
     const float *qkv, *kc, *vc;
     const uint8_t *mask;
@@ -267,24 +265,25 @@ typedef struct {
     atomic_int failed;
 } att_job;
 
-/* one thread's share of the (row, head) pairs of a layer's attention (engine/native/pool.c) */
-static void att_part(void *ctx, int tid, int nth) {
+/* one thread's part of the (row, head) pairs of a layer's attention, claimed in chunks
+ * (engine/native/pool.c) */
+static void att_part(void *ctx, pool_region *region) {
     att_job *A = (att_job *)ctx;
     int64_t a0, a1;
-    pool_range(A->T * A->H, tid, nth, &a0, &a1);
-    if (a0 >= a1) return;
+    if (!pool_claim(region, &a0, &a1)) return;
     float *s = (float *)malloc(sizeof(float) * (size_t)(2 * (A->end + 8)));
     if (!s) {
         atomic_store(&A->failed, 1);
+        while (pool_claim(region, &a0, &a1)) {} /* nobody computes these: the call fails */
         return;
     }
-    for (int64_t th = a0; th < a1; th++) {
+    do for (int64_t th = a0; th < a1; th++) {
         const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
         const float *q = A->qkv + t * A->QKV + hd * A->E;
         const float *Kc = A->kc + k * A->P * A->E, *Vc = A->vc + k * A->P * A->E;
         const uint8_t *mrow = A->mask ? A->mask + t * A->ldm : NULL;
         attend_row(q, Kc, Vc, mrow, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
-    }
+    } while (pool_claim(region, &a0, &a1));
     free(s);
 }
 
@@ -321,7 +320,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
             }
         }
         att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, scale, 0};
-        pool_run(T * H * end * E > 32768 ? nthreads : 1, att_part, &A);
+        pool_run(T * H * end * E > 32768 ? nthreads : 1, T * H, T * H >= 8 * nthreads ? 2 : 1, att_part, &A);
         const int failed = atomic_load(&A.failed);
         if (failed) { rc = 1; break; }
         if ((rc = proj(o, T, H * E, L, S_WO, S_QO, S_BO, D, tmp, nthreads))) break;
