@@ -118,6 +118,18 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def spin_headless(cmd: str, dtype: str | None, environ, load1: float) -> bool:
+    """Whether a command should switch torch's OpenMP threads to active waits (set before torch
+    loads; an explicit OMP_WAIT_POLICY always wins). Only headless commands on an idle machine
+    (1-minute load < 0.5: under any other load spinning collapses, engine/__init__.py), and only
+    when every pass runs in torch: the C kernels off, or bf16 (the C pass and its pool are
+    fp32-only), where active waits are ~13% faster. Otherwise the C kernels' own pool
+    (engine/native/pool.c) spins between regions and torch's actively spinning team would take
+    its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active (bench/results/2026-11-25-pool.md)."""
+    native_off = environ.get("SPECCHAT_NATIVE", "1").strip().lower() in ("0", "off", "false", "no")
+    return cmd in ("generate", "bench", "distill") and load1 < 0.5 and (native_off or dtype == "bf16")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0].startswith("-") and argv[0] not in ("-h", "--help"):
@@ -130,13 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import USER_OMP_WAIT_POLICY
     from .errors import SpecchatError
 
-    if (args.cmd in ("generate", "bench", "distill") and USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules
-            and os.getloadavg()[0] < 0.5 and os.environ.get("SPECCHAT_NATIVE", "1").strip().lower() in ("0", "off", "false", "no")):
-        # headless on an idle machine with the C kernels off: torch's active waits are ~13% faster;
-        # under any other load they collapse (engine/__init__.py). With the C kernels on (the
-        # default), their own pool (engine/native/pool.c) spins between regions, and torch's
-        # actively spinning team would take its second core: SmolLM2 ar 126.8 tok/s passive vs
-        # 32.9 active (bench/results/2026-11-25-pool.md), so passive stays.
+    if (USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules
+            and spin_headless(args.cmd, getattr(args, "dtype", None), os.environ, os.getloadavg()[0])):
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:

@@ -255,3 +255,17 @@ def test_bench_draft_cost_json(tmp_path, capsys):
     assert res["ratio"] == pytest.approx(res["tree32211_ms"] / res["chain5_ms"], rel=1e-2)
     assert main(["bench", "--draft-cost", "--target", str(target)]) == 2
     assert "needs a drafter model" in capsys.readouterr().err
+
+
+def test_headless_commands_spin_only_when_every_pass_is_in_torch():
+    """engine/cli.spin_headless: active OpenMP waits only for headless commands on an idle machine
+    whose passes all run in torch (bf16, or the C kernels off); never for the chat app, a loaded
+    machine, or fp32 / auto with the C kernels, whose own pool a spinning torch team would starve."""
+    from engine.cli import spin_headless
+
+    assert spin_headless("bench", "bf16", {}, 0.1)
+    assert spin_headless("generate", "auto", {"SPECCHAT_NATIVE": "0"}, 0.1)
+    assert not spin_headless("bench", "auto", {}, 0.1)
+    assert not spin_headless("bench", "fp32", {"SPECCHAT_NATIVE": "1"}, 0.1)
+    assert not spin_headless("bench", "bf16", {}, 1.5)
+    assert not spin_headless("chat", "bf16", {"SPECCHAT_NATIVE": "0"}, 0.0)
