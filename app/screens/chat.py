@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 from rich.text import Text
@@ -25,6 +27,10 @@ from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
 
 DRAIN_INTERVAL_S = 1 / 20  # the UI takes the engine's events at most 20 times a second
+# The streamed reply's Markdown is written at most 8 times a second: each write re-lays-out the
+# message column (~20 ms of the UI thread, which shares the cores with the decode threads). The
+# status line and the dashboard keep the drain's rate; the finished reply shows the whole text.
+MARKDOWN_INTERVAL_S = 1 / 8
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
@@ -98,6 +104,8 @@ class ChatScreen(Screen[None]):
         self._stream: MarkdownStream | None = None
         self._timer: Timer | None = None
         self._finishing = False
+        self._md_pending = ""  # streamed text not yet written to the reply's Markdown
+        self._md_written = 0.0  # time.monotonic() of the last write
         self._reply_saved = False
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
@@ -409,6 +417,7 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
         self._reply = await self.query_one(MessageList).add_message("assistant")
         self._stream = ChatMessage.get_stream(self._reply)
+        self._md_pending, self._md_written = "", 0.0
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state("generating…")
@@ -431,8 +440,11 @@ class ChatScreen(Screen[None]):
         new_text = run.drain()
         if run.new_events:
             self.dashboard.add_events(run.new_events)
-        if new_text:
-            await self._stream.write(new_text)
+        self._md_pending += new_text
+        now = time.monotonic()
+        if self._md_pending and now - self._md_written >= MARKDOWN_INTERVAL_S:
+            text, self._md_pending, self._md_written = self._md_pending, "", now
+            await self._stream.write(text)
         if run.last_event is not None:
             self.status_line.status.last_event = run.last_event
             self.status_line.refresh()
@@ -474,6 +486,9 @@ class ChatScreen(Screen[None]):
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:
+                if self._md_pending:  # what the rate limit held back
+                    text, self._md_pending = self._md_pending, ""
+                    await stream.write(text)
                 await stream.stop()
             if nothing_back:
                 await self.query_one(MessageList).remove_last(2)

@@ -122,6 +122,39 @@ async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.Mo
         assert len(writes) < len(script) / 3, f"{len(writes)} Markdown writes for {len(script)} steps"
 
 
+async def test_markdown_writes_are_rate_limited_while_the_status_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each Markdown write re-lays-out the message column on the UI thread, which shares the cores
+    with the decoder: the reply is written at most MARKDOWN_INTERVAL_S apart (plus the final
+    flush), everything arrives, and the status line still follows every drain."""
+    from app.screens import chat
+
+    stamps: list[float] = []
+    writes: list[str] = []
+    original = MarkdownStream.write
+
+    async def timed_write(self: MarkdownStream, fragment: str) -> None:
+        stamps.append(time.monotonic())
+        writes.append(fragment)
+        await original(self, fragment)
+
+    monkeypatch.setattr(MarkdownStream, "write", timed_write)
+    script = [f"t{i} " for i in range(150)]
+    engine = FakeEngine(script, step_delay_s=0.004)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        t0 = time.monotonic()
+        await send(pilot, "go")
+        await reply_done(pilot)
+        elapsed = time.monotonic() - t0
+        assert messages(app)[-1].source == "".join(script)
+        assert "".join(writes) == "".join(script)
+        gaps = [b - a for a, b in zip(stamps, stamps[1:-1])]  # the last write is the final flush
+        assert all(g >= chat.MARKDOWN_INTERVAL_S * 0.9 for g in gaps), gaps
+        assert len(writes) <= elapsed / chat.MARKDOWN_INTERVAL_S + 2
+        assert len(writes) >= 2  # it does stream: not one write at the end
+
+
 async def test_multi_turn_sends_the_whole_conversation() -> None:
     engine = FakeEngine(["Sure", "."])
     app = make_app(engine)
