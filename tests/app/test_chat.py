@@ -101,15 +101,23 @@ async def test_send_shows_reply_and_step_status() -> None:
         assert engine.threads and all(name != threading.main_thread().name for name in engine.threads)
 
 
-async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+def record_markdown_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[float]]:
+    """The fragments written to any MarkdownStream and when (time.monotonic())."""
     writes: list[str] = []
+    stamps: list[float] = []
     original = MarkdownStream.write
 
-    async def counting_write(self: MarkdownStream, fragment: str) -> None:
+    async def recording_write(self: MarkdownStream, fragment: str) -> None:
+        stamps.append(time.monotonic())
         writes.append(fragment)
         await original(self, fragment)
 
-    monkeypatch.setattr(MarkdownStream, "write", counting_write)
+    monkeypatch.setattr(MarkdownStream, "write", recording_write)
+    return writes, stamps
+
+
+async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    writes, _ = record_markdown_writes(monkeypatch)
     script = [f"w{i} " for i in range(60)]
     engine = FakeEngine(script, step_delay_s=0.001)
     app = make_app(engine)
@@ -128,16 +136,7 @@ async def test_markdown_writes_are_rate_limited_while_the_status_keeps_up(monkey
     flush), everything arrives, and the status line still follows every drain."""
     from app.screens import chat
 
-    stamps: list[float] = []
-    writes: list[str] = []
-    original = MarkdownStream.write
-
-    async def timed_write(self: MarkdownStream, fragment: str) -> None:
-        stamps.append(time.monotonic())
-        writes.append(fragment)
-        await original(self, fragment)
-
-    monkeypatch.setattr(MarkdownStream, "write", timed_write)
+    writes, stamps = record_markdown_writes(monkeypatch)
     script = [f"t{i} " for i in range(150)]
     engine = FakeEngine(script, step_delay_s=0.004)
     app = make_app(engine)
