@@ -6,6 +6,8 @@ reads its GenerationSummary (new tokens / decode time, the dashboard's "avg"). T
 messages through ``session.stream_chat`` in a thread with no UI. One process, one session, the
 same strategy and settings; the app's load-time plain-decoding baseline is awaited first.
 
+Chats go to a fresh temporary SPECCHAT_DATA_DIR unless one is set.
+
 Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128]
        [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
 """
@@ -15,7 +17,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -104,6 +108,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--profile", default=None)
     a = ap.parse_args()
+    if "SPECCHAT_DATA_DIR" not in os.environ:  # the chats it sends stay out of the user's history
+        os.environ["SPECCHAT_DATA_DIR"] = tempfile.mkdtemp(prefix="specchat-app-stream-")
     from engine.session import ChatSession
     from engine.strategy import from_spec
 
