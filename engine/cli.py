@@ -219,11 +219,28 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
     return s.validate(has_drafter_model=has_drafter_model)
 
 
+def pool_starved_warning(model, environ) -> str | None:
+    """The one-line warning for OMP_WAIT_POLICY=ACTIVE over a model whose passes run in the C
+    kernels' own thread pool: torch's actively spinning threads then take the pool's cores
+    (SmolLM2 ar 32.9 tok/s vs 126.8 passive, bench/results/2026-11-25-pool.md)."""
+    if environ.get("OMP_WAIT_POLICY", "").strip().upper() != "ACTIVE":
+        return None
+    table = getattr(model, "_native_table", None)
+    if table is None or table() is None:
+        return None
+    return ("specchat: warning: OMP_WAIT_POLICY=ACTIVE slows this model's C pass several times over "
+            "(torch's spinning threads take its thread pool's cores); unset it")
+
+
 def load_session(args: argparse.Namespace):
     from .session import ChatSession
 
-    return ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
-                            max_context=args.max_context)
+    session = ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
+                               max_context=args.max_context)
+    warning = pool_starved_warning(session.target.model, os.environ)
+    if warning:
+        print(warning, file=sys.stderr)
+    return session
 
 
 def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:

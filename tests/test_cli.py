@@ -269,3 +269,24 @@ def test_headless_commands_spin_only_when_every_pass_is_in_torch():
     assert not spin_headless("bench", "fp32", {"SPECCHAT_NATIVE": "1"}, 0.1)
     assert not spin_headless("bench", "bf16", {}, 1.5)
     assert not spin_headless("chat", "bf16", {"SPECCHAT_NATIVE": "0"}, 0.0)
+
+
+def test_active_waits_over_the_c_pass_get_a_one_line_warning():
+    """engine/cli.pool_starved_warning: OMP_WAIT_POLICY=ACTIVE is named as the cause when the model
+    runs on the C kernels' pool, and nothing is said otherwise."""
+    from engine.cli import pool_starved_warning
+
+    class CPass:
+        def _native_table(self):
+            return object()
+
+    class TorchPass:
+        def _native_table(self):
+            return None
+
+    msg = pool_starved_warning(CPass(), {"OMP_WAIT_POLICY": "active"})
+    assert msg and msg.startswith("specchat: warning:") and "OMP_WAIT_POLICY=ACTIVE" in msg and "\n" not in msg
+    assert pool_starved_warning(CPass(), {"OMP_WAIT_POLICY": "PASSIVE"}) is None
+    assert pool_starved_warning(CPass(), {}) is None
+    assert pool_starved_warning(TorchPass(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
+    assert pool_starved_warning(object(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
