@@ -126,8 +126,9 @@ def spin_headless(cmd: str, dtype: str | None, environ, load1: float) -> bool:
     fp32-only), where active waits are ~13% faster. Otherwise the C kernels' own pool
     (engine/native/pool.c) spins between regions and torch's actively spinning team would take
     its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active (bench/results/2026-11-25-pool.md)."""
-    native_off = environ.get("SPECCHAT_NATIVE", "1").strip().lower() in ("0", "off", "false", "no")
-    return cmd in ("generate", "bench", "distill") and load1 < 0.5 and (native_off or dtype == "bf16")
+    from . import native  # no torch import: this runs before torch loads
+
+    return cmd in ("generate", "bench", "distill") and load1 < 0.5 and (not native.enabled(environ) or dtype == "bf16")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-
 from typing import Any
 
 from rich.text import Text
@@ -441,10 +440,8 @@ class ChatScreen(Screen[None]):
         if run.new_events:
             self.dashboard.add_events(run.new_events)
         self._md_pending += new_text
-        now = time.monotonic()
-        if self._md_pending and now - self._md_written >= MARKDOWN_INTERVAL_S:
-            text, self._md_pending, self._md_written = self._md_pending, "", now
-            await self._stream.write(text)
+        if time.monotonic() - self._md_written >= MARKDOWN_INTERVAL_S:
+            await self._write_markdown(self._stream)
         if run.last_event is not None:
             self.status_line.status.last_event = run.last_event
             self.status_line.refresh()
@@ -453,6 +450,12 @@ class ChatScreen(Screen[None]):
             # cancel the task it is running in.
             self._finishing = True
             self.call_later(self._finish, run)
+
+    async def _write_markdown(self, stream: MarkdownStream) -> None:
+        """Write the streamed text held back so far (MARKDOWN_INTERVAL_S) to the reply."""
+        if self._md_pending:
+            text, self._md_pending, self._md_written = self._md_pending, "", time.monotonic()
+            await stream.write(text)
 
     async def _finish(self, run: ReplyRun) -> None:
         """The engine is done: save the reply, flush the stream, show the final text.
@@ -486,9 +489,7 @@ class ChatScreen(Screen[None]):
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:
-                if self._md_pending:  # what the rate limit held back
-                    text, self._md_pending = self._md_pending, ""
-                    await stream.write(text)
+                await self._write_markdown(stream)  # what the rate limit held back
                 await stream.stop()
             if nothing_back:
                 await self.query_one(MessageList).remove_last(2)

@@ -31,8 +31,10 @@ _tried = False
 _reason = "not loaded yet"
 
 
-def enabled() -> bool:
-    return os.environ.get("SPECCHAT_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+def enabled(environ=None) -> bool:
+    """SPECCHAT_NATIVE (in ``environ``, default the process's) does not turn the kernels off."""
+    env = os.environ if environ is None else environ
+    return env.get("SPECCHAT_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
 def rows_enabled() -> bool:

@@ -133,7 +133,7 @@ async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.Mo
 async def test_markdown_writes_are_rate_limited_while_the_status_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each Markdown write re-lays-out the message column on the UI thread, which shares the cores
     with the decoder: the reply is written at most MARKDOWN_INTERVAL_S apart (plus the final
-    flush), everything arrives, and the status line still follows every drain."""
+    flush), it still streams (more than one write), and everything arrives."""
     from app.screens import chat
 
     writes, stamps = record_markdown_writes(monkeypatch)
