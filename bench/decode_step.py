@@ -7,7 +7,8 @@ the CPU hot-path switches, each configuration in its own process (the switches a
     SPECCHAT_QUANT=1    ... with the GGUF's Q4_1 / Q8_0 matrices kept in their blocks (bit-identical)
     SPECCHAT_NATIVE_ROWS=1  ... and the whole pass in one C call (engine/native/llama_rows.c)
 
-Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32] [--last N]
+Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32|q8] [--last N]
+(q8: the GGUF blocks' products with 8-bit activations, engine/native/quant_a8.c; its last configuration)
 Prints one line per configuration: ms per 1-token decode step and per verify pass of 6 / 16 chain
 rows and a 46-node (3,2,2,1,1) tree, medians, and the tree pass's mean time inside attention;
 OMP_WAIT_POLICY as given, else the engine's default (PASSIVE; with the C pass's own thread pool, ACTIVE
@@ -70,12 +71,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--context", type=int, default=300)
     ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
+    ap.add_argument("--dtype", choices=("bf16", "fp32", "q8"), default="bf16")
     ap.add_argument("--last", type=int, default=0, help="run only the last N configurations (the engine's own is last)")
     a = ap.parse_args()
     configs = [("plain weights, torch attention", "0", "0", "0", "0", "0"), ("packed weights, torch attention", "1", "0", "0", "0", "0"),
                ("packed weights, C attention", "1", "1", "0", "0", "0")]
-    if a.dtype == "fp32":
+    if a.dtype in ("fp32", "q8"):
         configs.append(("C linear (fp32), torch pass", "1", "1", "1", "0", "0"))
         configs.append(("C linear (GGUF blocks), torch pass", "1", "1", "1", "1", "0"))
         configs.append(("C pass (llama_rows.c), fp32 weights", "1", "1", "1", "0", "1"))

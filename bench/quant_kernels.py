@@ -2,7 +2,8 @@
 1-24 rows: ms (min of N runs) and GFLOP/s, plus the sum over one model pass (30 layers of
 qkv / o / gate-up / down in Q4_1 and the 576 x 49152 Q8_0 head) -- the linear part of t(R).
 
-Usage: .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,6,8,12,16,24]
+Usage: .venv/bin/python bench/quant_kernels.py [--rows 1,2,4,6,8,12,16,24] [--a8]
+(--a8: the q8 compute type's records, 8-bit activations and integer dot products, quant_a8.c)
 """
 
 from __future__ import annotations
@@ -24,15 +25,17 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", default="1,2,4,5,6,8,12,16,24")
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--a8", action="store_true", help="the q8 compute type (engine/native/quant_a8.c)")
     a = ap.parse_args()
     rows = [int(r) for r in a.rows.split(",")]
     torch.manual_seed(0)
     total = {r: 0.0 for r in rows}
-    print(f"threads {torch.get_num_threads()}")
+    print(f"threads {torch.get_num_threads()}, {'q8 (8-bit activations)' if a.a8 else 'fp32'}")
     print("K x N qtype".ljust(20) + "".join(f"{r:>14}" for r in rows) + "   (ms / GFLOP/s)")
     for K, N, qt, count in SHAPES:
         W = torch.randn(N, K) * 0.05
-        lin = Linear.quantized(pack(quantize_rows(W, qt), qt, K), qt, K, N)
+        kt = qt + "a8" if a.a8 else qt
+        lin = Linear.quantized(pack(quantize_rows(W, qt), kt, K), kt, K, N)
         x = torch.randn(max(rows), K)
         cells = []
         for r in rows:

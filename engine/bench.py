@@ -182,7 +182,7 @@ def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, st
 
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
-            "prompts": n_prompts, "dtype": str(session.decoder.target.dtype).replace("torch.", ""), "dtype_arg": args.dtype, "warmup": args.warmup,
+            "prompts": n_prompts, "dtype": session.target.compute, "dtype_arg": args.dtype, "warmup": args.warmup,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels()}
 
 

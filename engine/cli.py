@@ -27,8 +27,10 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", metavar="REF", help="models.toml name | HF-format dir | .gguf file | Hub id (default: the registry's default)")
     p.add_argument("--drafter", metavar="REF", help="REF | ngram | none (default: the registry's pairing for the target, else none)")
     p.add_argument("--models", metavar="FILE", help="models.toml to use (default: $SPECCHAT_MODELS or the shipped one)")
-    p.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto",
-                   help="weights/activations dtype; auto (default): bf16 where a start-up micro-benchmark finds it faster, else fp32")
+    p.add_argument("--dtype", choices=["auto", "fp32", "bf16", "q8"], default="auto",
+                   help="compute type; q8: a GGUF's Q4_1/Q8_0 products with 8-bit activations (integer dot products, as llama.cpp); "
+                        "auto (default): the fastest a start-up micro-benchmark finds on this machine (q8 for such GGUFs where "
+                        "AVX-512 VNNI makes it faster, bf16 where faster than fp32, else fp32)")
     p.add_argument("--max-context", type=int, default=None, metavar="N", help="cap the context (KV cache rows)")
 
 

@@ -57,3 +57,39 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
             return "fp32"
     c = cpu_costs()
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
+
+
+@functools.lru_cache(maxsize=None)
+def q8_costs(K: int = 576, N: int = 1536) -> dict[str, float]:
+    """Seconds for a Q4_1 product at 1 and 8 rows, fp32 activations vs the q8 compute type's 8-bit
+    ones (engine/native/quant_a8.c), min of a few runs each."""
+    from .models.common import Linear
+    from .models.quant import pack, quantize_rows
+
+    g = torch.Generator().manual_seed(0)
+    raw = quantize_rows(torch.randn(N, K, generator=g) * 0.05, "Q4_1")
+    out = {}
+    for name, qt in (("fp32", "Q4_1"), ("q8", "Q4_1a8")):
+        lin = Linear.quantized(pack(raw, qt, K), qt, K, N)
+        out[name] = sum(_best_of(lambda x=torch.randn(rows, K, generator=g): lin(x)) for rows in (1, 8))
+    return out
+
+
+def auto_q8(model_type: str | None, qtypes: set[str]) -> bool:
+    """--dtype auto picks the q8 compute type for a GGUF llama-family model whose blocks the
+    kernels take (Q4_1 / Q8_0) when the fp32 C pass would run it and the probe finds the 8-bit
+    products at least 20% faster: on CPUs without AVX-512 VNNI they run a scalar loop and lose.
+    SPECCHAT_AUTO_Q8=0 keeps fp32."""
+    import os
+
+    from . import native
+    from .models import quant
+
+    if os.environ.get("SPECCHAT_AUTO_Q8", "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    if not qtypes or not qtypes <= {"Q4_1", "Q8_0"} or not quant.enabled():
+        return False
+    if auto_dtype(model_type=model_type) != "fp32" or not native_fp32_pass() or native.lib() is None:
+        return False
+    c = q8_costs()
+    return c["q8"] < 0.8 * c["fp32"]

@@ -46,26 +46,35 @@ class Loaded:
     config: dict[str, Any] = field(default_factory=dict)
     quant: str | None = None
     kept_quantized: int = 0  # projections multiplied from their GGUF blocks (engine/models/quant.py)
+    act8: bool = False  # the q8 compute type: those products take 8-bit activations (quant_a8.c)
+
+    @property
+    def compute(self) -> str:
+        """The compute type: "q8" (fp32 with 8-bit activations in the GGUF blocks' products),
+        else the model's dtype ("float32", "bfloat16")."""
+        return "q8" if self.act8 else str(self.model.dtype).replace("torch.", "")
 
     @property
     def description(self) -> str:
         q = f" {self.quant}" if self.quant else ""
         kept = ", blocks kept" if self.kept_quantized else ""
-        return f"{self.name} ({self.fmt}{q}, {str(self.model.dtype).replace('torch.', '')}{kept})"
+        return f"{self.name} ({self.fmt}{q}, {self.compute}{kept})"
 
 
 def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None) -> torch.dtype:
     """None is fp32 (the library default); "auto" is the faster of fp32 and bf16 on this machine
-    for a model of ``model_type`` (engine/dtype_probe.py), the CLI's default."""
+    for a model of ``model_type`` (engine/dtype_probe.py), the CLI's default. "q8" is fp32 here
+    (its 8-bit activations are a property of the GGUF products: ``load``)."""
     if isinstance(name, torch.dtype):
         return name
     if name == "auto":
         from .dtype_probe import auto_dtype
 
         name = auto_dtype(model_type=model_type)
-    table = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16}
+    table = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+             "q8": torch.float32}
     if name not in table:
-        raise ModelLoadError(f"unknown dtype {name!r} (auto, fp32 or bf16)")
+        raise ModelLoadError(f"unknown dtype {name!r} (auto, fp32, bf16 or q8)")
     return table[name]
 
 
@@ -116,7 +125,7 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
         raise ModelLoadError(f"max_context (--max-context) must be a number of tokens >= 0 (0: the default), got {max_context!r}")
     max_context = max_context or DEFAULT_CONTEXT
     name, path = resolve(ref, registry)
-    dt = parse_dtype(dtype) if dtype != "auto" else "auto"  # "auto" waits for the model's type
+    dt = parse_dtype(dtype) if dtype not in ("auto", "q8") else dtype  # "auto" waits for the model's type
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _trimmed(_load_gguf(name, path, dt, max_context))
@@ -383,18 +392,28 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int
     from .gguf import load_gguf
 
     ck = load_gguf(path)
+    act8 = dtype == "q8" or (dtype == "auto" and _auto_q8(ck))
     dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
     model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
-    kept = _keep_quantized(model, ck, dtype)
+    kept = _keep_quantized(model, ck, dtype, act8)
     _check_tokenizer(ck.tokenizer, model, path)
-    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept)
+    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept, act8=act8 and kept > 0)
 
 
-def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype) -> int:
+def _auto_q8(ck: Any) -> bool:
+    """--dtype auto for a GGUF checkpoint: the q8 compute type where its products take the model's
+    quantised blocks and a start-up probe finds them faster (engine/dtype_probe.py)."""
+    from .dtype_probe import auto_q8
+
+    return bool(ck.blocks) and auto_q8(ck.config.get("model_type"), {q for q, _ in ck.blocks.values()})
+
+
+def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype, act8: bool = False) -> int:
     """fp32 on CPU with linear.c: keep the GGUF's Q4_1 / Q8_0 matrices in their blocks (bit-identical
-    products from ~1/5 of the bytes; engine/models/quant.py). SPECCHAT_QUANT=0 keeps fp32. Returns
-    how many projections were kept quantised."""
+    products from ~1/5 of the bytes; engine/models/quant.py). SPECCHAT_QUANT=0 keeps fp32. ``act8``:
+    the q8 compute type's records (8-bit activations, quant_a8.c). Returns how many projections
+    were kept quantised."""
     from .models import quant
     from .models.common import native_linear
 
@@ -402,7 +421,7 @@ def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype) -> int:
         return 0
     if not native_linear():
         return 0
-    return model.keep_quantized(ck.blocks)
+    return model.keep_quantized(ck.blocks, act8=act8)
 
 
 def _check_tokenizer(tok: Any, model: CausalLM, path: Path) -> None:

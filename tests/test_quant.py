@@ -28,6 +28,24 @@ def _quantised(N: int, K: int, qtype: str, seed: int) -> tuple[np.ndarray, torch
     return raw, torch.from_numpy(quant.gguf_blocks(raw, qtype).reshape(N, K))
 
 
+def assert_rows_consistent(lq, x: torch.Tensor, b: torch.Tensor, full: torch.Tensor) -> None:
+    """Each row of ``lq(x, b)`` (= ``full``) has the same bits whichever rows run with it (offsets,
+    every row count 1..20: every split into row groups), on 1 or 2 threads, also strided."""
+    threads = torch.get_num_threads()
+    try:
+        for nt in (1, 2):
+            torch.set_num_threads(nt)
+            for a, e in [(0, 1), (7, 8), (0, 2), (3, 6), (0, 4), (1, 5), (0, 5), (3, 9), (10, 26), (1, 40)]:
+                assert torch.equal(lq(x[a:e], b), full[a:e]), (nt, a, e)
+            for r in range(1, 21):
+                assert torch.equal(lq(x[:r], b), full[:r]), (nt, r)
+            assert torch.equal(lq(x[None, 3:9], b)[0], full[3:9])
+            xs = torch.cat([x[:6], x[:6]], 1)[:, : x.shape[1]]  # rows with a stride of 2K
+            assert torch.equal(lq(xs, b), full[:6])
+    finally:
+        torch.set_num_threads(threads)
+
+
 @needs_native
 @pytest.mark.parametrize("qtype", ["Q4_1", "Q8_0"])
 @pytest.mark.parametrize("K, N", [(576, 1536), (32, 5), (96, 17), (160, 64), (1536, 100)])
@@ -43,19 +61,9 @@ def test_quantised_rows_equal_the_fp32_kernel_over_gguf_dequantisation(qtype, K,
     full = lq(x, b)
     assert torch.equal(full, lf(x, b))
     assert torch.equal(lq(x), lf(x))
-    threads = torch.get_num_threads()
-    try:
-        for nt in (1, 2):
-            torch.set_num_threads(nt)
-            for a, e in [(0, 1), (7, 8), (0, 2), (3, 6), (0, 4), (1, 5), (0, 5), (3, 9), (10, 26), (1, 40)]:
-                assert torch.equal(lq(x[a:e], b), full[a:e]), (nt, a, e)
-            for r in range(1, 21):  # every split into row groups, in registers (<= 14) and via scratch
-                assert torch.equal(lq(x[:r], b), full[:r]), (nt, r)
-            assert torch.equal(lq(x[None, 3:9], b)[0], full[3:9])
-            xs = torch.randn(6, 2 * K, generator=g)[:, ::2]  # strided input rows
-            assert torch.equal(lq(xs), lf(xs.contiguous()))
-    finally:
-        torch.set_num_threads(threads)
+    xs = torch.randn(6, 2 * K, generator=g)[:, ::2]  # strided input rows
+    assert_rows_consistent(lq, x, b, full)
+    assert torch.equal(lq(xs), lf(xs.contiguous()))
     ids = torch.tensor([0, N - 1, N // 2, 0])
     assert torch.equal(quant.dequantize_rows(lq._qrec, qtype, N, K, ids), Wd[ids])
     assert torch.equal(lq.take_cols(torch.tensor([0, N - 1]))(x[:3]), lq(x[:3])[:, [0, N - 1]])

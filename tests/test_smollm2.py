@@ -45,14 +45,20 @@ def smol_bf16(smollm2_gguf_path):
     return load(str(smollm2_gguf_path), dtype="bf16")
 
 
+@pytest.fixture(scope="module")
+def smol_q8(smollm2_gguf_path):
+    return load(str(smollm2_gguf_path), dtype="q8")
+
+
 # bf16 on a CPU without AVX-512 runs ~4x slower than the fp32 C pass (~40 s here): CI runs it with
 # -m slow; bf16 greedy identity on tiny models stays in the default suite (test_generate.py)
-@pytest.mark.parametrize("dtype", ["fp32", pytest.param("bf16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("dtype", ["fp32", "q8", pytest.param("bf16", marks=pytest.mark.slow)])
 def test_greedy_strategies_identical_on_smollm2(dtype, request):
-    """Lossless in the dtype used: greedy speculative output == greedy plain decoding, fp32 and
-    bf16 (bf16 rounds every op, so a verify pass must compute each row exactly as a 1-token step
-    would: engine.models.common.mm)."""
-    smol = request.getfixturevalue("smol" if dtype == "fp32" else "smol_bf16")
+    """Lossless in the dtype used: greedy speculative output == greedy plain decoding, fp32, q8
+    (8-bit activations in the GGUF products, engine/native/quant_a8.c) and bf16 (bf16 rounds every
+    op, so a verify pass must compute each row exactly as a 1-token step would:
+    engine.models.common.mm)."""
+    smol = request.getfixturevalue({"fp32": "smol", "q8": "smol_q8", "bf16": "smol_bf16"}[dtype])
     tok = smol.tokenizer
     dec = Decoder(smol.model, smol.model, eos_ids=set(tok.eos_ids))
     strategies = [preset("pld"), preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("ersd", draft_len=3),

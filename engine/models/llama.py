@@ -121,10 +121,11 @@ class Llama(CausalLM):
         rot = int(E * float(cfg.rope.get("partial_rotary_factor", 1.0)))
         self.rope = Rope(rot, cfg.rope, self.max_context, dtype)
 
-    def keep_quantized(self, blocks: dict[str, tuple[str, Any]]) -> int:
+    def keep_quantized(self, blocks: dict[str, tuple[str, Any]], act8: bool = False) -> int:
         """Swap fp32 projections for GGUF-quantised ones (engine/models/quant.py) where every source
         matrix of a projection is quantised in the same format; bit-identical products, ~1/5 of the
-        bytes. Returns the number of projections swapped."""
+        bytes. ``act8``: the q8 compute type's records instead (8-bit activations; not bit-identical
+        to fp32, a dtype of its own). Returns the number of projections swapped."""
         from . import quant
 
         def swap(names: list[str], lin: Linear) -> Linear:
@@ -135,7 +136,8 @@ class Llama(CausalLM):
             raw = np.concatenate([g[1] for g in got], 0)
             if raw.shape[0] != N:
                 return lin
-            return Linear.quantized(quant.pack(raw, got[0][0], K), got[0][0], K, N)
+            qt = got[0][0] + ("a8" if act8 else "")
+            return Linear.quantized(quant.pack(raw, qt, K), qt, K, N)
 
         self.__dict__.pop("_native_tab", None)  # the native pass's weight table is rebuilt
         n = 0

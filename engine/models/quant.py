@@ -15,6 +15,13 @@ Layout (``pack``): column blocks of 16 outputs, each a stream of K / 32 records:
     Q8_0, 576 bytes: float32 d[16], int8 q[32][16].
 Outputs past N are padded with zero scales (zero weights).
 
+The q8 compute type (``--dtype q8``, and ``auto`` where it measures faster: engine/dtype_probe.py)
+packs the same blocks as ``Q4_1a8`` / ``Q8_0a8`` records for engine/native/quant_a8.c, which rounds
+each row's activations to int8 per 32 inputs and takes exact integer dot products (llama.cpp's CPU
+scheme): a dtype of its own, lossless within itself (every row's bits independent of the rows run
+with it), not bit-identical to fp32. Layouts in quant_a8.c's header; ``dense()`` and embedding
+lookups still give GGUF's exact weights.
+
 Switch: ``SPECCHAT_QUANT=0`` keeps the dequantised fp32 weights (A/B benchmarks).
 """
 
@@ -25,8 +32,8 @@ import os
 import numpy as np
 import torch
 
-QTYPES = {"Q4_1": 1, "Q8_0": 2}
-_RECORD = {"Q4_1": 384, "Q8_0": 576}
+QTYPES = {"Q4_1": 1, "Q8_0": 2, "Q4_1a8": 3, "Q8_0a8": 4}
+_RECORD = {"Q4_1": 384, "Q8_0": 576, "Q4_1a8": 320, "Q8_0a8": 544}
 _GGUF_BLOCK = {"Q4_1": 20, "Q8_0": 34}  # bytes per 32 weights in the file
 
 
@@ -43,13 +50,18 @@ def pack(raw: np.ndarray, qtype: str, K: int) -> torch.Tensor:
         raise ValueError(f"K={K} is not a multiple of 32")
     N = raw.shape[0]
     nkb = K // 32
-    bs = _GGUF_BLOCK[qtype]
+    base = qtype.removesuffix("a8")
+    bs = _GGUF_BLOCK[base]
     if raw.shape[1] != nkb * bs:
         raise ValueError(f"{qtype} rows of {raw.shape[1]} bytes, expected {nkb * bs} for K={K}")
     nb = -(-N // 16)
     blocks = np.zeros((nb * 16, nkb, bs), dtype=np.uint8)
     blocks[:N] = raw.reshape(N, nkb, bs)
     blocks = blocks.reshape(nb, 16, nkb, bs).transpose(0, 2, 1, 3)  # (nb, nkb, 16 outputs, bs)
+    if qtype != base:
+        rec = _pack_a8(blocks, base, nb, nkb)
+        assert rec.shape == (nb, nkb, _RECORD[qtype])
+        return torch.from_numpy(rec.reshape(-1))
     d = np.ascontiguousarray(blocks[..., 0:2]).view(np.float16)[..., 0].astype(np.float32)  # (nb, nkb, 16)
     if qtype == "Q4_1":
         m = np.ascontiguousarray(blocks[..., 2:4]).view(np.float16)[..., 0].astype(np.float32)
@@ -64,6 +76,24 @@ def pack(raw: np.ndarray, qtype: str, K: int) -> torch.Tensor:
     rec = np.ascontiguousarray(rec)
     assert rec.shape == (nb, nkb, _RECORD[qtype])
     return torch.from_numpy(rec.reshape(-1))
+
+
+def _pack_a8(blocks: np.ndarray, base: str, nb: int, nkb: int) -> np.ndarray:
+    """quant_a8.c's records (the q8 compute type) from (nb, nkb, 16 outputs, GGUF block) bytes: the
+    fp16 scales as stored, then the weights with four consecutive inputs of an output together."""
+    d16 = np.ascontiguousarray(blocks[..., 0:2]).reshape(nb, nkb, 32)  # fp16 d[16], as in the file
+    if base == "Q4_1":
+        m16 = np.ascontiguousarray(blocks[..., 2:4]).reshape(nb, nkb, 32)
+        qs = blocks[..., 4:20]
+        q = np.concatenate([qs & 15, qs >> 4], axis=-1)  # (nb, nkb, 16 outputs, 32 inputs)
+        q = q.reshape(nb, nkb, 16, 4, 2, 4)  # inputs 8 g + 4 half + k
+        lo = q[:, :, :, :, 0, :].transpose(0, 1, 3, 2, 4)  # (nb, nkb, g, j, k)
+        hi = q[:, :, :, :, 1, :].transpose(0, 1, 3, 2, 4)
+        w = (lo | (hi << 4)).astype(np.uint8).reshape(nb, nkb, 256)
+        return np.ascontiguousarray(np.concatenate([d16, m16, w], axis=-1))
+    q = np.ascontiguousarray(blocks[..., 2:34]).reshape(nb, nkb, 16, 8, 4)  # inputs 4 h + k
+    w = q.transpose(0, 1, 3, 2, 4).reshape(nb, nkb, 512)  # (h, j, k)
+    return np.ascontiguousarray(np.concatenate([d16, w], axis=-1))
 
 
 def dequantize_rows(records: torch.Tensor, qtype: str, N: int, K: int, ids: torch.Tensor) -> torch.Tensor:

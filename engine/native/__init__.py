@@ -56,7 +56,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c")
+SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:

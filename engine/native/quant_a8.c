@@ -1,0 +1,303 @@
+/* GGUF-block products with 8-bit activations: the `q8` compute type (engine/models/quant.py,
+ * `--dtype q8`). linear.c's Q4_1 / Q8_0 paths dequantise the weights to fp32 and run fp32 FMA
+ * chains; at the 1-16 rows of decoding and verification that dequantisation and the FMAs, not the
+ * memory, bound the time (SmolLM2-135M's pass: 6.6 ms at 1 row, 27 ms at 16, 2026-11-25 Zen 4,
+ * bench/quant_kernels.py, while its ~112 MB of records stream in ~3.7 ms at the measured 30 GB/s).
+ * Here, as in llama.cpp's CPU vec_dot, each row is quantised per 32 inputs to int8 with one fp32
+ * scale (x ~ dx * qx, dx = max|x| / 127, qx = round-to-nearest-even(x / dx)) and every 32-input
+ * block becomes an exact integer dot product (AVX-512 VNNI: 64 multiply-adds an instruction):
+ *
+ *   Q4_1 (w = d q + m, q in 0..15):  y_j += (d_j dx) * isum_j + m_j * (dx sx),  isum_j = sum q_ij qx_i
+ *   Q8_0 (w = d q, q in -128..127):  y_j += (d_j dx) * isum_j
+ *
+ * with sx = sum qx_i and fp32 multiply-adds in that order, block after block from zero, then the
+ * bias. This is a different dtype from fp32 (the activations are rounded), not a storage format,
+ * so lossless is defined within it: every output is computed from its own row alone, in one fixed
+ * order, by the same code for any number of rows and any thread (integer sums are exact, so the
+ * vector and scalar paths agree bit for bit): a 1-token step and a k-token verify pass agree.
+ *
+ * Records (quant.py `pack(..., act8=True)`), per column block of 16 outputs, K / 32 of them:
+ *   Q4_1a8, 320 bytes: fp16 d[16], fp16 m[16], then 4 x 64 bytes: in vector g, byte 4 j + k holds
+ *                      q[8 g + k][j] in its low nibble and q[8 g + 4 + k][j] in its high nibble;
+ *   Q8_0a8, 544 bytes: fp16 d[16], then 8 x 64 bytes: in vector h, byte 4 j + k is q[4 h + k][j].
+ * (A 512-bit lane j then holds four consecutive inputs of output j: VNNI's dpbusd shape.)
+ */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#include <immintrin.h>
+#define A8_VNNI 1
+#endif
+
+#define JB 16
+#define QK 32
+#define GMAX 8 /* rows per register group (8 accumulators + 8 weight vectors + scales < 32 zmm) */
+enum { QT_Q4_1A8 = 3, QT_Q8_0A8 = 4 };
+
+int64_t a8_record_bytes(int qtype) { return qtype == QT_Q4_1A8 ? 320 : qtype == QT_Q8_0A8 ? 544 : 0; }
+
+static inline float half_to_float(uint16_t h) {
+    /* exact fp16 -> fp32 (subnormals included), the same values as the vector cvtph */
+    const uint32_t sign = (uint32_t)(h & 0x8000) << 16;
+    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else { /* subnormal: normalise */
+            exp = 127 - 15 + 1;
+            while (!(man & 0x400)) { man <<= 1; exp--; }
+            man &= 0x3ff;
+            bits = sign | (exp << 23) | (man << 13);
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else {
+        bits = sign | ((exp - 15 + 127) << 23) | (man << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* One row's activations, K / 32 blocks: qx (K int8), dx, mx = dx * sx, sx. */
+typedef struct {
+    int8_t *q;
+    float *d, *m;
+    int32_t *s;
+} a8_rows;
+
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *m, int32_t *s) {
+    for (int64_t kb = 0; kb < K / QK; kb++) {
+        const float *xb = x + kb * QK;
+        float amax = 0.0f;
+        for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+        const float dx = amax / 127.0f;
+        const float id = dx != 0.0f ? 1.0f / dx : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < QK; i++) {
+            float v = nearbyintf(xb[i] * id);
+            v = v > 127.0f ? 127.0f : v < -127.0f ? -127.0f : v;
+            q[kb * QK + i] = (int8_t)v;
+            sum += (int8_t)v;
+        }
+        d[kb] = dx;
+        s[kb] = sum;
+        m[kb] = dx * (float)sum;
+    }
+}
+
+/* integer dot products of one record with one row's 32 activations, all 16 outputs (scalar) */
+static void isum_scalar(int qtype, const uint8_t *rec, const int8_t *qx, int32_t out[JB]) {
+    for (int j = 0; j < JB; j++) out[j] = 0;
+    if (qtype == QT_Q4_1A8) {
+        const uint8_t *p = rec + 64;
+        for (int g = 0; g < 4; g++)
+            for (int j = 0; j < JB; j++)
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t b = p[64 * g + 4 * j + k];
+                    out[j] += (int32_t)(b & 15) * qx[8 * g + k] + (int32_t)(b >> 4) * qx[8 * g + 4 + k];
+                }
+    } else {
+        const int8_t *p = (const int8_t *)(rec + 32);
+        for (int h = 0; h < 8; h++)
+            for (int j = 0; j < JB; j++)
+                for (int k = 0; k < 4; k++) out[j] += (int32_t)p[64 * h + 4 * j + k] * qx[4 * h + k];
+    }
+}
+
+static void rows_scalar(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64_t K, const uint8_t *rec, int64_t rb,
+                        float *acc) {
+    const int64_t nkb = K / QK;
+    for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
+        const uint16_t *h = (const uint16_t *)rec;
+        float d[JB], m[JB];
+        for (int j = 0; j < JB; j++) {
+            d[j] = half_to_float(h[j]);
+            m[j] = qtype == QT_Q4_1A8 ? half_to_float(h[JB + j]) : 0.0f;
+        }
+        for (int64_t r = r0; r < r0 + nr; r++) {
+            int32_t is[JB];
+            isum_scalar(qtype, rec, X->q + r * K + kb * QK, is);
+            const float dx = X->d[r * nkb + kb], mx = X->m[r * nkb + kb];
+            float *a = acc + (r - r0) * JB;
+            for (int j = 0; j < JB; j++) {
+                a[j] = fmaf(d[j] * dx, (float)is[j], a[j]);
+                if (qtype == QT_Q4_1A8) a[j] = fmaf(m[j], mx, a[j]);
+            }
+        }
+    }
+}
+
+#ifdef A8_VNNI
+/* acc += w (u8) . the four int8 at p broadcast to every lane: the broadcast folded into the
+ * instruction's memory operand ({1to16}), which gcc does not do for _mm512_set1_epi32 (it spent
+ * one vpbroadcastd per dpbusd, a third of the loop's instructions) */
+#define DPB(acc, w, p) __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int32_t *)(const void *)(p)))
+
+/* G rows (a compile-time constant after inlining) of one column block over every input block */
+static inline __attribute__((always_inline)) void rows_vnni(const int G, const int qtype, const a8_rows *X, int64_t r0, int64_t K,
+                                                            const uint8_t *rec, int64_t rb, float *acc) {
+    const int64_t nkb = K / QK;
+    __m512 a[GMAX];
+    for (int r = 0; r < G; r++) a[r] = _mm512_loadu_ps(acc + r * JB);
+    const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
+    for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        __m512i w[8];
+        __m512 m = _mm512_setzero_ps();
+        if (qtype == QT_Q4_1A8) {
+            m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32)));
+            for (int g = 0; g < 4; g++) {
+                const __m512i p = _mm512_loadu_si512((const void *)(rec + 64 + 64 * g));
+                w[2 * g] = _mm512_and_si512(p, low);
+                w[2 * g + 1] = _mm512_and_si512(_mm512_srli_epi16(p, 4), low);
+            }
+        } else { /* signed q as unsigned q + 128 for dpbusd; the 128 * sx is taken off below */
+            for (int h = 0; h < 8; h++) w[h] = _mm512_xor_si512(_mm512_loadu_si512((const void *)(rec + 32 + 64 * h)), flip);
+        }
+        for (int r = 0; r < G; r++) {
+            const int64_t row = r0 + r;
+            const int8_t *qx = X->q + row * K + kb * QK;
+            /* two dependency chains a row (one chain a row, even with 3-8 rows interleaved, measured
+             * slower: 8 rows 7.1 -> 10.4 ms a pass) */
+            __m512i s0 = _mm512_setzero_si512(), s1 = s0;
+            __m512i *c1 = &s1;
+            if (qtype == QT_Q4_1A8) { /* w[2g] holds inputs 8g..8g+3, w[2g+1] inputs 8g+4..8g+7 */
+                for (int g = 0; g < 4; g++) {
+                    DPB(s0, w[2 * g], qx + 8 * g);
+                    DPB(*c1, w[2 * g + 1], qx + 8 * g + 4);
+                }
+            } else {
+                for (int h = 0; h < 8; h += 2) {
+                    DPB(s0, w[h], qx + 4 * h);
+                    DPB(*c1, w[h + 1], qx + 4 * h + 4);
+                }
+            }
+            __m512i s = _mm512_add_epi32(s0, s1);
+            if (qtype == QT_Q8_0A8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * X->s[row * nkb + kb]));
+            a[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(X->d[row * nkb + kb])), _mm512_cvtepi32_ps(s), a[r]);
+            if (qtype == QT_Q4_1A8) a[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(X->m[row * nkb + kb]), a[r]);
+        }
+    }
+    for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + r * JB, a[r]);
+}
+
+#define A8_FN(G) \
+    static void q4_g##G(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, float *acc) { \
+        rows_vnni(G, QT_Q4_1A8, X, r0, K, rec, rb, acc); } \
+    static void q8_g##G(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, float *acc) { \
+        rows_vnni(G, QT_Q8_0A8, X, r0, K, rec, rb, acc); }
+A8_FN(1) A8_FN(2) A8_FN(3) A8_FN(4) A8_FN(5) A8_FN(6) A8_FN(7) A8_FN(8)
+typedef void (*a8_fn)(const a8_rows *, int64_t, int64_t, const uint8_t *, int64_t, float *);
+static const a8_fn Q4G[GMAX + 1] = {NULL, q4_g1, q4_g2, q4_g3, q4_g4, q4_g5, q4_g6, q4_g7, q4_g8};
+static const a8_fn Q8G[GMAX + 1] = {NULL, q8_g1, q8_g2, q8_g3, q8_g4, q8_g5, q8_g6, q8_g7, q8_g8};
+#endif
+
+static int vec_on(void) {
+#ifdef A8_VNNI
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("SPECCHAT_A8_SCALAR"); /* tests: the scalar path on a VNNI machine */
+        v = !(e && *e == '1');
+    }
+    return v;
+#else
+    return 0;
+#endif
+}
+
+typedef struct {
+    a8_rows X;
+    const uint8_t *Wq;
+    const float *bias;
+    float *y;
+    int64_t R, K, N, rb;
+    int qtype;
+} a8_job;
+
+static void a8_part(void *ctx, pool_region *region) {
+    const a8_job *J = (const a8_job *)ctx;
+    const int64_t R = J->R, K = J->K, N = J->N, rb = J->rb;
+    float acc[GMAX * JB];
+    int64_t b0, b1;
+    while (pool_claim(region, &b0, &b1)) {
+        for (int64_t b = b0; b < b1; b++) {
+            const uint8_t *rec = J->Wq + b * (K / QK) * rb;
+            const int64_t j0 = b * JB, nj = N - j0 < JB ? N - j0 : JB;
+            const int64_t groups = (R + GMAX - 1) / GMAX;
+            int64_t r = 0;
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 5 + 5 */
+                memset(acc, 0, sizeof(float) * (size_t)(take * JB));
+#ifdef A8_VNNI
+                if (vec_on())
+                    (J->qtype == QT_Q4_1A8 ? Q4G : Q8G)[take](&J->X, r, K, rec, rb, acc);
+                else
+#endif
+                    rows_scalar(J->qtype, &J->X, r, take, K, rec, rb, acc);
+                for (int64_t t = 0; t < take; t++) {
+                    float *yr = J->y + (r + t) * N + j0;
+                    if (J->bias) {
+                        for (int64_t j = 0; j < nj; j++) yr[j] = acc[t * JB + j] + J->bias[j0 + j];
+                    } else {
+                        memcpy(yr, acc + t * JB, sizeof(float) * (size_t)nj);
+                    }
+                }
+                r += take;
+            }
+        }
+    }
+}
+
+/* y (R, N) = x (R, K; row stride ldx) @ W (+ bias) with x quantised per 32 inputs (see above).
+ * Returns 0, 1 if the activation buffer could not be allocated, 2 for a bad qtype or K. */
+int linear_rows_a8(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8_t *Wq, int qtype, int64_t N, const float *bias,
+                   float *y, int nthreads) {
+    const int64_t rb = a8_record_bytes(qtype);
+    if (rb == 0 || K % QK != 0) return 2;
+    if (R <= 0) return 0;
+    const int64_t nkb = K / QK;
+    /* one buffer: q (R K bytes), then d, m (floats) and s (int32), R nkb each */
+    const size_t qbytes = ((size_t)(R * K) + 63) & ~(size_t)63;
+    uint8_t *buf = (uint8_t *)malloc(qbytes + (size_t)(R * nkb) * 12);
+    if (!buf) return 1;
+    a8_rows X = {(int8_t *)buf, (float *)(buf + qbytes), (float *)(buf + qbytes) + R * nkb,
+                 (int32_t *)((float *)(buf + qbytes) + 2 * R * nkb)};
+    for (int64_t r = 0; r < R; r++) quantize_row(x + r * ldx, K, X.q + r * K, X.d + r * nkb, X.m + r * nkb, X.s + r * nkb);
+    a8_job J = {X, Wq, bias, y, R, K, N, rb, qtype};
+    const int64_t nb = (N + JB - 1) / JB;
+    if (nthreads < 1) nthreads = 1;
+    const int nt = R * K * N > 65536 ? nthreads : 1;
+    pool_run(nt, nb, nb / (8 * nt) > 1 ? nb / (8 * nt) : 1, a8_part, &J);
+    free(buf);
+    return 0;
+}
+
+/* the fp32 weights of record `rec` (its 32 inputs x 16 outputs, out[i * 16 + j]): GGUF's values,
+ * d * q + m (one rounding, as fmaf) or d * q */
+void a8_dequant(int qtype, const uint8_t *rec, float *out) {
+    const uint16_t *h = (const uint16_t *)rec;
+    for (int j = 0; j < JB; j++) {
+        const float d = half_to_float(h[j]);
+        if (qtype == QT_Q4_1A8) {
+            const float m = half_to_float(h[JB + j]);
+            const uint8_t *p = rec + 64;
+            for (int g = 0; g < 4; g++)
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t b = p[64 * g + 4 * j + k];
+                    out[(8 * g + k) * JB + j] = fmaf(d, (float)(b & 15), m);
+                    out[(8 * g + 4 + k) * JB + j] = fmaf(d, (float)(b >> 4), m);
+                }
+        } else {
+            const int8_t *p = (const int8_t *)(rec + 32);
+            for (int hh = 0; hh < 8; hh++)
+                for (int k = 0; k < 4; k++) out[(4 * hh + k) * JB + j] = d * (float)p[64 * hh + 4 * j + k];
+        }
+    }
+}
