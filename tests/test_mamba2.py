@@ -351,3 +351,33 @@ def test_bf16_error_is_that_of_transformers_in_bf16(pair):
     err = (got - ref).abs().max().item()
     print(f"bf16 max |dlogit| ours {err:.3f}, transformers {hf_err:.3f}")
     assert got.isfinite().all() and err <= 2 * hf_err
+
+
+def test_advance_fast_steps_the_committed_state_like_prefill(tmp_path, monkeypatch):
+    """A drafter keeping up with the conversation (Mamba2 advance_fast, the C block): after a few
+    tokens its logits and state match a prefill + verify of the same tokens to fp32 rounding, and
+    its length and drafting go on from there; without the C step it declines (None)."""
+    from engine.loading import load
+    from engine.models import common
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    path = saved("mamba2", str(tmp_path))
+    a, b = load(str(path)).model, load(str(path)).model
+    for m in (a, b):
+        m.allocate()
+        m.prefill([3, 8, 1, 9, 4])
+    with common.fast_rows():
+        if a._native_step(a.cache.conv[:, None], a.cache.ssm[:, None]) is None:
+            pytest.skip("no C step here")
+        got = a.advance_fast([7, 2, 6])
+    b.prefill([7, 2])
+    want = b.verify([6], [-1])[-1]
+    b.cache.commit([0])
+    assert a.cache.length == b.cache.length == 8
+    assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item())
+    assert torch.allclose(a.cache.ssm, b.cache.ssm, atol=1e-4) and torch.allclose(a.cache.conv, b.cache.conv, atol=1e-5)
+    assert a.advance_fast([5]) is None  # outside fast_rows (verify numerics): the caller takes verify
+    a.cache.rollback(0)
+    assert a.cache.length == 0

@@ -168,10 +168,12 @@ def test_smollm2_projections_keep_the_gguf_blocks(smollm2_gguf_path, monkeypatch
 
 
 @needs_native
-def test_a_drafter_in_q8_0_drafts_close_and_stays_lossless(tmp_path, monkeypatch):
-    """Mamba-2 drafter weights quantised to Q8_0 (engine/session.py loads drafters so): the C
-    draft step runs on the records, its logits stay close to the fp32 drafter's, and greedy
-    speculative decoding with it still equals plain greedy decoding."""
+@pytest.mark.parametrize("act8", [False, True])
+def test_a_drafter_in_q8_0_drafts_close_and_stays_lossless(act8, tmp_path, monkeypatch):
+    """Mamba-2 drafter weights quantised to Q8_0 (engine/session.py loads drafters so; ``act8``:
+    with 8-bit activations too, the default where quant_a8.c is vectorised): the C draft step runs
+    on the records, its logits stay close to the fp32 drafter's, and greedy speculative decoding
+    with it still equals plain greedy decoding."""
     from engine.generate import Decoder, run_generation
     from engine.loading import load
     from engine.strategy import preset
@@ -181,8 +183,9 @@ def test_a_drafter_in_q8_0_drafts_close_and_stays_lossless(tmp_path, monkeypatch
     monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
     ref = load(str(saved("mamba2", str(tmp_path)))).model
     d = load(str(saved("mamba2", str(tmp_path)))).model
-    assert d.quantize_for_drafting() == 2 * len(d.layers) + 1
-    assert "Q8_0" in repr(d.layers[0][1].w_in) and "Q8_0" in repr(d.lm_head_t)
+    assert d.quantize_for_drafting(act8) == 2 * len(d.layers) + 1
+    kind = "Q8_0a8" if act8 else "Q8_0"
+    assert f"native {kind})" in repr(d.layers[0][1].w_in) and f"native {kind})" in repr(d.lm_head_t)
     logits = []
     for m in (ref, d):
         m.allocate()

@@ -30,6 +30,9 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
+FAST_ADVANCE_MAX = 8  # up to this many new tokens, a recurrent drafter steps them (advance_fast) rather than prefilling
+
+
 class ModelDrafter:
     name = "model"
 
@@ -108,10 +111,13 @@ class ModelDrafter:
         room = cache.capacity - cache.length
         if len(rest) > room:
             raise OverflowError("drafter context full")
-        if len(rest) > 1:
-            self.model.prefill(rest[:-1])
-        logits = self.model.verify([rest[-1]], [-1])[-1]
-        cache.commit([0])
+        fast = getattr(self.model, "advance_fast", None)  # a recurrent drafter's C step, a few tokens at a time
+        logits = fast(rest) if fast is not None and len(rest) <= FAST_ADVANCE_MAX else None
+        if logits is None:
+            if len(rest) > 1:
+                self.model.prefill(rest[:-1])
+            logits = self.model.verify([rest[-1]], [-1])[-1]
+            cache.commit([0])
         self.seen = history
         self._root_logits = self._raw(logits)
         return self._root_logits

@@ -606,16 +606,18 @@ class Linear:
             return self._blocks.data_ptr(), 0
         return None
 
-    def to_q8_0(self) -> Linear:
+    def to_q8_0(self, act8: bool = False) -> Linear:
         """This fp32 weight quantised to GGUF Q8_0 and held in records (engine/models/quant.py), or
         itself where that does not apply (not linear.c's, already quantised, in % 32 != 0). For
-        drafters only: the products change (by Q8_0's rounding of the weights)."""
+        drafters only: the products change (by Q8_0's rounding of the weights; ``act8``: and of the
+        activations, the q8 compute type's records)."""
         K, N = self.shape
         if self._blocks is None or self.dtype != torch.float32 or K % 32:
             return self
         from .quant import pack, quantize_rows
 
-        return Linear.quantized(pack(quantize_rows(self.dense().t().contiguous(), "Q8_0"), "Q8_0", K), "Q8_0", K, N)
+        qt = "Q8_0a8" if act8 else "Q8_0"
+        return Linear.quantized(pack(quantize_rows(self.dense().t().contiguous(), "Q8_0"), qt, K), qt, K, N)
 
     @property
     def packed(self) -> bool:
@@ -700,9 +702,19 @@ class Linear:
         return self(x)
 
     def take_cols(self, cols: torch.Tensor) -> Linear:
-        """The same weight restricted to output columns ``cols`` (a drafter's draft vocabulary)."""
-        return Linear(self.dense()[:, cols].t(), self.dtype, pack=self._packed is not None,
-                      native=self._blocks is not None or self._qrec is not None)
+        """The same weight restricted to output columns ``cols`` (a drafter's draft vocabulary). A
+        weight held in GGUF records stays in records of its type (the columns' weights quantised
+        again: exact for Q8_0 whose blocks reach +-127, as GGUF's quantiser makes them); it used to
+        come back as fp32 blocks, 3.6x the bytes a draft step streams (the shipped drafter's
+        480 x 11,327 head: 21.7 MB a token)."""
+        w = self.dense()[:, cols].t()
+        K = self.shape[0]
+        if self._qrec is not None and K % 32 == 0:
+            from .quant import pack, quantize_rows
+
+            base = self._qtype.removesuffix("a8")
+            return Linear.quantized(pack(quantize_rows(w.contiguous(), base), self._qtype, K), self._qtype, K, w.shape[0])
+        return Linear(w, self.dtype, pack=self._packed is not None, native=self._blocks is not None or self._qrec is not None)
 
     def __repr__(self) -> str:
         kind = (f"native {self._qtype}" if self._qrec is not None else "native" if self._blocks is not None

@@ -107,6 +107,8 @@ def _load() -> ctypes.CDLL | None:
         lib.linear_rows_f32.restype = ctypes.c_int
         lib.linear_rows_q.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i32]
         lib.linear_rows_q.restype = ctypes.c_int
+        lib.a8_vectorized.argtypes = []
+        lib.a8_vectorized.restype = ctypes.c_int
         lib.quant_rows_f32.argtypes = [p, i32, i64, i64, p, i64, p]
         lib.quant_rows_f32.restype = ctypes.c_int
         lib.llama_rows_f32.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, i64, p, p, i64, i64, p, p, p, i64, f32, f32, i32]
@@ -122,6 +124,12 @@ def _load() -> ctypes.CDLL | None:
 def lib() -> ctypes.CDLL | None:
     """The loaded kernels, or None (then use torch)."""
     return _lib if _tried else _load()
+
+
+def a8_vectorized() -> bool:
+    """Whether the q8 compute type's products (quant_a8.c) run vectorised (AVX-512 VNNI) here."""
+    lb = lib()
+    return lb is not None and bool(lb.a8_vectorized())
 
 
 def status() -> str:
