@@ -78,7 +78,8 @@ def q8_costs(K: int = 576, N: int = 1536) -> dict[str, float]:
 def auto_q8(model_type: str | None, qtypes: set[str]) -> bool:
     """--dtype auto picks the q8 compute type for a GGUF llama-family model whose blocks the
     kernels take (Q4_1 / Q8_0) when the fp32 C pass would run it and the probe finds the 8-bit
-    products at least 20% faster: on CPUs without AVX-512 VNNI they run a scalar loop and lose.
+    products at least 20% faster (AVX-512 VNNI, or AVX2's maddubs; a CPU with neither runs a
+    scalar loop and loses).
     SPECCHAT_AUTO_Q8=0 keeps fp32."""
     import os
 
@@ -90,6 +91,15 @@ def auto_q8(model_type: str | None, qtypes: set[str]) -> bool:
     if not qtypes or not qtypes <= {"Q4_1", "Q8_0"} or not quant.enabled():
         return False
     if auto_dtype(model_type=model_type) != "fp32" or not native_fp32_pass() or native.lib() is None:
+        return False
+    return q8_faster()
+
+
+def q8_faster() -> bool:
+    """The probe's verdict: the 8-bit-activation products at least 20% faster here."""
+    from . import native
+
+    if native.lib() is None:
         return False
     c = q8_costs()
     return c["q8"] < 0.8 * c["fp32"]

@@ -71,33 +71,35 @@ def test_a8_products_are_the_quantised_formula_and_row_consistent(qtype, K, N):
         assert (cols(x[:3]) - want).abs().max() < 0.05 * want.abs().max()
 
 
-_SCALAR_CHILD = r"""
+_PATH_CHILD = r"""
 import json, sys, torch
-import numpy as np
+from engine import native
 from engine.models import common, quant
 from tests.test_quant import _quantised
 out = {}
 for qtype in ("Q4_1", "Q8_0"):
     raw, _ = _quantised(37, 160, qtype, 3)
     lq = common.Linear.quantized(quant.pack(raw, qtype + "a8", 160), qtype + "a8", 160, 37)
-    x = torch.randn(11, 160, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(11, 160, generator=torch.Generator().manual_seed(1)) * 3
     out[qtype] = lq(x).view(torch.int32).flatten().tolist()
-print(json.dumps(out))
+print(json.dumps({"path": native.a8_path(), "out": out}))
 """
 
 
 @needs_native
-def test_a8_vector_and_scalar_paths_agree_bit_for_bit():
-    """The AVX-512 VNNI kernel and the scalar loop (SPECCHAT_A8_SCALAR=1, what a CPU without VNNI
-    runs) give the same bits: integer sums are exact and the fp32 steps run in the same order."""
+def test_a8_kernel_paths_agree_bit_for_bit():
+    """The AVX-512 VNNI kernel, the AVX2 one and the scalar loop (SPECCHAT_A8_PATH; what CPUs
+    without VNNI or AVX2 run) give the same bits: integer sums are exact and the fp32 steps run in
+    the same order. Paths this machine lacks fall back to the best it has."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    outs = []
-    for scalar in ("0", "1"):
-        env = dict(os.environ, SPECCHAT_A8_SCALAR=scalar, PYTHONPATH=root)
-        r = subprocess.run([sys.executable, "-c", _SCALAR_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    outs = {}
+    for path in ("vnni", "avx2", "scalar"):
+        env = dict(os.environ, SPECCHAT_A8_PATH=path, PYTHONPATH=root)
+        r = subprocess.run([sys.executable, "-c", _PATH_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
-        outs.append(json.loads(r.stdout.strip().splitlines()[-1]))
-    assert outs[0] == outs[1]
+        outs[path] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert outs["scalar"]["path"] == "scalar"
+    assert outs["vnni"]["out"] == outs["avx2"]["out"] == outs["scalar"]["out"], {k: v["path"] for k, v in outs.items()}
 
 
 def test_pack_a8_rejects_what_it_cannot_hold():

@@ -596,14 +596,15 @@ class Mamba2(CausalLM):
 
     def quantize_for_drafting(self, act8: bool | None = None) -> int:
         """A drafter's fp32 projections and head in Q8_0 (engine/models/quant.py), a quarter of the
-        bytes a draft step streams; ``act8`` (default: where the kernel is vectorised) with 8-bit
-        activations too (engine/native/quant_a8.c). Only for a drafter: its numbers choose
-        proposals, never what is emitted (the verifier is exact for any q, and SLRS recomputes q
-        from the same weights, row-consistently). Returns the number of weights converted."""
+        bytes a draft step streams; ``act8`` (default: where the start-up probe finds the q8
+        compute type's products faster, engine/dtype_probe.py) with 8-bit activations too
+        (engine/native/quant_a8.c). Only for a drafter: its numbers choose proposals, never what
+        is emitted (the verifier is exact for any q, and SLRS recomputes q from the same weights,
+        row-consistently). Returns the number of weights converted."""
         if act8 is None:
-            from .. import native
+            from ..dtype_probe import q8_faster
 
-            act8 = native.a8_vectorized()
+            act8 = q8_faster()
         n = 0
         for _, m in self.layers:
             for name in ("w_in", "w_out"):

@@ -126,10 +126,11 @@ def lib() -> ctypes.CDLL | None:
     return _lib if _tried else _load()
 
 
-def a8_vectorized() -> bool:
-    """Whether the q8 compute type's products (quant_a8.c) run vectorised (AVX-512 VNNI) here."""
+def a8_path() -> str:
+    """Which kernel runs the q8 compute type's products here (quant_a8.c): "vnni" (AVX-512 VNNI),
+    "avx2", "scalar", or "off" without the library."""
     lb = lib()
-    return lb is not None and bool(lb.a8_vectorized())
+    return "off" if lb is None else ("scalar", "avx2", "vnni")[lb.a8_vectorized()]
 
 
 def status() -> str:

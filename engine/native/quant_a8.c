@@ -65,18 +65,28 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-static int vec_on(void) {
-#ifdef A8_VNNI
+/* Which kernel runs: 2 = AVX-512 VNNI, 1 = AVX2 (maddubs), 0 = scalar; the best this build has,
+ * or SPECCHAT_A8_PATH=vnni|avx2|scalar (tests compare them bit for bit on one machine). */
+enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+static int a8_path(void) {
     static int v = -1;
     if (v < 0) {
-        const char *e = getenv("SPECCHAT_A8_SCALAR"); /* tests: the scalar path on a VNNI machine */
-        v = !(e && *e == '1');
+        int best = PATH_SCALAR;
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+        best = PATH_AVX2;
+#endif
+#ifdef A8_VNNI
+        best = PATH_VNNI;
+#endif
+        const char *e = getenv("SPECCHAT_A8_PATH");
+        int want = best;
+        if (e && !strcmp(e, "scalar")) want = PATH_SCALAR;
+        else if (e && !strcmp(e, "avx2")) want = PATH_AVX2;
+        v = want < best ? want : best;
     }
     return v;
-#else
-    return 0;
-#endif
 }
+static int vec_on(void) { return a8_path() == PATH_VNNI; }
 
 /* One row's activations, K / 32 blocks: qx (K int8), dx, mx = dx * sx, sx. */
 typedef struct {
@@ -170,6 +180,60 @@ static void rows_scalar(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int
     }
 }
 
+
+#if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
+#include <immintrin.h>
+#define A8_AVX2 1
+/* AVX2 without VNNI: _mm256_maddubs_epi16 (u8 x s8 pairs into int16) then _mm256_madd_epi16 with
+ * ones (pairs of int16 into int32): the four products of a lane summed exactly. Q4_1's nibbles
+ * (<= 15) cannot saturate the int16 pair sums (<= 3810); Q8_0 takes |q| as the unsigned side and
+ * moves q's sign onto the activation (_mm256_sign_epi8), pair sums <= 2 * 128 * 127 = 32512.
+ * The sixteen outputs run as two halves of eight; the fp32 steps are the VNNI kernel's, so all
+ * three paths give the same bits. */
+static inline __m256i dot4_u8s8(__m256i acc, __m256i w_u8, __m256i x_s8) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, x_s8), _mm256_set1_epi16(1)));
+}
+
+static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64_t K, const uint8_t *rec, int64_t rb, float *acc) {
+    const int64_t nkb = K / QK;
+    const __m256i low = _mm256_set1_epi8(15);
+    for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
+        for (int half = 0; half < 2; half++) {
+            const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * half)));
+            const __m256 m = qtype == QT_Q4_1A8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * half))) : _mm256_setzero_ps();
+            __m256i w[8];
+            if (qtype == QT_Q4_1A8) {
+                for (int g = 0; g < 4; g++) {
+                    const __m256i p = _mm256_loadu_si256((const __m256i *)(rec + 64 + 64 * g + 32 * half));
+                    w[2 * g] = _mm256_and_si256(p, low);
+                    w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                }
+            } else {
+                for (int h = 0; h < 8; h++) w[h] = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * h + 32 * half));
+            }
+            for (int64_t r = r0; r < r0 + nr; r++) {
+                const int8_t *qx = X->q + r * K + kb * QK;
+                __m256i s = _mm256_setzero_si256();
+                for (int h = 0; h < 8; h++) {
+                    /* vector h holds inputs 4h..4h+3 (Q8_0), or for Q4_1 w[2g] inputs 8g.. and w[2g+1] 8g+4.. */
+                    const int off = qtype == QT_Q4_1A8 ? 8 * (h / 2) + 4 * (h % 2) : 4 * h;
+                    int32_t xv;
+                    memcpy(&xv, qx + off, 4);
+                    const __m256i xb = _mm256_set1_epi32(xv);
+                    if (qtype == QT_Q4_1A8) s = dot4_u8s8(s, w[h], xb);
+                    else s = dot4_u8s8(s, _mm256_abs_epi8(w[h]), _mm256_sign_epi8(xb, w[h]));
+                }
+                float *a = acc + (r - r0) * JB + 8 * half;
+                __m256 av = _mm256_loadu_ps(a);
+                av = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(X->d[r * nkb + kb])), _mm256_cvtepi32_ps(s), av);
+                if (qtype == QT_Q4_1A8) av = _mm256_fmadd_ps(m, _mm256_set1_ps(X->m[r * nkb + kb]), av);
+                _mm256_storeu_ps(a, av);
+            }
+        }
+    }
+}
+#endif
+
 #ifdef A8_VNNI
 /* acc += w (u8) . the four int8 at p broadcast to every lane: the broadcast folded into the
  * instruction's memory operand ({1to16}), which gcc does not do for _mm512_set1_epi32 (it spent
@@ -236,9 +300,9 @@ static const a8_fn Q8G[GMAX + 1] = {NULL, q8_g1, q8_g2, q8_g3, q8_g4, q8_g5, q8_
 #endif
 
 
-/* 1 where the products run the AVX-512 VNNI kernel, 0 where the scalar loop (slow: a model only
- * takes the q8 type there when asked to) */
-int a8_vectorized(void) { return vec_on(); }
+/* 2 where the products run the AVX-512 VNNI kernel, 1 the AVX2 one, 0 the scalar loop (slow: a
+ * model only takes the q8 type there when asked to) */
+int a8_vectorized(void) { return a8_path(); }
 
 typedef struct {
     a8_rows X;
@@ -263,12 +327,19 @@ static void a8_part(void *ctx, pool_region *region) {
             for (int64_t g = 0; g < groups; g++) {
                 const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 5 + 5 */
                 memset(acc, 0, sizeof(float) * (size_t)(take * JB));
+                const int path = a8_path();
 #ifdef A8_VNNI
-                if (vec_on())
+                if (path == PATH_VNNI)
                     (J->qtype == QT_Q4_1A8 ? Q4G : Q8G)[take](&J->X, r, K, rec, rb, acc);
                 else
 #endif
+#ifdef A8_AVX2
+                if (path == PATH_AVX2)
+                    rows_avx2(J->qtype, &J->X, r, take, K, rec, rb, acc);
+                else
+#endif
                     rows_scalar(J->qtype, &J->X, r, take, K, rec, rb, acc);
+                (void)path;
                 for (int64_t t = 0; t < take; t++) {
                     float *yr = J->y + (r + t) * N + j0;
                     if (J->bias) {
