@@ -290,3 +290,43 @@ def test_active_waits_over_the_c_pass_get_a_one_line_warning():
     assert pool_starved_warning(CPass(), {}) is None
     assert pool_starved_warning(TorchPass(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
     assert pool_starved_warning(object(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
+
+
+def test_llama_cpp_peer_runs_in_its_own_process_at_the_users_wait_policy(monkeypatch, smollm2_gguf_path):
+    """The llama.cpp peer decodes in a child process whose OMP_WAIT_POLICY is the one the user
+    started us with (unset here), not the engine's PASSIVE default (shared libgomp: llama.cpp fell
+    to ~41 tok/s from ~120 under it); its per-prompt results become rows, failures one-line errors."""
+    import subprocess
+    from types import SimpleNamespace
+
+    import engine
+    from engine import bench
+    from engine.errors import SpecchatError
+
+    seen = {}
+
+    class FakePopen:
+        def __init__(self, argv, env, **kw):
+            seen["env"], seen["argv"] = env, argv
+            self.stdin = SimpleNamespace(write=lambda s: seen.setdefault("job", json.loads(s)), close=lambda: None)
+            lines = [json.dumps({"name": "a", "out": [5, 6, 7], "secs": 0.02}), json.dumps({"version": "fake"})]
+            self.stdout = iter(lines if seen.get("ok", True) else [])
+            self.stderr = SimpleNamespace(read=lambda: "" if seen.get("ok", True) else "Traceback\nRuntimeError: boom")
+
+        def wait(self):
+            return 0 if seen.get("ok", True) else 1
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    session = SimpleNamespace(target=SimpleNamespace(path=smollm2_gguf_path), decoder=SimpleNamespace(eos_ids={2}))
+    args = SimpleNamespace(temperature=0.0)
+    totals = {}
+    rows = bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, totals)
+    assert "OMP_WAIT_POLICY" not in seen["env"] and "import engine" not in seen["argv"][-1]
+    assert seen["job"]["prompts"] == [["a", [1, 2, 3]]] and seen["job"]["path"] == str(smollm2_gguf_path)
+    assert len(rows) == 1 and rows[0].identical and abs(rows[0].tokens_per_s - 100.0) < 1e-6
+    assert totals[("ar", "llama.cpp")][:2] == [2, 0.02]
+    seen["ok"] = False
+    with pytest.raises(SpecchatError, match="llama.cpp peer failed: RuntimeError: boom"):
+        bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, {})
