@@ -32,6 +32,9 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
                         "auto (default): the fastest a start-up micro-benchmark finds on this machine (q8 for such GGUFs where "
                         "AVX-512 VNNI makes it faster, bf16 where faster than fp32, else fp32)")
     p.add_argument("--max-context", type=int, default=None, metavar="N", help="cap the context (KV cache rows)")
+    p.add_argument("--datastore", default=None, metavar="FILE",
+                   help="n-gram datastore of the target's own replies that pld:auto continues its drafts from "
+                        "(`specchat distill ngram`); none = prompt lookup only (default: the target's registry entry's)")
 
 
 def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
@@ -239,7 +242,7 @@ def load_session(args: argparse.Namespace):
     from .session import ChatSession
 
     session = ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
-                               max_context=args.max_context)
+                               max_context=args.max_context, datastore=getattr(args, "datastore", None))
     warning = pool_starved_warning(session.target.model, os.environ)
     if warning:
         print(warning, file=sys.stderr)
@@ -357,7 +360,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         from .session import ChatSession
 
         return ChatSession.load(target=args.target, drafter=args.drafter, strategy=initial, models_file=args.models,
-                                dtype=args.dtype, max_context=args.max_context)
+                                dtype=args.dtype, max_context=args.max_context, datastore=args.datastore)
 
     def loader(target: str, drafter: str):  # Ctrl+O picks: same models file, dtype and context
         from .session import ChatSession

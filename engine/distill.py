@@ -43,6 +43,13 @@ def add_parser(sub) -> None:
                       help="answer these prompts instead of the generated set (a JSON list of {name, text}, "
                            "e.g. assets/prompts/bench.json: replies to the evaluation prompts for `train --eval-data`)")
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
+    ng = dsub.add_parser("ngram", help="an n-gram datastore of the target's replies, for pld:auto (engine/drafters/corpus.py)")
+    ng.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
+    ng.add_argument("--out", required=True, metavar="FILE", help="the .npz to write")
+    ng.add_argument("--target", default=None, metavar="REF", help="the target whose tokenizer the replies use")
+    ng.add_argument("--models", default=None, metavar="FILE")
+    ng.add_argument("--n-max", type=int, default=4, help="longest context indexed (tokens)")
+    ng.add_argument("--min-count", type=int, default=2, help="contexts of 2+ tokens seen fewer times are dropped")
     from .distill_train import add_parser as add_train
 
     add_train(dsub)
@@ -59,6 +66,8 @@ def cmd_distill(args: argparse.Namespace) -> int:
         from .distill_train import cmd_topk
 
         return cmd_topk(args)
+    if args.distill_cmd == "ngram":
+        return cmd_ngram(args)
     if args.distill_cmd == "train":
         from .distill_train import cmd_train
 
@@ -244,4 +253,31 @@ def cmd_data(args: argparse.Namespace) -> int:
             print(f"\r[{len(done) + made}/{len(prompts)}] {new_tokens / el:5.1f} tok/s, ETA {left / 3600:4.1f} h ",
                   end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
+    return 0
+
+
+def cmd_ngram(args: argparse.Namespace) -> int:
+    """Index the replies of a `distill data` directory (engine/drafters/corpus.py) with the target's
+    tokenizer's probe, so the datastore is only ever used with that tokenizer."""
+    from .distill_train import load_sequences
+    from .drafters.corpus import PROBE_TEXT, CorpusIndex
+    from .errors import SpecchatError
+    from .loading import load
+    from .registry import load_registry
+
+    data = Path(args.data)
+    if not (data / "responses.jsonl").exists():
+        raise SpecchatError(f"{data}: no responses.jsonl (run `specchat distill data` first)")
+    if not 1 <= args.n_max <= 16 or args.min_count < 1:
+        raise SpecchatError("--n-max must be 1..16 and --min-count >= 1")
+    reg = load_registry(args.models)
+    target = load(args.target or "smollm2-135m-instruct", registry=reg, need_tokenizer=True)
+    seqs = load_sequences(data)
+    t0 = time.perf_counter()
+    index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count,
+                              meta={"target": target.name, "probe": list(target.tokenizer.encode(PROBE_TEXT)),
+                                    "data": str(data), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
+    index.save(args.out)
+    print(f"indexed {len(seqs)} replies ({index.meta['reply_tokens']} tokens): {len(index)} contexts of 1..{args.n_max} tokens "
+          f"in {time.perf_counter() - t0:.1f} s -> {args.out}", file=sys.stderr)
     return 0

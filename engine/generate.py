@@ -68,6 +68,7 @@ class Decoder:
         self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy or gate
         self.gate = None  # engine.gate.DraftGate of the adaptive (:auto) strategies
         self._gated: str | None = None  # the gate's source of this step's draft
+        self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -164,8 +165,11 @@ class Decoder:
             commit([0] + [i + 1 for i in path])
             t2 = time.perf_counter()
             policy = self._book(s, tree, path, draft_s * 1000.0, (t2 - t1) * 1000.0)
+            if s.adaptive and self.gate is not None:
+                self.gate.observe_step(len(tree) + 1, (t2 - t1) * 1000.0)
             if s.adaptive and self._gated is not None:
-                self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0, len(tree))
+                self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
+                                  max(self._drafted_nodes, len(tree)), tree.confidence)
                 policy = dict(self.gate.last)
             emitted = tree.path_tokens(path) + [bonus]
             reason = None
@@ -296,8 +300,9 @@ class Decoder:
         V = self.target.vocab_size
         return lambda d: race_noise(int(s.seed), base + d, V)
 
-    def _budget(self, s: Strategy, source: str, k_max: int) -> int:
-        """An adaptive strategy's draft length for ``source`` now (engine/gate.py), else k_max."""
+    def _budget(self, s: Strategy, source: str, k_max: int, by_confidence: bool = False) -> int:
+        """An adaptive strategy's draft length for ``source`` now (engine/gate.py), else k_max;
+        ``by_confidence``: k_max, the draft's own confidence cut (gate.choose) deciding instead."""
         if not s.adaptive:
             return k_max
         if self.gate is None:
@@ -305,10 +310,15 @@ class Decoder:
 
             self.gate = DraftGate(self.verify_cost)
         self._gated = source
+        if by_confidence:
+            self.gate.last = {"policy": "gate", "source": source, "alpha": round(self.gate.alpha(source), 3), "k": k_max,
+                              "k_max": k_max, "probe": False}
+            return k_max
         return self.gate.budget(source, k_max)
 
     def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:
         self._gated = None
+        self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut
         if s.name == "ar" or max_nodes <= 0:
             return TokenTree.empty(), 0.0
         drafter = self.drafters.get(s.drafter)
@@ -331,13 +341,25 @@ class Decoder:
                     return tree.truncated(k), time.perf_counter() - t0
                 # the gate has shut lookup off for now: the drafter model's chain, if it pays
         k = s.draft_len
+        v = s.resolved_verify()
+        mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
+        confident = corpus = False
         if s.adaptive:  # validate() allows it for sd / pld / hybrid only
-            k = self._budget(s, "ngram" if s.name == "pld" else "model", min(s.draft_len, max_nodes))
+            source = "ngram" if s.name == "pld" else "model"
+            corpus = s.name == "pld" and getattr(drafter, "corpus", None) is not None
+            # (with a datastore the chain costs microseconds and its own confidence cut decides,
+            # a plain step included; the acceptance-rate gate would shut the copies off with it)
+            k = self._budget(s, source, min(s.draft_len, max_nodes), by_confidence=corpus)
             if k == 0:
                 return TokenTree.empty(), time.perf_counter() - t0
+            # a drafter model's greedy chain, or prompt lookup continued from the target's n-gram
+            # datastore: up to the full length, cut by the draft's own confidence (gate.py)
+            confident = source == "model" and mode == "greedy" and getattr(drafter, "supports_confidence", False)
+            if confident or corpus:
+                k = min(s.draft_len, max_nodes)
         shape = tuple(s.tree) if s.name == "tree" else (1,) * k
         plan = None
-        if s.name == "pld" and s.ngram_branches > 1:
+        if s.name == "pld" and s.ngram_branches > 1 and not corpus:
             shape = (s.ngram_branches,) + (1,) * (k - 1)
             if s.adaptive:
                 max_nodes = min(max_nodes, k)
@@ -347,12 +369,12 @@ class Decoder:
             plan = self._policy(s).choose(max_nodes)
             shape = (1,) * plan_depth(plan)
         self._last_shape = shape
-        v = s.resolved_verify()
-        mode = "race" if v == "race" else ("greedy" if s.greedy or v == "membership" else "sample")
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
                            max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan,
-                           vocab=s.resolved_vocab(bridged=s.drafter == "model" and self.bridged))
+                           vocab=s.resolved_vocab(bridged=s.drafter == "model" and self.bridged),
+                           confidence=confident or corpus, corpus=corpus,
+                           keep_going=self.gate.keep_going("model") if confident else None)
         try:
             tree = drafter.propose(self.history, req)
         except ValueError as e:
@@ -361,6 +383,9 @@ class Decoder:
             if isinstance(e, BridgeError):
                 raise StrategyError(str(e)) from None
             raise
+        self._drafted_nodes = len(tree)
+        if (confident or corpus) and tree.confidence:
+            tree = tree.truncated(self.gate.choose(self._gated, tree.confidence, (time.perf_counter() - t0) * 1000.0))
         return tree, time.perf_counter() - t0
 
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:

@@ -28,7 +28,7 @@ from .errors import ConfigError
 MODEL_KEYS = {
     "name": str, "hub_id": str, "alt_hub_id": str, "local": str, "revision": str, "role": list, "family": str,
     "tokenizer": str, "vocab": int, "tok_real": int, "params": str, "license": str, "format": str,
-    "notes": str, "layout": str, "size_mb": (int, float), "default": bool,
+    "notes": str, "layout": str, "size_mb": (int, float), "default": bool, "datastore": str,
 }
 PAIRING_KEYS = {"target": str, "drafter": str, "vocab": str, "note": str, "strategy": str, "default": bool}
 ROLES = {"target", "drafter", "hybrid_target", "hybrid_drafter"}
@@ -53,6 +53,7 @@ class ModelEntry:
     layout: str | None = None
     size_mb: float | None = None
     default: bool = False
+    datastore: str | None = None  # an n-gram datastore of the model's own replies (engine/drafters/corpus.py)
 
     def local_path(self, base: Path | None = None) -> Path | None:
         """Resolve ``local`` ("pkg:<package>/<file>" or a path relative to the registry) if present."""
@@ -72,6 +73,14 @@ class ModelEntry:
             if not p.is_absolute() and base is not None:
                 p = base / p
         return p if p.exists() else None
+
+
+    def datastore_path(self, base: Path | None = None) -> Path | None:
+        """``datastore`` resolved against the registry's directory (None when unset)."""
+        if not self.datastore:
+            return None
+        p = Path(os.path.expanduser(self.datastore))
+        return base / p if not p.is_absolute() and base is not None else p
 
 
 @dataclass

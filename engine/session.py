@@ -15,6 +15,7 @@ template renders them. ``stop.set()`` ends the reply after the current step (fin
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
@@ -62,7 +63,11 @@ class ChatSession:
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
     def load(cls, target: str | None = None, drafter: str | None = None, strategy: str | Strategy | None = None,
-             models_file: str | None = None, dtype: str | None = None, max_context: int | None = None) -> "ChatSession":
+             models_file: str | None = None, dtype: str | None = None, max_context: int | None = None,
+             datastore: str | None = None) -> "ChatSession":
+        """``datastore``: an n-gram datastore for ``pld:auto`` (engine/drafters/corpus.py): a .npz
+        path, "none", or None for the target's registry entry's own (used only where it was built
+        with the target's tokenizer)."""
         from .loading import load
         from .registry import load_registry
         from .strategy import from_spec
@@ -90,7 +95,37 @@ class ChatSession:
             strat = from_spec(pairing.strategy)  # the pairing's best measured strategy (models.toml)
         if strat is not None:
             strat.validate(has_drafter_model=drf is not None)
-        return cls(tgt, drf, strat, reg)
+        session = cls(tgt, drf, strat, reg)
+        session.attach_datastore(datastore)
+        return session
+
+    def attach_datastore(self, ref: str | None) -> None:
+        """Give the n-gram drafter a datastore (see ``load``); an explicit path that is missing,
+        damaged or built for another tokenizer is a one-line error, the registry's own is
+        skipped quietly where it does not apply."""
+        from .drafters.corpus import CorpusIndex
+        from .errors import SpecchatError
+
+        self.datastore = None
+        self.decoder.drafters["ngram"].corpus = None
+        if ref == "none":
+            return
+        explicit = ref is not None
+        if ref is None:
+            entry = self.registry.get(self.target.name) if self.registry is not None else None
+            base = self.registry.path.parent if self.registry is not None and self.registry.path else None
+            path = entry.datastore_path(base) if entry is not None else None
+            if path is None or not path.exists():
+                return
+        else:
+            path = Path(ref)
+        index = CorpusIndex.load(path)
+        if self.tokenizer is None or not index.fits(self.tokenizer):
+            if explicit:
+                raise SpecchatError(f"{path}: this n-gram datastore was built with another tokenizer than {self.target.name}'s")
+            return
+        self.decoder.drafters["ngram"].corpus = index
+        self.datastore = str(path)
 
     # ---- ChatEngine ---------------------------------------------------------------------------------
     @property

@@ -71,6 +71,9 @@ class TokenTree:
     # rows whose (single) drafted child was drawn outside the target's vocabulary and dropped: the
     # union bridge (Alg. 1); rejection sampling treats the draw as rejected at that row
     rejected_rows: set[int] = field(default_factory=set)
+    # a greedy chain drafted with DraftRequest.confidence: the drafter's probability of each node's
+    # token (engine/gate.py chooses how much of the chain to verify from it); empty otherwise
+    confidence: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.tokens) != len(self.parents):
@@ -107,7 +110,7 @@ class TokenTree:
             return self
         probs = None if self.draft_probs is None else self.draft_probs[: n + 1]
         return TokenTree(self.tokens[:n], self.parents[:n], probs, self.sampling,
-                         rejected_rows={r for r in self.rejected_rows if r <= n})
+                         rejected_rows={r for r in self.rejected_rows if r <= n}, confidence=self.confidence[:n])
 
     # ---- structure ----------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -85,3 +85,62 @@ def test_auto_strategies_equal_plain_greedy_and_vary_their_length(tmp_path):
                 assert 0 in drafted[1:], drafted  # the wrong drafter is shut off ...
                 assert all(e.policy and "k" in e.policy for e in evs if e.drafted)
     assert dec.gate is not None and dec.gate.alpha("model") < 0.5
+
+
+def test_confidence_is_calibrated_online_and_cuts_the_chain():
+    g = DraftGate(_cost())
+    assert g.calibrated("model", 0.95) == pytest.approx(0.95) and g.calibrated("model", 0.05) == pytest.approx(0.05)
+    sure, unsure = [0.97, 0.95, 0.93, 0.96, 0.94], [0.05, 0.9, 0.9]
+    assert g.choose("model", sure) == 3  # 4 rows: the last cheap pass of this curve (8 rows cost 26 ms)
+    assert g.last["drafted"] == 5 and g.last["k"] == 3 and g.last["expected"] > 3.0
+    assert g.choose("model", unsure) == 0  # the first token is unlikely: a plain step
+    assert g.choose("model", [0.95, 0.15, 0.95]) == 1  # cut after the doubtful token
+    # a drafter that is over-confident: its 0.9+ tokens are rejected; the calibration learns it
+    for _ in range(40):
+        g.observe("model", depth=2, accepted=0, draft_ms=1.0, drafted=2, confidence=[0.95, 0.95])
+    assert g.calibrated("model", 0.95) < 0.1
+    assert g.choose("model", sure) == 0
+    # only judged tokens count: the accepted ones and the first rejected one
+    h = DraftGate(_cost())
+    h.observe("model", depth=3, accepted=1, draft_ms=1.0, drafted=3, confidence=[0.75, 0.35, 0.05])
+    b = h.sources["model"]
+    assert b.cal_n[7] == 3.0 and b.cal_hits[7] == pytest.approx(2 * 0.75 + 1)
+    assert b.cal_n[3] == 3.0 and b.cal_hits[3] == pytest.approx(2 * 0.35)
+    assert b.cal_n[0] == 2.0  # never judged
+
+
+def test_keep_going_stops_drafting_where_no_token_could_pay():
+    g = DraftGate(_cost())
+    go = g.keep_going("model")
+    assert go([0.95]) and go([0.95, 0.95])
+    assert not go([0.05])  # 0.05 * t(1) = 0.45 ms cannot pay for a row (1 ms) and a draft step
+    assert not go([0.95, 0.1, 0.1])
+    g.sources["model"].ms_per_token = 20.0  # a slow drafter: no next step pays
+    assert not go([0.95])
+
+
+def test_confident_chains_record_p_and_stop_early(tmp_path):
+    import torch
+
+    from engine.drafters.base import DraftRequest
+    from engine.drafters.model import ModelDrafter
+
+    from .tiny import saved
+
+    drafter = ModelDrafter(load(str(saved("draft", str(tmp_path)))).model, target_vocab=64)
+    history = [1, 5, 9, 3, 5]
+    full = drafter.propose(history, DraftRequest(shape=(1,) * 5))
+    tree = drafter.propose(history, DraftRequest(shape=(1,) * 5, confidence=True))
+    assert tree.tokens == full.tokens and len(tree.confidence) == 5 and full.confidence == []
+    assert all(0.0 < p <= 1.0 for p in tree.confidence)
+    # the first token's p is the softmax maximum of the drafter's logits after the history
+    logits = drafter.model.with_own_cache().full_logits(history)[-1].float()
+    assert tree.confidence[0] == pytest.approx(float(torch.softmax(logits[:64], -1).max()), rel=1e-4)
+    seen = []
+    short = drafter.propose(history, DraftRequest(shape=(1,) * 5, confidence=True,
+                                                  keep_going=lambda c: seen.append(list(c)) or len(c) < 2))
+    assert short.tokens == full.tokens[:2] and len(short.confidence) == 2 and seen[-1] == short.confidence
+    assert short.truncated(1).confidence == short.confidence[:1]
+    sampled = drafter.propose(history, DraftRequest(shape=(1,) * 3, mode="sample", temperature=1.0,
+                                                    generator=torch.Generator().manual_seed(0), confidence=True))
+    assert sampled.confidence == [] and len(sampled) == 3  # greedy chains only

@@ -166,9 +166,10 @@ SAMPLING = {
     "optimal": preset("optimal", temperature=1.0, node_budget=5),                      # Alg. 3 trees, mss
     "hybrid": preset("hybrid", temperature=1.0),                                       # n-gram steps (membership) and model steps (rs)
     "auto": preset("hybrid", temperature=1.0, adaptive=True),                          # draft lengths chosen by the cost gate
+    "datastore": preset("pld", temperature=1.0, adaptive=True),                        # chains from an n-gram datastore, cut by confidence
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
-                  if k not in ("membership-model", "mab", "optimal", "hybrid", "auto") or t in ("llama", "mamba2")]  # policy-level: two targets
+                  if k not in ("membership-model", "mab", "optimal", "hybrid", "auto", "datastore") or t in ("llama", "mamba2")]  # policy-level: two targets
 
 
 # In the default suite every strategy is checked on an attention and a Mamba-2 target, plain
@@ -177,7 +178,7 @@ SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2",
 # with -m slow (CI runs them after the default suite): a suite that must stay under 15 minutes on
 # 2 cores.
 SLOW_SAMPLING = {("rs", "granite"), ("mss", "mamba"), ("mss", "granite"), ("membership-ngram", "mamba"), ("membership-ngram", "granite"),
-                 ("mss", "mamba2"), ("membership-model", "mamba2"), ("auto", "mamba2")}
+                 ("mss", "mamba2"), ("membership-model", "mamba2"), ("auto", "mamba2"), ("datastore", "mamba2")}
 
 
 @pytest.mark.parametrize("case, target", [pytest.param(k, t, marks=pytest.mark.slow) if (k, t) in SLOW_SAMPLING else (k, t)
@@ -190,6 +191,13 @@ def test_sampling_strategies_keep_the_target_distribution(case, target, root):
     target = load(str(saved(kind, root))).model
     dec = Decoder(target, load(str(saved("draft", root))).model)
     prompt = [4, 4, 4, 4]  # repetitive: n-gram drafts fire too
+    if case == "datastore":  # the target's own greedy replies as the datastore (engine/drafters/corpus.py)
+        from engine.drafters.corpus import CorpusIndex
+
+        seqs = []
+        for p in ([4, 4, 4, 4], [4, 4, 7], [1, 2, 3]):
+            seqs.append((p + tokens_of(run_generation(dec, p, preset("ar"), 12)[0]), len(p)))
+        dec.drafters["ngram"].corpus = CorpusIndex.build(seqs, n_max=3, min_count=1)
     # the seeded plain-decoding draws are the same for every case of a target: computed once
     ref = _seeded(("ar", kind, root), lambda: _samples(dec, prompt, preset("ar", temperature=1.0), 1500, 2))
     got = _samples(dec, prompt, strategy, 1500, 2)

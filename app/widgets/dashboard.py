@@ -97,6 +97,12 @@ def policy_only_text(policy: dict | None) -> Text:
         k, kmax = policy.get("k", 0), policy.get("k_max", 0)
         what = "plain step (a draft would not pay)" if k == 0 else ("probe, 1 token" if policy.get("probe") else f"k = {k} of {kmax}")
         out.append(f"α {policy.get('alpha', 0):.2f} · {what}")
+        conf = policy.get("confidence")
+        if conf:  # a drafter chain cut by its own confidence: p of each drafted token, the kept ones bold
+            out.append(f"\ndrafted {len(conf)} · p ")
+            for i, p in enumerate(conf):  # p < 0: copied from a context match (engine/gate.COPIED)
+                out.append("copy " if p < 0 else f"{p:.2f} ", style="bold green" if i < k else "dim")
+            out.append(f"· E {policy.get('expected', 1.0):.2f} tokens")
         return out
     if policy.get("policy") == "mab":
         out.append(f"UCB bandit · round {policy['rounds']} · λγ {policy['lambda_gamma']:.2f}\n", style="bold")

@@ -25,6 +25,9 @@ class DraftRequest:
     max_nodes          hard cap (context room)
     ngram_min/max      n-gram lookup: shortest / longest suffix match tried (model-free drafters)
     vocab              union | tli | slem: how a drafter with another vocabulary proposes
+    confidence         greedy chains: record the drafter's probability of each drafted token in
+                       the tree (TokenTree.confidence), and stop drafting once
+                       ``keep_going(probabilities so far)`` says no (engine/gate.py)
     """
 
     shape: tuple[int, ...]
@@ -38,6 +41,9 @@ class DraftRequest:
     ngram_min: int = 2
     ngram_max: int = 6
     vocab: str = "tli"  # the bridge for a drafter with another vocabulary (engine/drafters/vocab.py)
+    confidence: bool = False
+    keep_going: Callable[[list[float]], bool] | None = None
+    corpus: bool = False  # n-gram drafter, a chain with confidence: continue from its datastore
 
 
 class Drafter(Protocol):

@@ -30,11 +30,15 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
-FAST_ADVANCE_MAX = 8  # up to this many new tokens, a recurrent drafter steps them (advance_fast) rather than prefilling
+# up to this many new tokens, a recurrent drafter steps them (advance_fast) rather than prefilling:
+# the shipped drafter's C steps ~0.2-0.3 ms a token vs a torch prefill + verify pass ~11.5 ms for
+# 9-24 tokens (2-core Zen 4, q8 target; bench/drafter_confidence.py, bench/results/2026-11-25-q8.md)
+FAST_ADVANCE_MAX = 40
 
 
 class ModelDrafter:
     name = "model"
+    supports_confidence = True  # DraftRequest.confidence: greedy chains record p and stop early
 
     def __init__(self, model: CausalLM, target_vocab: int, label: str = "model", draft_vocab: torch.Tensor | None = None):
         self.target_vocab = target_vocab
@@ -176,6 +180,10 @@ class ModelDrafter:
         srows: list[int] = [-1]  # transformer drafters: the scratch row of each frontier node
         d = 0
         greedy = req.mode == "greedy" or req.temperature <= 0
+        # a greedy chain's confidence (engine/gate.py): the drafter's probability of each token it
+        # drafts, the softmax maximum of its row (the chosen token is the row's argmax)
+        conf_on = req.confidence and greedy and all(len(v) <= 1 for v in kids.values())
+        confidence: list[float] = []
         while frontier:
             new: list[int] = []  # the frontier index of each new node's parent
             plan_ids: list[int] = []
@@ -195,8 +203,12 @@ class ModelDrafter:
                 parents.extend([node] * len(toks))
                 new.extend([f] * len(toks))
                 plan_ids.extend(want[:n])
+            if conf_on and new:
+                confidence.append(float(torch.softmax(logits[new[0]].float(), -1).max()))
             if not new or len(tokens) >= budget:
                 break
+            if conf_on and req.keep_going is not None and not req.keep_going(confidence):
+                break  # one more draft step could not pay: no need to run it
             nxt = [(len(tokens) - len(new) + j, pid) for j, pid in enumerate(plan_ids)]
             keep = [j for j, (_, pid) in enumerate(nxt) if pid in kids]  # only nodes with children step on
             if not keep:
@@ -223,7 +235,7 @@ class ModelDrafter:
                 probs[r] = q
         elif req.mode == "race":
             kind = "race"
-        return TokenTree(tokens, parents, probs, kind)
+        return TokenTree(tokens, parents, probs, kind, confidence=confidence if conf_on else [])
 
     def _fork(self, batch, parent_rows: list[int]):
         """The next depth's DraftBatch (mamba-drafters §4.1): one row per new node, a copy of its

@@ -1,4 +1,6 @@
-"""Prompt n-gram lookup (snakes-and-ladders §5.2; ALGORITHMS.md §7): model-free drafts.
+"""Prompt n-gram lookup (snakes-and-ladders §5.2; ALGORITHMS.md §7): model-free drafts; with a
+datastore of the target's own n-grams (engine/drafters/corpus.py), chains that go on past the
+context's matches (``corpus_chain``, used by ``pld:auto``).
 
 Find the most recent earlier occurrences of the context's last n tokens (n from ``ngram_max``
 down to 1) in prompt + output and propose what followed them. Several distinct continuations
@@ -16,11 +18,15 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
+CORPUS_REACH = 0.05  # a datastore chain stops once the product of its shares falls below this
+
+
 class NgramDrafter:
     name = "ngram"
 
-    def __init__(self, branches: int = 1):
+    def __init__(self, branches: int = 1, corpus=None):
         self.branches = branches
+        self.corpus = corpus  # engine.drafters.corpus.CorpusIndex: the target's own n-grams (pld:auto), or None
 
     def reset(self) -> None:
         pass
@@ -51,7 +57,38 @@ class NgramDrafter:
                     return found
         return found
 
+    def corpus_chain(self, history: Sequence[int], k: int, ngram_min: int = 2, ngram_max: int = 6) -> TokenTree:
+        """A chain of up to ``k``: what followed the context's latest longest match (as prompt
+        lookup drafts it), then token by token the datastore's most frequent continuation of the
+        chain so far (engine/drafters/corpus.py), with the confidence of each token recorded for
+        the gate's cut (engine/gate.py): gate.COPIED for copied tokens (calibrated apart), the
+        datastore's share else; the datastore's part stops where the product of its shares falls
+        below CORPUS_REACH (no cut would keep it)."""
+        from ..gate import COPIED
+
+        conts = self.continuations(history, k, 1, ngram_min, ngram_max)
+        chain = list(conts[0]) if conts else []
+        confidence = [COPIED] * len(chain)
+        if self.corpus is not None:
+            ctx = list(history[-self.corpus.n_max:]) + chain
+            reach = 1.0
+            while len(chain) < k:
+                nxt = self.corpus.next(ctx[-self.corpus.n_max:])
+                if nxt is None:
+                    break
+                reach *= nxt[1]
+                if reach < CORPUS_REACH:
+                    break
+                chain.append(nxt[0])
+                confidence.append(nxt[1])
+                ctx.append(nxt[0])
+        tree = TokenTree.chain(chain)
+        tree.confidence = confidence
+        return tree
+
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
+        if req.corpus and req.confidence and all(w == 1 for w in req.shape):
+            return self.corpus_chain(history, min(len(req.shape), req.max_nodes), req.ngram_min, req.ngram_max)
         k = len(req.shape)
         branches = max(self.branches, req.shape[0]) if len(req.shape) else self.branches
         conts = self.continuations(history, k, branches, req.ngram_min, req.ngram_max)

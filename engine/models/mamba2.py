@@ -553,7 +553,9 @@ class Mamba2(CausalLM):
         out = self.graphs.run(key, lambda tokens: self._step(conv, ssm, tokens), {"tokens": tokens}, mutated=(conv, ssm))
         return out.clone()
 
-    def _step(self, conv: torch.Tensor, ssm: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    def _step(self, conv: torch.Tensor, ssm: torch.Tensor, tokens: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None:
+        """One token per row through every block, the state updated in place; the logits (B, V),
+        or None without ``want_logits`` (the head is most of a small drafter's step)."""
         x = self.embed[tokens].float()  # (B, D)
         lib = self._native_step(conv, ssm)
         if lib is not None:  # a drafter's step on a CPU: each block in one C call (engine/native/mamba2_step.c)
@@ -568,10 +570,10 @@ class Mamba2(CausalLM):
                     c.dt_limit[0], c.dt_limit[1], torch.get_num_threads())
                 if rc:
                     raise MemoryError("mamba2 step scratch allocation failed")
-            return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
-        for i, (norm, mixer) in enumerate(self.layers):
-            x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
-        return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps))
+        else:
+            for i, (norm, mixer) in enumerate(self.layers):
+                x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
+        return self.logits(rms_norm(x, self.norm_f, self.cfg.norm_eps)) if want_logits else None
 
     @torch.inference_mode()
     def advance_fast(self, tokens: list[int]) -> torch.Tensor | None:
@@ -588,8 +590,8 @@ class Mamba2(CausalLM):
             return None
         c.clear_scratch()
         out = None
-        for t in tokens:
-            out = self._step(conv, ssm, torch.tensor([t], dtype=torch.long))
+        for j, t in enumerate(tokens):  # only the last token's logits are wanted
+            out = self._step(conv, ssm, torch.tensor([t], dtype=torch.long), want_logits=j == len(tokens) - 1)
         c._undo = None
         c.length += len(tokens)
         return out[0]

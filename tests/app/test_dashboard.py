@@ -247,6 +247,12 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     assert "draft-length gate · prompt lookup" in text and "α 0.72 · k = 3 of 8" in text
     text = policy_text(dict(gate, source="model", k=0)).plain
     assert "drafter model" in text and "plain step" in text
+    # a chain cut by its own confidence: each token's p (copied tokens marked), the kept prefix, E
+    cut = dict(gate, k=2, drafted=4, confidence=[-1.0, 0.91, 0.42, 0.1], expected=2.3)
+    text = policy_text(cut).plain
+    assert "k = 2 of 8" in text and "drafted 4 · p copy 0.91 0.42 0.10 · E 2.30 tokens" in text
+    spans = policy_text(cut).spans
+    assert sum(1 for sp in spans if "green" in str(sp.style)) == 2  # the kept two
 
 
 def test_engine_measures_a_plain_decoding_baseline_on_its_own_cache(smollm2_gguf_path) -> None:

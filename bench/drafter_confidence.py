@@ -1,0 +1,77 @@
+"""How well a drafter's own probability predicts acceptance, and what catching up costs it.
+
+    .venv/bin/python bench/drafter_confidence.py [--drafter assets/mamba-drafter-smollm2] [--max-new-tokens 128]
+
+1. Calibration: the target's greedy replies to the evaluation prompts (assets/prompts/bench.json),
+   then the drafter teacher-forced over prompt + reply: for every reply token, the drafter's
+   probability of its own top token and whether that token is the target's. A greedy chain's
+   accepted prefix is exactly these teacher-forced hits, so the table is the per-token acceptance
+   engine/gate.py's confidence cut relies on (it learns the same calibration online).
+2. Catch-up: ModelDrafter._sync over n new tokens, stepped by the C block (advance_fast) vs a
+   torch prefill + verify pass (FAST_ADVANCE_MAX in engine/drafters/model.py), median of 5.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import engine  # noqa: F401  (first: its OMP_WAIT_POLICY default must precede torch's OpenMP)
+import torch
+
+import engine.drafters.model as dm
+from engine.bench import load_prompts
+from engine.generate import run_generation
+from engine.session import ChatSession
+from engine.strategy import preset
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--drafter", default="assets/mamba-drafter-smollm2")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    args = ap.parse_args()
+    s = ChatSession.load(drafter=args.drafter, dtype="auto")
+    dec, dr = s.decoder, s.decoder.drafters["model"]
+    print(f"target {s.target.description if hasattr(s.target, 'description') else ''} dtype {dec.target.dtype}")
+    bins = [[0, 0] for _ in range(10)]
+    for p in load_prompts(None):
+        ids = s.encode_chat([{"role": "user", "content": p["text"]}])
+        dec.reset()
+        evs, _ = run_generation(dec, ids, preset("ar"), args.max_new_tokens)
+        reply = [t for e in evs for t in e.emitted]
+        with torch.inference_mode():
+            m = dr.model.with_own_cache()
+            m.allocate(len(ids) + len(reply) + 8)
+            lg = m.full_logits(ids + reply).float()[len(ids) - 1: len(ids) + len(reply) - 1]
+        conf, arg = torch.softmax(lg, -1).max(-1)
+        pred = dr.draft_vocab[arg] if dr.draft_vocab is not None else arg
+        hit = (pred == torch.tensor(reply)).tolist()
+        for c, h in zip(conf.tolist(), hit):
+            b = min(9, int(c * 10))
+            bins[b][0] += 1
+            bins[b][1] += h
+        print(f"{p['name']:<10} {len(reply):4d} tokens, teacher-forced top-1 agreement {sum(hit) / len(hit):.2f}")
+    print("\n| drafter's p | tokens | matched the target |\n|---|---|---|")
+    for i, (n, h) in enumerate(bins):
+        print(f"| {i / 10:.1f}-{(i + 1) / 10:.1f} | {n} | {h / max(n, 1):.2f} |")
+    print("\n| new tokens | C steps (ms) | torch prefill + verify (ms) |\n|---|---|---|")
+    hist = list(range(1000, 1200))
+    for n in (1, 2, 4, 8, 16, 24, 32, 48):
+        row = []
+        for limit in (10 ** 6, 0):
+            dm.FAST_ADVANCE_MAX = limit
+            ts = []
+            for _ in range(5):
+                dr.reset()
+                dr._sync(hist[:100])
+                t0 = time.perf_counter()
+                dr._sync(hist[:100 + n])
+                ts.append(time.perf_counter() - t0)
+            row.append(statistics.median(ts) * 1e3)
+        print(f"| {n} | {row[0]:.2f} | {row[1]:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
