@@ -6,7 +6,8 @@
    then the drafter teacher-forced over prompt + reply: for every reply token, the drafter's
    probability of its own top token and whether that token is the target's. A greedy chain's
    accepted prefix is exactly these teacher-forced hits, so the table is the per-token acceptance
-   engine/gate.py's confidence cut relies on (it learns the same calibration online).
+   engine/gate.py's confidence cut relies on (it learns the same calibration online). Beside it,
+   the same agreement for the session's n-gram datastore (engine/drafters/corpus.py).
 2. Catch-up: ModelDrafter._sync over n new tokens, stepped by the C block (advance_fast) vs a
    torch prefill + verify pass (FAST_ADVANCE_MAX in engine/drafters/model.py), median of 5.
 """
@@ -36,6 +37,7 @@ def main() -> None:
     dec, dr = s.decoder, s.decoder.drafters["model"]
     print(f"target {s.target.description if hasattr(s.target, 'description') else ''} dtype {dec.target.dtype}")
     bins = [[0, 0] for _ in range(10)]
+    ds_hits, dr_hits = [0, 0], [0]
     for p in load_prompts(None):
         ids = s.encode_chat([{"role": "user", "content": p["text"]}])
         dec.reset()
@@ -48,11 +50,20 @@ def main() -> None:
         conf, arg = torch.softmax(lg, -1).max(-1)
         pred = dr.draft_vocab[arg] if dr.draft_vocab is not None else arg
         hit = (pred == torch.tensor(reply)).tolist()
+        corpus = dec.drafters["ngram"].corpus  # the session's n-gram datastore, if any: the same question
+        if corpus is not None:
+            seq = ids + reply
+            nxt = [corpus.next(seq[max(0, len(ids) + i - corpus.n_max):len(ids) + i]) for i in range(len(reply))]
+            ds_hits[0] += sum(1 for x, t in zip(nxt, reply) if x is not None and x[0] == t)
+        ds_hits[1] += len(reply)
+        dr_hits[0] += sum(hit)
         for c, h in zip(conf.tolist(), hit):
             b = min(9, int(c * 10))
             bins[b][0] += 1
             bins[b][1] += h
         print(f"{p['name']:<10} {len(reply):4d} tokens, teacher-forced top-1 agreement {sum(hit) / len(hit):.2f}")
+    print(f"\nall replies, {ds_hits[1]} tokens: the drafter's top token matched {dr_hits[0] / max(ds_hits[1], 1):.3f}"
+          + (f", the n-gram datastore's ({s.datastore}) {ds_hits[0] / ds_hits[1]:.3f}" if s.datastore else ""))
     print("\n| drafter's p | tokens | matched the target |\n|---|---|---|")
     for i, (n, h) in enumerate(bins):
         print(f"| {i / 10:.1f}-{(i + 1) / 10:.1f} | {n} | {h / max(n, 1):.2f} |")

@@ -19,7 +19,7 @@ that fails doubles the wait (up to 64 steps), one that is accepted resets it.
 **The drafter's own confidence** (greedy chains of a drafter model): α is an average, but a
 drafter's per-token acceptance varies a lot within a reply, and a distilled drafter knows when it
 is sure. Measured on the 12 evaluation replies of SmolLM2 (teacher-forced, the shipped drafter):
-tokens it gave probability 0.9+ matched the target's 95% of the time, 0.0-0.1 5%, and every bin
+tokens it gave probability 0.9+ matched the target's 96% of the time, 0.0-0.1 5%, and every bin
 in between within 0.1 of its own probability (bench/drafter_confidence.py,
 bench/results/2026-11-25-q8.md). So once the
 gate lets the drafter in, the drafter drafts up to K and keeps its probability p_i of each token;

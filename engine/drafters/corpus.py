@@ -7,8 +7,9 @@ token well: retrieval-based speculative decoding (REST, He et al. 2023), with an
 place of a suffix array. Measured on the 12 evaluation replies of SmolLM2 (teacher-forced, the
 table built from the 9,000 distillation replies in assets/distill/smollm2, none of which answer
 an evaluation prompt): the table's top continuation (backing off from 4 tokens of context to 1)
-is the target's next token 47.6% of the time, against 43% for the shipped Mamba-2 drafter, at a
-cost of microseconds instead of ~0.2 ms a token (bench/results/2026-11-25-q8.md).
+is the target's next token 39.6% of the time (our q8 greedy replies), against 37.3% for the shipped
+Mamba-2 drafter, at a cost of microseconds instead of ~0.2 ms a token (bench/drafter_confidence.py,
+bench/results/2026-11-25-q8.md).
 
 The index: for n = 1..n_max, every reply position's preceding n tokens (prompt tokens included as
 context) and the token that followed; per distinct context, the most frequent next token and its
