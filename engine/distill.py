@@ -50,6 +50,7 @@ def add_parser(sub) -> None:
     ng.add_argument("--models", default=None, metavar="FILE")
     ng.add_argument("--n-max", type=int, default=4, help="longest context indexed (tokens)")
     ng.add_argument("--min-count", type=int, default=2, help="contexts of 2+ tokens seen fewer times are dropped")
+    ng.add_argument("--branches", type=int, default=3, help="next tokens kept per context (the draft trees branch on them)")
     from .distill_train import add_parser as add_train
 
     add_train(dsub)
@@ -268,13 +269,13 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     data = Path(args.data)
     if not (data / "responses.jsonl").exists():
         raise SpecchatError(f"{data}: no responses.jsonl (run `specchat distill data` first)")
-    if not 1 <= args.n_max <= 16 or args.min_count < 1:
-        raise SpecchatError("--n-max must be 1..16 and --min-count >= 1")
+    if not 1 <= args.n_max <= 16 or args.min_count < 1 or not 1 <= args.branches <= 16:
+        raise SpecchatError("--n-max must be 1..16, --min-count >= 1 and --branches 1..16")
     reg = load_registry(args.models)
     target = load(args.target or "smollm2-135m-instruct", registry=reg, need_tokenizer=True)
     seqs = load_sequences(data)
     t0 = time.perf_counter()
-    index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count,
+    index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count, branches=args.branches,
                               meta={"target": target.name, "probe": list(target.tokenizer.encode(PROBE_TEXT)),
                                     "data": str(data), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
     index.save(args.out)

@@ -29,9 +29,13 @@ step (``keep_going``), and the chain is cut to the length that maximises
     E(k) / (t(k + 1) + C),   E(k) = 1 + Σ_{i<=k} Π_{j<=i} c(p_j)
 
 (``choose``; C the drafting already spent), c the calibration of p to acceptance learnt online
-from verified chains (10 bins, each starting at its mid-point with weight 2). This is the
-dynamic draft length of SpecDec++ (Huang et al. 2024) and EAGLE-2's confidence-ordered drafting
-(Li et al. 2024), restricted to chains.
+from verified drafts (10 bins, each starting at its mid-point with weight 2, and one for tokens
+copied from a context match). This is the dynamic draft length of SpecDec++ (Huang et al. 2024).
+For trees (the n-gram datastore's, engine/drafters/ngram.py ``corpus_tree``, grown best first as
+in EAGLE-2, Li et al. 2024) the same cut runs over the nodes in the order they were grown, E(k)
+being 1 + the sum of the first k nodes' path probabilities, and ``worth`` stops the growth where
+no candidate can pay for its row; a calibration that has cut every draft for ``probe`` steps
+verifies one node anyway (``start_probe``), so it can recover.
 
 Lossless: the length is chosen from past steps, timings and the drafter's own numbers only, never
 from the current step's target randomness, and every verifier is exact for whatever draft it is
@@ -131,12 +135,17 @@ class DraftGate:
         b = _bin(p)
         return s.cal_hits[b] / s.cal_n[b]
 
-    def _expected(self, source: str, confidence: list[float]) -> list[float]:
-        """E(k) for k = 0..len(confidence): expected tokens a pass over the chain's first k emits."""
-        out, run, e = [1.0], 1.0, 1.0
-        for p in confidence:
-            run *= self.calibrated(source, p)
-            e += run
+    def _expected(self, source: str, confidence: list[float], parents: list[int] | None = None) -> list[float]:
+        """E(k) for k = 0..len(confidence): expected tokens a pass over the draft's first k nodes
+        emits, 1 + the sum of their path probabilities (a node is accepted only with all its
+        ancestors; siblings exclude each other, so the sum over a tree is exact for greedy
+        verification as for a chain). ``parents``: the tree's (topological order), else a chain."""
+        out, e = [1.0], 1.0
+        reach: list[float] = []
+        for i, p in enumerate(confidence):
+            up = parents[i] if parents is not None else i - 1
+            reach.append((reach[up] if up >= 0 else 1.0) * self.calibrated(source, p))
+            e += reach[-1]
             out.append(e)
         return out
 
@@ -157,33 +166,68 @@ class DraftGate:
 
         return go
 
-    def choose(self, source: str, confidence: list[float], spent_ms: float = 0.0) -> int:
-        """The length (0 = none of it: a plain step) to verify of a drafted chain whose tokens the
-        drafter gave ``confidence``: argmax_k E(k) / (t(k + 1) + spent_ms)."""
-        expected = self._expected(source, confidence)
+    def worth(self, source: str) -> Callable[[int, float], bool]:
+        """For a tree grown best first: whether its next node, of path probability ``reach`` (its
+        calibrated confidences multiplied from the root), could pay for its row after ``n``
+        nodes: reach * t(1) > t(n + 2) - t(n + 1), as in ``keep_going`` (the tree's drafting
+        costs microseconds: no draft step is charged)."""
+        s = self.sources.setdefault(source, _Source())
+
+        def ok(n: int, reach: float) -> bool:
+            if n == 0 and s.probing:  # a probe: one node whatever the calibration says (see choose)
+                return True
+            return reach * self.at(1) > self.at(n + 2) - self.at(n + 1)
+
+        return ok
+
+    def start_probe(self, source: str) -> None:
+        """Before a confidence-cut draft: whether this step is a probe. A calibration that has
+        turned pessimistic would otherwise never see another verified node to correct it, so
+        after ``probe`` steps without a draft one node is verified anyway (the wait doubling
+        after each probe rejected, as for the acceptance-rate gate)."""
+        s = self.sources.setdefault(source, _Source())
+        s.probing = s.idle + 1 >= (s.wait or self.probe)
+        self.last = {**self.last, "probe": s.probing}
+
+    def choose(self, source: str, confidence: list[float], spent_ms: float = 0.0, parents: list[int] | None = None) -> int:
+        """The number of nodes (0 = none: a plain step) to verify of a draft whose nodes have
+        ``confidence`` (a chain, or a tree in topological order with ``parents``, every prefix a
+        tree): argmax_k E(k) / (t(k + 1) + spent_ms)."""
+        expected = self._expected(source, confidence, parents)
         best_k, best = 0, 1.0 / (self.at(1) + spent_ms)
         for k in range(1, len(confidence) + 1):
             rate = expected[k] / (self.at(k + 1) + spent_ms)
             if rate > best:
                 best_k, best = k, rate
+        s = self.sources.setdefault(source, _Source())
+        if best_k == 0 and confidence and s.probing:
+            best_k = 1
+        s.idle = 0 if best_k else s.idle + 1
         self.last = {**self.last, "k": best_k, "drafted": len(confidence), "confidence": [round(p, 2) for p in confidence],
                      "expected": round(expected[best_k], 2)}
         return best_k
 
     def observe(self, source: str, depth: int, accepted: int, draft_ms: float, drafted: int,
-                confidence: list[float] | None = None) -> None:
+                confidence: list[float] | None = None, parents: list[int] | None = None,
+                path: list[int] | None = None) -> None:
         """One verified draft: ``depth`` its longest chain, ``accepted`` the tokens kept, and the
-        ms spent drafting its ``drafted`` nodes; for a chain drafted with ``confidence`` (the
-        drafter's probability of each verified token), the calibration learns from the accepted
-        tokens and the first rejected one (the rest were never judged)."""
+        ms spent drafting its ``drafted`` nodes; for a draft with ``confidence`` (each node's own
+        probability), the calibration learns from the nodes verification judged: the children of
+        the root and of every accepted node, accepted or not (the rest were never judged). A
+        chain's are its accepted tokens and the first rejected one; a tree's are given by
+        ``parents`` and the accepted ``path`` (node indices)."""
         if depth <= 0:
             return
         s = self.sources.setdefault(source, _Source())
         if confidence:
-            for i, p in enumerate(confidence[: accepted + 1]):
-                b = _bin(p)
-                s.cal_n[b] += 1.0
-                s.cal_hits[b] += 1.0 if i < accepted else 0.0
+            if parents is None:
+                parents, path = list(range(-1, len(confidence) - 1)), list(range(accepted))
+            on_path = set(path or ())
+            for i, p in enumerate(confidence):
+                if parents[i] < 0 or parents[i] in on_path:
+                    b = _bin(p)
+                    s.cal_n[b] += 1.0
+                    s.cal_hits[b] += 1.0 if i in on_path else 0.0
         if s.probing:
             s.wait = self.probe if accepted else min(2 * (s.wait or self.probe), 64)
         tried = accepted + (1 if accepted < depth else 0)

@@ -169,7 +169,7 @@ class Decoder:
                 self.gate.observe_step(len(tree) + 1, (t2 - t1) * 1000.0)
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
-                                  max(self._drafted_nodes, len(tree)), tree.confidence)
+                                  max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)
                 policy = dict(self.gate.last)
             emitted = tree.path_tokens(path) + [bonus]
             reason = None
@@ -312,7 +312,8 @@ class Decoder:
         self._gated = source
         if by_confidence:
             self.gate.last = {"policy": "gate", "source": source, "alpha": round(self.gate.alpha(source), 3), "k": k_max,
-                              "k_max": k_max, "probe": False}
+                              "k_max": k_max}
+            self.gate.start_probe(source)
             return k_max
         return self.gate.budget(source, k_max)
 
@@ -369,12 +370,16 @@ class Decoder:
             plan = self._policy(s).choose(max_nodes)
             shape = (1,) * plan_depth(plan)
         self._last_shape = shape
+        if corpus:  # a best-first tree from the datastore, up to the larger of the length and node caps
+            max_nodes = min(max(s.draft_len, s.node_budget), max_nodes)
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
                            max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan,
                            vocab=s.resolved_vocab(bridged=s.drafter == "model" and self.bridged),
                            confidence=confident or corpus, corpus=corpus,
-                           keep_going=self.gate.keep_going("model") if confident else None)
+                           keep_going=self.gate.keep_going("model") if confident else None,
+                           calibrate=(lambda p: self.gate.calibrated("ngram", p)) if corpus else None,
+                           worth=self.gate.worth("ngram") if corpus else None)
         try:
             tree = drafter.propose(self.history, req)
         except ValueError as e:
@@ -384,8 +389,11 @@ class Decoder:
                 raise StrategyError(str(e)) from None
             raise
         self._drafted_nodes = len(tree)
+        if corpus and not len(tree):
+            self.gate.choose(self._gated, [], 0.0)  # nothing drafted: a plain step (counts toward the next probe)
         if (confident or corpus) and tree.confidence:
-            tree = tree.truncated(self.gate.choose(self._gated, tree.confidence, (time.perf_counter() - t0) * 1000.0))
+            tree = tree.truncated(self.gate.choose(self._gated, tree.confidence, (time.perf_counter() - t0) * 1000.0,
+                                                   tree.parents))
         return tree, time.perf_counter() - t0
 
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:

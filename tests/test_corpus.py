@@ -60,27 +60,65 @@ def test_index_round_trips_and_refuses_what_it_did_not_write(tmp_path):
         CorpusIndex.load(tmp_path / "pickle.npz")
 
 
-def test_chains_copy_the_context_then_continue_from_the_datastore():
-    ix = CorpusIndex.build([([7, 8, 9, 10, 11, 12], 0)] * 3, n_max=3, min_count=1)
+def test_index_keeps_the_top_continuations_best_first():
+    ix = CorpusIndex.build(SEQS, n_max=3, min_count=1, branches=3)
+    assert ix.top([7, 3, 4]) == [(5, pytest.approx(2 / 4)), (6, pytest.approx(1 / 4))]  # fewer than 3: no padding
+    assert ix.top([7, 3, 4], 1) == [(5, pytest.approx(2 / 4))] and ix.next([7, 3, 4]) == (5, pytest.approx(0.5))
+    assert ix.tokens.shape == (len(ix), 3) and ix.top([8]) == []
+    one = CorpusIndex.build(SEQS, n_max=3, min_count=1, branches=1)
+    assert one.tokens.shape == (len(one), 1) and one.top([7, 3, 4]) == [(5, pytest.approx(0.5))]
+
+
+def test_trees_grow_best_first_from_the_copy_and_the_datastore():
+    # 7 8 9 10 11 12 three times, 7 8 5 once: after [7, 8], 9 (share 3/5) and 5 (1/5)
+    ix = CorpusIndex.build([([7, 8, 9, 10, 11, 12], 0)] * 3 + [([7, 8, 5], 0)], n_max=3, min_count=1)
     d = NgramDrafter(corpus=ix)
-    # the context's [7, 8] occurred before: prompt lookup copies what followed (1, 7, 8), then the
-    # datastore goes on from [7, 8]
-    tree = d.corpus_chain([7, 8, 1, 7, 8], k=5)
-    assert tree.tokens == [1, 7, 8, 9, 10] and tree.parents == [-1, 0, 1, 2, 3]
-    assert tree.confidence[:3] == [COPIED] * 3 and tree.confidence[3:] == [pytest.approx(3 / 4)] * 2
-    # no match in the context: all from the datastore, stopping where the shares' product is small
-    tree = d.corpus_chain([1, 7], k=20)
-    assert tree.tokens[:3] == [8, 9, 10] and len(tree) == 5 and all(c > 0 for c in tree.confidence)  # 12 ends it
-    assert d.corpus_chain([1, 2], k=5).tokens == []  # nothing known
-    # propose takes this path only for a confidence chain asking for the datastore
-    req = DraftRequest(shape=(1,) * 4, confidence=True, corpus=True)
-    assert d.propose([1, 7], req).tokens == [8, 9, 10, 11]
+    tree = d.corpus_tree([1, 7], max_nodes=6)
+    # best first by path probability: 8 (4/5 after [7]), then 9 under it (3/5), the 5 (1/5) later
+    assert tree.tokens[:2] == [8, 9] and tree.parents[:2] == [-1, 0]
+    assert 5 in tree.tokens and tree.parents[tree.tokens.index(5)] == 0  # the sibling of 9
+    assert all(p < i for i, p in enumerate(tree.parents))  # topological: every prefix is a tree
+    paths = {i: () for i in range(-1, 0)}
+    for i, (t, p) in enumerate(zip(tree.tokens, tree.parents)):
+        paths[i] = paths.get(p, ()) + (t,)
+    reach = {-1: 1.0}
+    for i, (c, p) in enumerate(zip(tree.confidence, tree.parents)):
+        reach[i] = reach[p] * c
+    order = [reach[i] for i in range(len(tree))]
+    assert order == sorted(order, reverse=True)  # nodes come out in path-probability order
+    # the context's copy (here [7, 8] occurred before: 1, 7, 8 follows) is a branch with COPIED confidence
+    tree = d.corpus_tree([7, 8, 1, 7, 8], max_nodes=8)
+    copied = [i for i, c in enumerate(tree.confidence) if c == COPIED]
+    assert [tree.tokens[i] for i in copied] == [1, 7, 8] and tree.parents[copied[0]] == -1
+    assert tree.tokens[:1] == [1]  # calibrated as 0.9: ahead of the datastore's 9 (3/5)
+    # worth() stops growth: 8 (4/5), 9 under it (0.8 * 3/5 = 0.48), then 10 (0.48 * 3/4 = 0.36): below 0.4
+    small = d.corpus_tree([1, 7], max_nodes=20, worth=lambda n, reach: reach > 0.4)
+    assert small.tokens == [8, 9] and len(d.corpus_tree([1, 7], max_nodes=20)) > 5
+    assert d.corpus_tree([1, 2], max_nodes=5).tokens == []  # nothing known
+    # propose takes this path for a confidence request asking for the datastore
+    req = DraftRequest(shape=(1,) * 4, confidence=True, corpus=True, max_nodes=3)
+    assert d.propose([1, 7], req).tokens == tree.tokens[:0] + d.corpus_tree([1, 7], max_nodes=3).tokens
     assert d.propose([1, 7], DraftRequest(shape=(1,) * 4)).tokens == []  # plain prompt lookup
+
+
+def test_gate_cuts_trees_by_path_probability_and_learns_from_judged_nodes():
+    g = DraftGate(fit({1: 9.0, 2: 9.2, 4: 9.6, 8: 10.4, 16: 12.0}))  # nearly flat: a tree pays
+    # root children 0 (p .9) and 1 (.5); 2 under 0 (.9); 3 under 1 (.9)
+    conf, parents = [0.95, 0.55, 0.95, 0.95], [-1, -1, 0, 1]
+    assert g._expected("ngram", conf, parents)[-1] == pytest.approx(1 + 0.95 + 0.55 + 0.95 * 0.95 + 0.55 * 0.95)
+    assert g.choose("ngram", conf, 0.0, parents) == 4
+    steep = DraftGate(fit({1: 9.0, 2: 14.0, 4: 30.0, 8: 60.0}))
+    assert steep.choose("ngram", conf, 0.0, parents) == 0 or steep.choose("ngram", conf, 0.0, parents) == 1
+    assert g.worth("ngram")(3, 0.9) and not steep.worth("ngram")(1, 0.3)
+    # judged: the root's children and the children of accepted nodes; node 3 (under rejected 1) is not
+    g.observe("ngram", depth=2, accepted=2, draft_ms=0.1, drafted=4, confidence=conf, parents=parents, path=[0, 2])
+    b = g.sources["ngram"]
+    assert b.cal_n[9] == 2.0 + 2 and b.cal_hits[9] == pytest.approx(2 * 0.95 + 2)  # nodes 0 and 2, both accepted
+    assert b.cal_n[5] == 2.0 + 1 and b.cal_hits[5] == pytest.approx(2 * 0.55)  # node 1, rejected
     # the gate calibrates copied tokens in a bin of their own
-    g = DraftGate(fit({1: 9.0, 2: 10.0, 4: 12.0, 8: 26.0}))
     for _ in range(30):
         g.observe("ngram", depth=2, accepted=2, draft_ms=0.1, drafted=2, confidence=[COPIED, COPIED])
-    assert g.calibrated("ngram", COPIED) > 0.9 and g.calibrated("ngram", 0.95) == pytest.approx(0.95)
+    assert g.calibrated("ngram", COPIED) > 0.9 and g.calibrated("ngram", 0.95) < 1.0
 
 
 def _tiny_datastore(dec, prompts, n=40):
@@ -95,17 +133,20 @@ def _tiny_datastore(dec, prompts, n=40):
 def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path):
     target = load(str(saved("llama", str(tmp_path)))).model
     dec = Decoder(target)
-    train = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9], [3, 2, 3, 8, 4], [6, 2, 6, 4, 3]]
-    ix = _tiny_datastore(dec, train)
-    cut = False
-    for prompt in ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30))):
-        ref = [t for e in run_generation(dec, prompt, preset("ar"), 40)[0] for t in e.emitted]
-        dec.drafters["ngram"].corpus = ix
-        evs, summ = run_generation(dec, prompt, from_spec("pld:auto"), 40)
-        assert [t for e in evs for t in e.emitted] == ref, prompt
-        dec.drafters["ngram"].corpus = None
-        cut = cut or any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
-    assert cut  # the datastore drafted, the gate cut by confidence (its record is on the events), drafts were accepted
+    prompts = ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30)))
+    # a datastore of other replies (mostly wrong drafts), then one of these prompts' own (right ones)
+    for train, right in (([[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9], [3, 2, 3, 8, 4]], False), (prompts, True)):
+        ix = _tiny_datastore(dec, train)
+        for prompt in prompts:
+            ref = [t for e in run_generation(dec, prompt, preset("ar"), 40)[0] for t in e.emitted]
+            dec.drafters["ngram"].corpus = ix
+            evs, summ = run_generation(dec, prompt, from_spec("pld:auto"), 40)
+            dec.drafters["ngram"].corpus = None
+            assert [t for e in evs for t in e.emitted] == ref, (prompt, right)
+            assert sum(e.drafted for e in evs) > 0  # wrong or right, it drafts (probes at least)
+            if right:  # trees grown from confidence, cut by the gate, accepted
+                assert summ.accepted >= 5 and summ.accepted >= 0.8 * summ.drafted, (prompt, summ)
+                assert any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
 
 
 def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path, smollm2_gguf_path):

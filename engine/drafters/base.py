@@ -43,7 +43,9 @@ class DraftRequest:
     vocab: str = "tli"  # the bridge for a drafter with another vocabulary (engine/drafters/vocab.py)
     confidence: bool = False
     keep_going: Callable[[list[float]], bool] | None = None
-    corpus: bool = False  # n-gram drafter, a chain with confidence: continue from its datastore
+    corpus: bool = False  # n-gram drafter: a best-first tree from its datastore (NgramDrafter.corpus_tree)
+    calibrate: Callable[[float], float] | None = None  # corpus trees: a confidence -> acceptance probability
+    worth: Callable[[int, float], bool] | None = None  # corpus trees: whether a node of path probability P pays
 
 
 class Drafter(Protocol):

@@ -12,9 +12,10 @@ Mamba-2 drafter, at a cost of microseconds instead of ~0.2 ms a token (bench/dra
 bench/results/2026-11-25-q8.md).
 
 The index: for n = 1..n_max, every reply position's preceding n tokens (prompt tokens included as
-context) and the token that followed; per distinct context, the most frequent next token and its
-share c / (total + 1) (shrunk: two sightings are weaker evidence than two hundred), kept where
-the context was seen at least ``min_count`` times (n >= 2). Contexts are 64-bit hashes (a
+context) and the token that followed; per distinct context, the ``branches`` most frequent next
+tokens and their shares c / (total + 1) (shrunk: two sightings are weaker evidence than two
+hundred), kept where the context was seen at least ``min_count`` times (n >= 2). The n-gram
+drafter grows trees from it best first (engine/drafters/ngram.py ``corpus_tree``). Contexts are 64-bit hashes (a
 collision only makes a draft wrong, never an output: verification is exact for any draft),
 sorted for binary search. Stored as .npz with the tokenizer's encoding of a probe text, so an
 index is never used with a tokenizer it was not built for.
@@ -55,10 +56,13 @@ def _hash_windows(seq: np.ndarray, n: int) -> np.ndarray:
 
 
 class CorpusIndex:
-    """Most frequent next token after each context of 1..n_max tokens (see module docstring)."""
+    """The most frequent next tokens (up to ``branches``, best first) after each context of
+    1..n_max tokens (see module docstring)."""
 
     def __init__(self, keys: np.ndarray, tokens: np.ndarray, shares: np.ndarray, n_max: int, meta: dict):
-        self.keys, self.tokens, self.shares = keys, tokens, shares
+        if tokens.ndim == 1:  # one continuation per context
+            tokens, shares = tokens[:, None], shares[:, None]
+        self.keys, self.tokens, self.shares = keys, tokens, shares  # (M,), (M, B) with -1 padding, (M, B)
         self.n_max = n_max
         self.meta = meta
 
@@ -68,9 +72,10 @@ class CorpusIndex:
     # ---- building ------------------------------------------------------------------------------------
     @classmethod
     def build(cls, sequences: Iterable[tuple[Sequence[int], int]], n_max: int = 4, min_count: int = 2,
-              meta: dict | None = None) -> "CorpusIndex":
+              meta: dict | None = None, branches: int = 3) -> "CorpusIndex":
         """``sequences``: (token ids, start) pairs; positions from ``start`` on are counted (a
-        reply after its prompt), their contexts may reach back into the prompt."""
+        reply after its prompt), their contexts may reach back into the prompt. ``branches``:
+        continuations kept per context (the datastore's trees branch on them)."""
         seqs = [(np.asarray(ids, dtype=np.int64), int(start)) for ids, start in sequences]
         keys, tokens, shares = [], [], []
         for n in range(1, n_max + 1):
@@ -84,17 +89,17 @@ class CorpusIndex:
                 ts.append(seq[pos[keep]])
             if not ks or not sum(len(x) for x in ks):
                 continue
-            k, t, count, total = _top_next(np.concatenate(ks), np.concatenate(ts))
+            k, t, count, total = _top_next(np.concatenate(ks), np.concatenate(ts), branches)
             keep = total >= (min_count if n >= 2 else 1)  # 1-token contexts: the back-off of last resort
             keys.append(k[keep])
             tokens.append(t[keep])
-            shares.append((count[keep] / (total[keep] + 1.0)).astype(np.float32))
+            shares.append((count[keep] / (total[keep, None] + 1.0)).astype(np.float32))
         if not keys:
             raise SpecchatError("no reply tokens to index")
         k = np.concatenate(keys)
         order = np.argsort(k, kind="stable")
         return cls(k[order], np.concatenate(tokens)[order].astype(np.int32), np.concatenate(shares)[order], n_max,
-                   dict(meta or {}, n_max=n_max, min_count=min_count, contexts=int(len(k))))
+                   dict(meta or {}, n_max=n_max, min_count=min_count, branches=branches, contexts=int(len(k))))
 
     def save(self, path: str | Path) -> None:
         np.savez_compressed(path, keys=self.keys, tokens=self.tokens, shares=self.shares,
@@ -112,8 +117,9 @@ class CorpusIndex:
             raise SpecchatError(f"{path}: no such n-gram datastore") from None
         except Exception as e:  # zip, key, JSON or dtype trouble: not an index we wrote
             raise SpecchatError(f"{path}: not an n-gram datastore ({type(e).__name__})") from None
-        if not (keys.dtype == np.uint64 and len(keys) == len(tokens) == len(shares) and isinstance(meta, dict)
-                and isinstance(meta.get("n_max"), int) and 1 <= meta["n_max"] <= 16):
+        if not (keys.dtype == np.uint64 and len(keys) == len(tokens) == len(shares) and tokens.shape == shares.shape
+                and tokens.ndim in (1, 2) and isinstance(meta, dict) and isinstance(meta.get("n_max"), int)
+                and 1 <= meta["n_max"] <= 16):
             raise SpecchatError(f"{path}: not an n-gram datastore (bad arrays or metadata)")
         return cls(keys, tokens, shares, meta["n_max"], meta)
 
@@ -126,20 +132,27 @@ class CorpusIndex:
             return False
 
     # ---- lookup ----------------------------------------------------------------------------------------
-    def next(self, context: Sequence[int]) -> tuple[int, float] | None:
-        """The most frequent next token after the longest indexed suffix of ``context`` and its
-        share, or None."""
+    def top(self, context: Sequence[int], b: int | None = None) -> list[tuple[int, float]]:
+        """Up to ``b`` most frequent next tokens after the longest indexed suffix of ``context``
+        with their shares, best first; [] where no suffix is indexed."""
         for n in range(min(self.n_max, len(context)), 0, -1):
             h = np.uint64(_hash_py(context[len(context) - n:]))
             i = int(np.searchsorted(self.keys, h))
             if i < len(self.keys) and self.keys[i] == h:
-                return int(self.tokens[i]), float(self.shares[i])
-        return None
+                toks, shares = self.tokens[i, :b].tolist(), self.shares[i, :b].tolist()
+                return [(t, p) for t, p in zip(toks, shares) if t >= 0]
+        return []
+
+    def next(self, context: Sequence[int]) -> tuple[int, float] | None:
+        """The most frequent next token after the longest indexed suffix of ``context`` and its
+        share, or None."""
+        got = self.top(context, 1)
+        return got[0] if got else None
 
 
-def _top_next(k: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per distinct context key: its most frequent next token (ties: the smaller id), that
-    token's count and the context's total count."""
+def _top_next(k: np.ndarray, t: np.ndarray, b: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per distinct context key: its ``b`` most frequent next tokens (ties: the smaller id; -1 pads
+    a context with fewer) and their counts, (M, b) each, and the context's total count (M,)."""
     order = np.lexsort((t, k))
     k, t = k[order], t[order]
     first_pair = np.ones(len(k), dtype=bool)
@@ -154,5 +167,13 @@ def _top_next(k: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.
     best = np.lexsort((pt, -pc, ctx))  # per context: the largest count first, then the smaller id
     lead = np.ones(len(best), dtype=bool)
     lead[1:] = ctx[best[1:]] != ctx[best[:-1]]
-    top = best[lead]
-    return pk[top], pt[top], pc[top], total
+    group_start = np.flatnonzero(lead)
+    rank = np.arange(len(best)) - np.repeat(group_start, np.diff(np.append(group_start, len(best))))
+    M = len(group_start)
+    tokens = np.full((M, b), -1, dtype=np.int64)
+    counts = np.zeros((M, b), dtype=np.int64)
+    keep = rank < b
+    rows = ctx[best[keep]]
+    tokens[rows, rank[keep]] = pt[best[keep]]
+    counts[rows, rank[keep]] = pc[best[keep]]
+    return pk[best[lead]], tokens, counts, total

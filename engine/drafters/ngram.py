@@ -1,6 +1,6 @@
 """Prompt n-gram lookup (snakes-and-ladders §5.2; ALGORITHMS.md §7): model-free drafts; with a
-datastore of the target's own n-grams (engine/drafters/corpus.py), chains that go on past the
-context's matches (``corpus_chain``, used by ``pld:auto``).
+datastore of the target's own n-grams (engine/drafters/corpus.py), trees that branch and go on past
+the context's matches (``corpus_tree``, used by ``pld:auto``).
 
 Find the most recent earlier occurrences of the context's last n tokens (n from ``ngram_max``
 down to 1) in prompt + output and propose what followed them. Several distinct continuations
@@ -10,7 +10,9 @@ phrase with two possible continuations costs one verify pass instead of two miss
 
 from __future__ import annotations
 
-from typing import Sequence
+import heapq
+import itertools
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -18,7 +20,6 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
-CORPUS_REACH = 0.05  # a datastore chain stops once the product of its shares falls below this
 
 
 class NgramDrafter:
@@ -57,38 +58,61 @@ class NgramDrafter:
                     return found
         return found
 
-    def corpus_chain(self, history: Sequence[int], k: int, ngram_min: int = 2, ngram_max: int = 6) -> TokenTree:
-        """A chain of up to ``k``: what followed the context's latest longest match (as prompt
-        lookup drafts it), then token by token the datastore's most frequent continuation of the
-        chain so far (engine/drafters/corpus.py), with the confidence of each token recorded for
-        the gate's cut (engine/gate.py): gate.COPIED for copied tokens (calibrated apart), the
-        datastore's share else; the datastore's part stops where the product of its shares falls
-        below CORPUS_REACH (no cut would keep it)."""
+    def corpus_tree(self, history: Sequence[int], max_nodes: int, calibrate: Callable[[float], float] | None = None,
+                    worth: Callable[[int, float], bool] | None = None, branches: int = 3, ngram_min: int = 2,
+                    ngram_max: int = 6) -> TokenTree:
+        """A draft tree grown best first (EAGLE-2's dynamic tree over REST's datastore): one node
+        at a time, always the candidate with the highest path probability, the product of the
+        calibrated confidences (``calibrate``) from the root, among the datastore's top
+        ``branches`` continuations of every node's context (engine/drafters/corpus.py) and the
+        next token copied from the context's latest longest match (as prompt lookup drafts it;
+        confidence gate.COPIED). Nodes come out in that order, so every prefix of the tree is a
+        tree (parents first) and the gate cuts it to its best prefix; each node's own confidence
+        is recorded (TokenTree.confidence). It stops at ``max_nodes``, when no candidate is left,
+        or where ``worth(nodes so far, P)`` says a node of path probability P cannot pay for its
+        row (no later candidate has a higher P)."""
         from ..gate import COPIED
 
-        conts = self.continuations(history, k, 1, ngram_min, ngram_max)
-        chain = list(conts[0]) if conts else []
-        confidence = [COPIED] * len(chain)
-        if self.corpus is not None:
-            ctx = list(history[-self.corpus.n_max:]) + chain
-            reach = 1.0
-            while len(chain) < k:
-                nxt = self.corpus.next(ctx[-self.corpus.n_max:])
-                if nxt is None:
-                    break
-                reach *= nxt[1]
-                if reach < CORPUS_REACH:
-                    break
-                chain.append(nxt[0])
-                confidence.append(nxt[1])
-                ctx.append(nxt[0])
-        tree = TokenTree.chain(chain)
-        tree.confidence = confidence
-        return tree
+        cal = calibrate or (lambda p: 0.9 if p < 0 else p)
+        conts = self.continuations(history, max_nodes, 1, ngram_min, ngram_max)
+        copy = tuple(conts[0]) if conts else ()
+        n_ctx = self.corpus.n_max if self.corpus is not None else 0
+        base = list(history[len(history) - n_ctx:]) if n_ctx else []
+        tokens: list[int] = []
+        parents: list[int] = []
+        confidence: list[float] = []
+        paths: list[tuple[int, ...]] = []
+        heap: list = []
+        tick = itertools.count()
+
+        def push_children(node: int, path: tuple[int, ...], reach: float) -> None:
+            kids: dict[int, float] = {}
+            if len(path) < len(copy) and copy[:len(path)] == path:
+                kids[copy[len(path)]] = COPIED
+            if self.corpus is not None:
+                for t, p in self.corpus.top((base + list(path))[-n_ctx:], branches):
+                    if t not in kids or cal(p) > cal(kids[t]):
+                        kids[t] = p
+            for t, p in kids.items():
+                heapq.heappush(heap, (-reach * cal(p), next(tick), node, t, p))
+
+        push_children(-1, (), 1.0)
+        while heap and len(tokens) < max_nodes:
+            neg, _, parent, t, p = heapq.heappop(heap)
+            if worth is not None and not worth(len(tokens), -neg):
+                break
+            path = (paths[parent] if parent >= 0 else ()) + (t,)
+            tokens.append(t)
+            parents.append(parent)
+            confidence.append(p)
+            paths.append(path)
+            push_children(len(tokens) - 1, path, -neg)
+        return TokenTree(tokens, parents, None, "deterministic", confidence=confidence)
 
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
-        if req.corpus and req.confidence and all(w == 1 for w in req.shape):
-            return self.corpus_chain(history, min(len(req.shape), req.max_nodes), req.ngram_min, req.ngram_max)
+        if req.corpus and req.confidence:
+            return self.corpus_tree(history, req.max_nodes, req.calibrate, req.worth, ngram_min=req.ngram_min,
+                                    ngram_max=req.ngram_max)
         k = len(req.shape)
         branches = max(self.branches, req.shape[0]) if len(req.shape) else self.branches
         conts = self.continuations(history, k, branches, req.ngram_min, req.ngram_max)
