@@ -130,7 +130,7 @@ def _tiny_datastore(dec, prompts, n=40):
     return CorpusIndex.build(seqs, n_max=4, min_count=1)
 
 
-def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path):
+def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path, monkeypatch):
     target = load(str(saved("llama", str(tmp_path)))).model
     dec = Decoder(target)
     prompts = ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30)))
@@ -143,10 +143,19 @@ def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path):
             evs, summ = run_generation(dec, prompt, from_spec("pld:auto"), 40)
             dec.drafters["ngram"].corpus = None
             assert [t for e in evs for t in e.emitted] == ref, (prompt, right)
-            assert sum(e.drafted for e in evs) > 0  # wrong or right, it drafts (probes at least)
-            if right:  # trees grown from confidence, cut by the gate, accepted
-                assert summ.accepted >= 5 and summ.accepted >= 0.8 * summ.drafted, (prompt, summ)
-                assert any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
+    # what the gate drafts depends on measured step times; with a flat cost (a GPU-like curve, the
+    # loop's own timings ignored) every right draft pays: trees are drafted, cut and accepted
+    monkeypatch.setattr(DraftGate, "observe_step", lambda self, rows, ms: None)
+    dec.verify_cost = fit({1: 1.0, 2: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08})
+    for prompt in prompts:
+        ref = [t for e in run_generation(dec, prompt, preset("ar"), 40)[0] for t in e.emitted]
+        dec.reset()  # a new conversation: a new gate, on the flat cost
+        dec.drafters["ngram"].corpus = ix
+        evs, summ = run_generation(dec, prompt, from_spec("pld:auto"), 40)
+        dec.drafters["ngram"].corpus = None
+        assert [t for e in evs for t in e.emitted] == ref, prompt
+        assert summ.accepted >= 10 and summ.accepted >= 0.6 * summ.drafted, (prompt, summ)
+        assert any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
 
 
 def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path, smollm2_gguf_path):
