@@ -8,7 +8,7 @@ same strategy and settings; the app's load-time plain-decoding baseline is await
 
 Chats go to a fresh temporary SPECCHAT_DATA_DIR unless one is set.
 
-Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128]
+Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128] [--dtype auto]
        [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
 """
 
@@ -107,6 +107,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--dtype", default="auto", help="compute type, as `specchat chat --dtype` (default auto: q8 where faster)")
     a = ap.parse_args()
     if "SPECCHAT_DATA_DIR" not in os.environ:  # the chats it sends stay out of the user's history
         os.environ["SPECCHAT_DATA_DIR"] = tempfile.mkdtemp(prefix="specchat-app-stream-")
@@ -115,7 +116,7 @@ def main() -> int:
 
     prompts = [p["text"] for p in json.loads((REPO / "assets/prompts/bench.json").read_text())][: a.prompts]
     strategy = from_spec(a.strategy)
-    session = ChatSession.load(strategy=strategy)
+    session = ChatSession.load(strategy=strategy, dtype=a.dtype)  # as `specchat chat` loads it (--dtype auto)
     app_rows = asyncio.run(run_app(session, prompts, strategy, a.max_new_tokens, a.profile))
     session.strategy = strategy
     head_rows = run_headless(session, prompts, a.max_new_tokens)
