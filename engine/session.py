@@ -100,30 +100,42 @@ class ChatSession:
         return session
 
     def attach_datastore(self, ref: str | None) -> None:
-        """Give the n-gram drafter a datastore (see ``load``); an explicit path that is missing,
-        damaged or built for another tokenizer is a one-line error, the registry's own is
-        skipped quietly where it does not apply."""
+        """Give the n-gram drafter a datastore (see ``load``). An explicit path that is missing,
+        damaged, built for another tokenizer or proposing tokens outside the model's vocabulary is
+        a one-line error; the registry's own is skipped where it does not apply, and where it is
+        damaged the session loads without it (``datastore_error`` says why): a chat never fails
+        to start over a drafting aid."""
         from .drafters.corpus import CorpusIndex
         from .errors import SpecchatError
 
         self.datastore = None
+        self.datastore_error: str | None = None
         self.decoder.drafters["ngram"].corpus = None
         if ref == "none":
             return
-        explicit = ref is not None
         if ref is None:
             entry = self.registry.get(self.target.name) if self.registry is not None else None
             base = self.registry.path.parent if self.registry is not None and self.registry.path else None
             path = entry.datastore_path(base) if entry is not None else None
             if path is None or not path.exists():
                 return
-        else:
-            path = Path(ref)
-        index = CorpusIndex.load(path)
+            try:
+                self._attach(CorpusIndex.load(path), path, explicit=False)
+            except SpecchatError as e:
+                self.datastore_error = str(e)
+            return
+        self._attach(CorpusIndex.load(Path(ref)), Path(ref), explicit=True)
+
+    def _attach(self, index, path: Path, explicit: bool) -> None:
+        from .errors import SpecchatError
+
         if self.tokenizer is None or not index.fits(self.tokenizer):
             if explicit:
                 raise SpecchatError(f"{path}: this n-gram datastore was built with another tokenizer than {self.target.name}'s")
             return
+        if index.max_token() >= self.target.model.vocab_size:  # a damaged file: its drafts could not be verified
+            raise SpecchatError(f"{path}: n-gram datastore proposes token {index.max_token()}, outside "
+                                f"{self.target.name}'s vocabulary (0..{self.target.model.vocab_size - 1})")
         self.decoder.drafters["ngram"].corpus = index
         self.datastore = str(path)
 

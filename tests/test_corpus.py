@@ -54,6 +54,10 @@ def test_index_round_trips_and_refuses_what_it_did_not_write(tmp_path):
              meta=np.frombuffer(json.dumps({"n_max": 3}).encode(), dtype=np.uint8))
     with pytest.raises(SpecchatError, match="bad arrays or metadata"):
         CorpusIndex.load(tmp_path / "other.npz")
+    np.savez(tmp_path / "floats.npz", keys=np.arange(3, dtype=np.uint64), tokens=np.ones(3), shares=np.ones(3),
+             meta=np.frombuffer(json.dumps({"n_max": 3}).encode(), dtype=np.uint8))
+    with pytest.raises(SpecchatError, match="bad arrays or metadata"):
+        CorpusIndex.load(tmp_path / "floats.npz")
     np.savez(tmp_path / "pickle.npz", keys=np.array([{}], dtype=object), tokens=np.arange(1), shares=np.ones(1),
              meta=np.frombuffer(b"{}", dtype=np.uint8))  # an object array would need pickle: refused
     with pytest.raises(SpecchatError, match="not an n-gram datastore"):
@@ -175,6 +179,20 @@ def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path
     mine.save(tmp_path / "mine.npz")
     s.attach_datastore(str(tmp_path / "mine.npz"))
     assert s.datastore == str(tmp_path / "mine.npz")
+    # the right tokenizer but a token the model does not have: refused before it could be drafted
+    huge = CorpusIndex.build([([1, 2, 10 ** 6], 0)], n_max=2, min_count=1, meta={"probe": list(s.tokenizer.encode(PROBE_TEXT))})
+    huge.save(tmp_path / "huge.npz")
+    with pytest.raises(SpecchatError, match="outside smollm2-135m-instruct's vocabulary"):
+        s.attach_datastore(str(tmp_path / "huge.npz"))
+    assert s.decoder.drafters["ngram"].corpus is None
+    # the registry's own datastore damaged: the session loads without it and says why
+    (tmp_path / "broken.npz").write_bytes(b"PK\x03\x04 not really")
+    toml = tmp_path / "models.toml"
+    text = s.registry.path.read_text().replace('datastore = "assets/ngram-smollm2.npz"', f'datastore = "{tmp_path / "broken.npz"}"')
+    assert str(tmp_path / "broken.npz") in text
+    toml.write_text(text.replace('local = "assets/', f'local = "{s.registry.path.parent}/assets/'))
+    s2 = ChatSession.load(dtype="fp32", max_context=512, models_file=str(toml), drafter="none")
+    assert s2.datastore is None and "not an n-gram datastore" in s2.datastore_error
 
 
 def test_distill_ngram_builds_a_datastore_the_cli_loads(tmp_path, smollm2_gguf_path, capsys):

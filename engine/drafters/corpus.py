@@ -15,9 +15,9 @@ The index: for n = 1..n_max, every reply position's preceding n tokens (prompt t
 context) and the token that followed; per distinct context, the ``branches`` most frequent next
 tokens and their shares c / (total + 1) (shrunk: two sightings are weaker evidence than two
 hundred), kept where the context was seen at least ``min_count`` times (n >= 2). The n-gram
-drafter grows trees from it best first (engine/drafters/ngram.py ``corpus_tree``). Contexts are 64-bit hashes (a
-collision only makes a draft wrong, never an output: verification is exact for any draft),
-sorted for binary search. Stored as .npz with the tokenizer's encoding of a probe text, so an
+drafter grows trees from it best first (engine/drafters/ngram.py ``corpus_tree``). Contexts are
+64-bit hashes (a collision only makes a draft wrong, never an output: verification is exact for
+any draft), sorted for binary search. Stored as .npz with the tokenizer's encoding of a probe text, so an
 index is never used with a tokenizer it was not built for.
 """
 
@@ -118,10 +118,15 @@ class CorpusIndex:
         except Exception as e:  # zip, key, JSON or dtype trouble: not an index we wrote
             raise SpecchatError(f"{path}: not an n-gram datastore ({type(e).__name__})") from None
         if not (keys.dtype == np.uint64 and len(keys) == len(tokens) == len(shares) and tokens.shape == shares.shape
-                and tokens.ndim in (1, 2) and isinstance(meta, dict) and isinstance(meta.get("n_max"), int)
-                and 1 <= meta["n_max"] <= 16):
+                and tokens.ndim in (1, 2) and np.issubdtype(tokens.dtype, np.integer)
+                and np.issubdtype(shares.dtype, np.floating) and isinstance(meta, dict)
+                and isinstance(meta.get("n_max"), int) and 1 <= meta["n_max"] <= 16):
             raise SpecchatError(f"{path}: not an n-gram datastore (bad arrays or metadata)")
         return cls(keys, tokens, shares, meta["n_max"], meta)
+
+    def max_token(self) -> int:
+        """The largest token id the index can propose (-1 when empty)."""
+        return int(self.tokens.max()) if self.tokens.size else -1
 
     def fits(self, tokenizer) -> bool:
         """Whether ``tokenizer`` encodes the probe text as the index's tokenizer did."""
