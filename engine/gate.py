@@ -35,7 +35,7 @@ For trees (the n-gram datastore's, engine/drafters/ngram.py ``corpus_tree``, gro
 in EAGLE-2, Li et al. 2024) the same cut runs over the nodes in the order they were grown, E(k)
 being 1 + the sum of the first k nodes' path probabilities, and ``worth`` stops the growth where
 no candidate can pay for its row; a calibration that has cut every draft for ``probe`` steps
-verifies one node anyway (``start_probe``), so it can recover.
+verifies one node anyway (``open_by_confidence``), so it can recover.
 
 Lossless: the length is chosen from past steps, timings and the drafter's own numbers only, never
 from the current step's target randomness, and every verifier is exact for whatever draft it is
@@ -157,14 +157,17 @@ class DraftGate:
         s = self.sources.setdefault(source, _Source())
 
         def go(confidence: list[float]) -> bool:
-            i = len(confidence)
             reach = 1.0
             for p in confidence:
                 reach *= self.calibrated(source, p)
-            extra = self.at(i + 2) - self.at(i + 1) + s.ms_per_token
-            return reach * self.at(1) > extra
+            return self._pays(len(confidence), reach, s.ms_per_token)
 
         return go
+
+    def _pays(self, n: int, reach: float, step_ms: float = 0.0) -> bool:
+        """Whether a node of path probability ``reach`` added after ``n`` nodes could beat plain
+        decoding's rate: reach * t(1) > t(n + 2) - t(n + 1) + the draft step it needs."""
+        return reach * self.at(1) > self.at(n + 2) - self.at(n + 1) + step_ms
 
     def worth(self, source: str) -> Callable[[int, float], bool]:
         """For a tree grown best first: whether its next node, of path probability ``reach`` (its
@@ -176,18 +179,21 @@ class DraftGate:
         def ok(n: int, reach: float) -> bool:
             if n == 0 and s.probing:  # a probe: one node whatever the calibration says (see choose)
                 return True
-            return reach * self.at(1) > self.at(n + 2) - self.at(n + 1)
+            return self._pays(n, reach)
 
         return ok
 
-    def start_probe(self, source: str) -> None:
-        """Before a confidence-cut draft: whether this step is a probe. A calibration that has
-        turned pessimistic would otherwise never see another verified node to correct it, so
-        after ``probe`` steps without a draft one node is verified anyway (the wait doubling
-        after each probe rejected, as for the acceptance-rate gate)."""
+    def open_by_confidence(self, source: str, k_max: int) -> int:
+        """Before a draft cut by its own confidence (``choose``), in place of ``budget``: the full
+        length k_max, and whether this step is a probe. A calibration that has turned pessimistic
+        would otherwise never see another verified node to correct it, so after ``probe`` steps
+        without a draft one node is verified anyway (the wait doubling after each probe
+        rejected, as for the acceptance-rate gate)."""
         s = self.sources.setdefault(source, _Source())
         s.probing = s.idle + 1 >= (s.wait or self.probe)
-        self.last = {**self.last, "probe": s.probing}
+        self.last = {"policy": "gate", "source": source, "alpha": round(self.alpha(source), 3), "k": k_max,
+                     "k_max": k_max, "probe": s.probing}
+        return k_max
 
     def choose(self, source: str, confidence: list[float], spent_ms: float = 0.0, parents: list[int] | None = None) -> int:
         """The number of nodes (0 = none: a plain step) to verify of a draft whose nodes have

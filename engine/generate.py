@@ -311,10 +311,7 @@ class Decoder:
             self.gate = DraftGate(self.verify_cost)
         self._gated = source
         if by_confidence:
-            self.gate.last = {"policy": "gate", "source": source, "alpha": round(self.gate.alpha(source), 3), "k": k_max,
-                              "k_max": k_max}
-            self.gate.start_probe(source)
-            return k_max
+            return self.gate.open_by_confidence(source, k_max)
         return self.gate.budget(source, k_max)
 
     def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:

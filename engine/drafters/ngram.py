@@ -20,8 +20,6 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
-
-
 class NgramDrafter:
     name = "ngram"
 
