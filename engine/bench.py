@@ -88,9 +88,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     dec = session.decoder
     N = args.max_new_tokens
 
+    # each strategy keeps its own cost gate from prompt to prompt, as one chat session would (the
+    # calibration it learns carries over, engine/gate.DraftGate.carried), never another strategy's
+    gates: dict[int, object] = {}
+
+    def run_as(s, ids, n):
+        dec.reset()
+        dec.gate = gates[id(s)].carried() if gates.get(id(s)) is not None else None
+        out = run_generation(dec, ids, s, n)
+        gates[id(s)] = dec.gate
+        return out
+
     for _ in range(max(0, args.warmup)):  # warm-up: allocator, caches, lazy init — excluded
         for s in strategies:
-            run_generation(dec, encoded[0][1], s, min(N, 16))
+            run_as(s, encoded[0][1], min(N, 16))
 
     rows: list[Row] = []
     ar_out: dict[str, list[int]] = {}
@@ -100,8 +111,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     # reference), so a slow minute of a busy machine falls on all strategies alike, not on one.
     for name, ids in encoded:
         for s in strategies:
-            dec.reset()  # same cold-prefix conditions for every strategy
-            evs, summ = run_generation(dec, ids, s, N)
+            evs, summ = run_as(s, ids, N)  # same cold-prefix conditions for every strategy
             out = [t for e in evs for t in e.emitted]
             if s.name == "ar":
                 ar_out[name], ar_tps[name] = out, summ.tokens_per_s

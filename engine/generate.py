@@ -69,6 +69,7 @@ class Decoder:
         self.gate = None  # engine.gate.DraftGate of the adaptive (:auto) strategies
         self._gated: str | None = None  # the gate's source of this step's draft
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
+        self._last_emitted = 1  # tokens the last step emitted
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -100,7 +101,8 @@ class Decoder:
         self.history = []
         self._pending = []
         self.policies = {}
-        self.gate = None  # acceptance is learnt per conversation, like the tree policies
+        # acceptance is learnt per conversation, like the tree policies; the drafters' calibration carries over
+        self.gate = self.gate.carried() if self.gate is not None else None
         for d in self.drafters.values():
             d.reset()
 
@@ -183,6 +185,7 @@ class Decoder:
                 reason = reason or "length"
             produced += len(emitted)
             self.history.extend(emitted)
+            self._last_emitted = len(emitted)
             if self.target.cache.length > len(self.history) - 1:  # tokens cut after EOS/limit
                 self.target.cache.rollback(len(self.history) - 1)
             if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
@@ -323,6 +326,8 @@ class Decoder:
         if drafter is None:
             raise StrategyError(f"strategy {s.name!r} needs a drafter model: none is loaded")
         t0 = time.perf_counter()
+        if s.name == "hybrid" and s.adaptive and self._mixes(drafter):
+            return self._mixed_tree(s, drafter, max_nodes, t0)
         if s.name == "hybrid":
             # prompt lookup first: where the context repeats itself (summaries, rewrites, code,
             # SQL) matched continuations are free to draft and long (up to ngram_branches of them,
@@ -392,6 +397,46 @@ class Decoder:
             tree = tree.truncated(self.gate.choose(self._gated, tree.confidence, (time.perf_counter() - t0) * 1000.0,
                                                    tree.parents))
         return tree, time.perf_counter() - t0
+
+    def _mixes(self, drafter) -> bool:
+        """hybrid:auto grows one tree from the context's copy, the datastore and the drafter model
+        together where it can: a datastore is attached and the drafter shares the target's
+        vocabulary (a bridged drafter drafts strings, not target tokens)."""
+        return (getattr(self.drafters.get("ngram"), "corpus", None) is not None and hasattr(drafter, "spine")
+                and not self.bridged)
+
+    def _mixed_tree(self, s: Strategy, drafter, max_nodes: int, t0: float) -> tuple[TokenTree, float]:
+        """hybrid:auto with a datastore: a tree grown best first over the proposals of the
+        context's latest match, the datastore and the drafter model (stepped along the path the
+        tree favours), each calibrated to acceptance on its own (NgramDrafter.corpus_tree,
+        engine/gate.py), then cut to the prefix with the most expected tokens per ms. Deterministic
+        drafts: greedy verification, or membership when sampling (lossless either way)."""
+        cap = min(max(s.draft_len, s.node_budget), max_nodes)
+        self._budget(s, "tree", cap, by_confidence=True)
+        gate = self.gate
+        use = gate.with_drafter()  # whether the drafter model pays here (measured, engine/gate.py)
+        spine = drafter.spine(self.history) if use else None
+        tree = self.drafters["ngram"].corpus_tree(self.history, cap, lambda p: gate.calibrated("tree", p), gate.worth("tree"),
+                                                  ngram_min=s.ngram_min, ngram_max=s.ngram_max,
+                                                  spine=spine)
+        gate.last["drafter"] = use
+        if spine is not None:
+            gate.observe_drafter(spine.spent_ms - self._catch_up_excess(spine))
+        self._drafted_nodes = len(tree)
+        spent = (time.perf_counter() - t0) * 1000.0
+        if not len(tree):
+            gate.choose("tree", [], 0.0)  # nothing drafted: a plain step (counts toward the next probe)
+            return tree, time.perf_counter() - t0
+        return tree.truncated(gate.choose("tree", tree.confidence, spent, tree.parents)), time.perf_counter() - t0
+
+    def _catch_up_excess(self, sp) -> float:
+        """Milliseconds of this step's drafter catch-up beyond what a drafter used every step
+        would have spent (the last step's tokens): after steps without it, or at a reply's start,
+        it catches up on many tokens at once, which says nothing of what it costs when used."""
+        if sp.synced <= 0:
+            return 0.0
+        steady = min(1.0, max(1, self._last_emitted) / sp.synced)
+        return sp.sync_ms * (1.0 - steady)
 
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
         v = s.resolved_verify()

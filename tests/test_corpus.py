@@ -211,3 +211,136 @@ def test_distill_ngram_builds_a_datastore_the_cli_loads(tmp_path, smollm2_gguf_p
     assert main(["generate", "Say hi.", "--datastore", str(tmp_path / "nope.npz"), "--max-new-tokens", "2"]) == 2
     assert "no such n-gram datastore" in capsys.readouterr().err
     assert main(["distill", "ngram", "--data", str(tmp_path), "--out", str(out)]) == 2  # no responses.jsonl
+
+
+class _FakeSpine:
+    """A drafter model along one path (engine/drafters/model.Spine's interface): proposes by a
+    table of path -> [(token, p)], records the tokens it was stepped with."""
+
+    def __init__(self, table, room=99, ms=0.5):
+        self.table, self.room, self.ms, self.path = table, room, ms, ()
+
+    def candidates(self):
+        return self.table.get(self.path, [])
+
+    def can_advance(self):
+        return len(self.path) < self.room
+
+    def advance(self, token):
+        self.path += (token,)
+
+
+def test_mixed_trees_add_the_drafter_model_along_the_path_the_tree_takes():
+    from engine.gate import AGREE, MODEL
+
+    ix = CorpusIndex.build([([7, 8, 9, 10, 11, 12], 0)] * 3 + [([7, 8, 5], 0)], n_max=3, min_count=1)
+    d = NgramDrafter(corpus=ix)
+    # the drafter agrees on 8, then proposes 20 (the datastore's 9 under it too), then 21 under 20
+    sp = _FakeSpine({(): [(8, 0.7), (3, 0.2)], (8,): [(20, 0.9), (9, 0.05)], (8, 20): [(21, 0.8)]})
+    tree = d.corpus_tree([1, 7], max_nodes=8, spine=sp)
+    conf = dict(zip(zip(tree.parents, tree.tokens), tree.confidence))
+    assert conf[(-1, 8)] == pytest.approx(AGREE + 0.7)  # drafter and datastore both proposed it
+    assert conf[(-1, 3)] == pytest.approx(MODEL + 0.2)  # only the drafter
+    assert conf[(0, 20)] == pytest.approx(MODEL + 0.9) and conf[(0, 9)] == pytest.approx(AGREE + 0.05)
+    i20 = tree.tokens.index(20)
+    assert tree.tokens[tree.parents.index(i20)] == 21  # the drafter followed 20, the path's best child
+    assert sp.path[:2] == (8, 20)  # stepped once per path node, in path order
+    assert all(p < i for i, p in enumerate(tree.parents))
+    # without a spine: the datastore's tree, no drafter codes
+    assert all(c < MODEL for c in d.corpus_tree([1, 7], max_nodes=8).confidence)
+    # a drafter step that cannot pay (worth with the step's ms) ends the path: no candidates below the root's
+    sp = _FakeSpine({(): [(8, 0.7)], (8,): [(20, 0.9)]}, ms=5.0)
+    tree = d.corpus_tree([1, 7], max_nodes=8, spine=sp, worth=lambda n, reach, step_ms=0.0: step_ms < 1.0)
+    assert sp.path == () and 20 not in tree.tokens
+    # nor past the drafter's room
+    sp = _FakeSpine({(): [(8, 0.7)], (8,): [(20, 0.9)]}, room=0)
+    assert 20 not in d.corpus_tree([1, 7], max_nodes=8, spine=sp).tokens and sp.path == ()
+
+
+def test_gate_calibrates_each_kind_apart_and_carries_calibration_to_the_next_conversation():
+    from engine.gate import AGREE, MODEL, _bin, raw_probability
+
+    bins = {_bin(0.05), _bin(0.95), _bin(COPIED), _bin(MODEL + 0.05), _bin(MODEL + 0.95), _bin(AGREE + 0.05), _bin(AGREE + 0.999)}
+    assert len(bins) == 7 and max(bins) == 30
+    assert [raw_probability(x) for x in (0.3, COPIED, MODEL + 0.3, AGREE + 0.3)] == pytest.approx([0.3, 0.9, 0.3, 0.3])
+    g = DraftGate(fit({1: 9.0, 2: 9.2, 4: 9.6, 8: 10.4, 16: 12.0}))
+    for _ in range(40):  # the drafter's confident tokens are always right, its 0.35s always wrong
+        g.observe("tree", depth=2, accepted=1, draft_ms=0.1, drafted=2, confidence=[MODEL + 0.95, MODEL + 0.35])
+    assert g.calibrated("tree", MODEL + 0.95) > 0.95 and g.calibrated("tree", MODEL + 0.35) < 0.05
+    assert g.calibrated("tree", 0.35) == pytest.approx(0.35) and g.calibrated("tree", AGREE + 0.35) == pytest.approx(0.35)
+    g.observe_step(3, 50.0)
+    nxt = g.carried()
+    assert nxt.calibrated("tree", MODEL + 0.35) == g.calibrated("tree", MODEL + 0.35)
+    assert nxt.alpha("tree") == pytest.approx(1 / 3) and g.alpha("tree") > 0.45  # acceptance starts over
+    assert nxt.observed == {} and nxt.cost is g.cost
+    nxt.observe("tree", depth=1, accepted=1, draft_ms=0.1, drafted=1, confidence=[MODEL + 0.35])
+    assert g.sources["tree"].cal_n != nxt.sources["tree"].cal_n  # a copy, not shared
+
+
+@pytest.mark.parametrize("target_kind, drafter_kind", [("llama", "draft"), ("mamba2", "draft"), ("llama", "mamba2")])
+def test_hybrid_auto_mixed_trees_equal_plain_greedy(target_kind, drafter_kind, tmp_path, monkeypatch):
+    """hybrid:auto with a datastore: the copy, the datastore and the drafter model (a transformer
+    extending a scratch chain, a Mamba-2 stepping a forked state) in one tree, on attention and
+    SSM targets: token for token plain greedy, with wrong and right datastores."""
+    from engine.gate import MODEL
+
+    target = load(str(saved(target_kind, str(tmp_path)))).model
+    dec = Decoder(target, load(str(saved(drafter_kind, str(tmp_path)))).model)
+    prompts = ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30)))
+    wrong = _tiny_datastore(dec, [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9], [3, 2, 3, 8, 4]])
+    right = _tiny_datastore(dec, prompts)
+    refs = {tuple(p): [t for e in run_generation(dec, p, preset("ar"), 40)[0] for t in e.emitted] for p in prompts}
+    for ix in (wrong, right):
+        dec.drafters["ngram"].corpus = ix
+        for prompt in prompts:
+            evs, _ = run_generation(dec, prompt, from_spec("hybrid:auto"), 40)
+            assert [t for e in evs for t in e.emitted] == refs[tuple(prompt)], prompt
+    # on a flat cost every right node pays: mixed trees are drafted, the drafter's nodes among them
+    monkeypatch.setattr(DraftGate, "observe_step", lambda self, rows, ms: None)
+    dec.verify_cost = fit({1: 1.0, 2: 1.0, 4: 1.01, 8: 1.02, 16: 1.04, 32: 1.08})
+    dec.drafters["ngram"].corpus = right
+    codes = []
+    for prompt in prompts:
+        dec.reset()
+        dec.gate = None  # a new gate on the flat cost
+        evs, summ = run_generation(dec, prompt, from_spec("hybrid:auto"), 40)
+        assert [t for e in evs for t in e.emitted] == refs[tuple(prompt)], prompt
+        assert summ.accepted >= 10, (prompt, summ)
+        codes += [(c, p) for e in evs if e.policy for c, p in zip(e.policy.get("confidence", []), e.tree_parents)]
+        assert all(e.policy["source"] == "tree" for e in evs if e.policy)
+    # the drafter's proposals below the root: it stepped along the tree's path
+    assert any(c >= MODEL and p >= 0 for c, p in codes) and any(0 <= c < MODEL for c, _ in codes)
+    dec.drafters["ngram"].corpus = None
+
+
+def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_path):
+    """The registry's SmolLM2 pairing in bf16: the drafter loads in fp32 on a CPU (its C step and
+    Q8_0 products; its numbers never decide what is emitted) and hybrid:auto, with the shipped
+    datastore and drafter in one tree, equals plain greedy decoding in bf16."""
+    import torch
+
+    from engine.session import ChatSession
+
+    s = ChatSession.load(dtype="bf16", max_context=512)
+    assert s.target.model.dtype == torch.bfloat16 and s.drafter.model.dtype == torch.float32
+    dec = s.decoder
+    assert dec.drafters["ngram"].corpus is not None and dec._mixes(dec.drafters["model"])
+    ids = s.encode_chat([{"role": "user", "content": "Write a SQL query that counts the orders of each customer."}])
+    ref = [t for e in run_generation(dec, ids, preset("ar"), 24)[0] for t in e.emitted]
+    evs, summ = run_generation(dec, ids, from_spec("hybrid:auto"), 24)
+    assert [t for e in evs for t in e.emitted] == ref
+    assert summ.accepted > 0 and all(e.policy["source"] == "tree" for e in evs if e.policy)
+
+
+def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
+    from engine.gate import DRAFTER_GAIN, DRAFTER_RECHECK
+
+    slow = DraftGate(fit({1: 30.0, 2: 30.2, 4: 30.5, 8: 31.0, 16: 35.0}))  # a bf16-like step: 30 ms
+    assert slow.with_drafter()  # not measured yet: it joins, to be measured
+    slow.observe_drafter(3.0)
+    assert 3.0 < DRAFTER_GAIN * 30.0 and all(slow.with_drafter() for _ in range(50))
+    fast = DraftGate(fit({1: 3.3, 2: 3.6, 4: 4.2, 8: 5.5, 16: 8.0}))  # a q8-like step: 3.3 ms
+    fast.observe_drafter(2.0)
+    uses = [fast.with_drafter() for _ in range(3 * DRAFTER_RECHECK)]
+    assert sum(uses) == 3 and uses[DRAFTER_RECHECK - 1]  # re-measured every DRAFTER_RECHECK steps
+    assert fast.carried().drafter_ms == fast.drafter_ms  # what it costs on this machine carries over

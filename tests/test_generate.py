@@ -167,9 +167,10 @@ SAMPLING = {
     "hybrid": preset("hybrid", temperature=1.0),                                       # n-gram steps (membership) and model steps (rs)
     "auto": preset("hybrid", temperature=1.0, adaptive=True),                          # draft lengths chosen by the cost gate
     "datastore": preset("pld", temperature=1.0, adaptive=True),                        # chains from an n-gram datastore, cut by confidence
+    "mixed": preset("hybrid", temperature=1.0, adaptive=True),                         # + a datastore: copy, datastore and drafter in one tree
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
-                  if k not in ("membership-model", "mab", "optimal", "hybrid", "auto", "datastore") or t in ("llama", "mamba2")]  # policy-level: two targets
+                  if k not in ("membership-model", "mab", "optimal", "hybrid", "auto", "datastore", "mixed") or t in ("llama", "mamba2")]  # policy-level: two targets
 
 
 # In the default suite every strategy is checked on an attention and a Mamba-2 target, plain
@@ -178,7 +179,8 @@ SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2",
 # with -m slow (CI runs them after the default suite): a suite that must stay under 15 minutes on
 # 2 cores.
 SLOW_SAMPLING = {("rs", "granite"), ("mss", "mamba"), ("mss", "granite"), ("membership-ngram", "mamba"), ("membership-ngram", "granite"),
-                 ("mss", "mamba2"), ("membership-model", "mamba2"), ("auto", "mamba2"), ("datastore", "mamba2")}
+                 ("mss", "mamba2"), ("membership-model", "mamba2"), ("auto", "mamba2"), ("datastore", "mamba2"),
+                 ("mixed", "mamba2")}
 
 
 @pytest.mark.parametrize("case, target", [pytest.param(k, t, marks=pytest.mark.slow) if (k, t) in SLOW_SAMPLING else (k, t)
@@ -191,7 +193,7 @@ def test_sampling_strategies_keep_the_target_distribution(case, target, root):
     target = load(str(saved(kind, root))).model
     dec = Decoder(target, load(str(saved("draft", root))).model)
     prompt = [4, 4, 4, 4]  # repetitive: n-gram drafts fire too
-    if case == "datastore":  # the target's own greedy replies as the datastore (engine/drafters/corpus.py)
+    if case in ("datastore", "mixed"):  # the target's own greedy replies as the datastore (engine/drafters/corpus.py)
         from engine.drafters.corpus import CorpusIndex
 
         seqs = []

@@ -87,12 +87,24 @@ def policy_text(policy: dict | None, bridge: dict | None = None) -> Text:
     return out
 
 
+def _confidence_label(code: float) -> str:
+    """A drafted node's confidence (engine/gate.py codes): "copy" (copied from a context match),
+    a datastore share "0.45", a drafter model's probability "0.83m", a token both proposed "0.83=". """
+    if code < 0:
+        return "copy"
+    if code >= 4.0:  # gate.AGREE
+        return f"{code - 4.0:.2f}="
+    if code >= 2.0:  # gate.MODEL
+        return f"{code - 2.0:.2f}m"
+    return f"{code:.2f}"
+
+
 def policy_only_text(policy: dict | None) -> Text:
     if not policy:
         return Text("static tree (no policy running)", style="dim")
     out = Text()
     if policy.get("policy") == "gate":  # engine/gate.py: the :auto strategies' draft length
-        src = "prompt lookup" if policy.get("source") == "ngram" else "drafter model"
+        src = {"ngram": "prompt lookup", "tree": "copy + datastore + drafter"}.get(policy.get("source"), "drafter model")
         out.append(f"draft-length gate · {src}\n", style="bold")
         k, kmax = policy.get("k", 0), policy.get("k_max", 0)
         what = "plain step (a draft would not pay)" if k == 0 else ("probe, 1 token" if policy.get("probe") else f"k = {k} of {kmax}")
@@ -100,8 +112,8 @@ def policy_only_text(policy: dict | None) -> Text:
         conf = policy.get("confidence")
         if conf:  # a drafter chain cut by its own confidence: p of each drafted token, the kept ones bold
             out.append(f"\ndrafted {len(conf)} · p ")
-            for i, p in enumerate(conf):  # p < 0: copied from a context match (engine/gate.COPIED)
-                out.append("copy " if p < 0 else f"{p:.2f} ", style="bold green" if i < k else "dim")
+            for i, p in enumerate(conf):
+                out.append(_confidence_label(p) + " ", style="bold green" if i < k else "dim")
             out.append(f"· E {policy.get('expected', 1.0):.2f} tokens")
         return out
     if policy.get("policy") == "mab":

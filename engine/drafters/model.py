@@ -19,6 +19,7 @@ correction/bonus token).
 
 from __future__ import annotations
 
+import time
 from typing import Sequence
 
 import torch
@@ -61,6 +62,7 @@ class ModelDrafter:
         self.seen: list[int] = []  # tokens committed in the drafter's cache
         self._scratch_tokens: list[int] = []  # token of each scratch node (index = scratch row)
         self._root_logits: torch.Tensor | None = None
+        self.step_ms = 0.0  # a Spine step's recent cost (ms, EMA)
 
     def restrict(self, ids: torch.Tensor | None) -> None:
         """Propose only tokens in ``ids`` (None: every token): q is renormalised over them. The
@@ -237,6 +239,13 @@ class ModelDrafter:
             kind = "race"
         return TokenTree(tokens, parents, probs, kind, confidence=confidence if conf_on else [])
 
+    def spine(self, history: Sequence[int], k: int = 3) -> "Spine":
+        """A handle that steps this drafter along one path of a tree grown elsewhere (hybrid:auto's
+        best-first tree, NgramDrafter.corpus_tree): the drafter's top-``k`` next tokens and
+        probabilities at the path's end (``candidates``), one step per token the tree puts there
+        (``advance``)."""
+        return Spine(self, history, k)
+
     def _fork(self, batch, parent_rows: list[int]):
         """The next depth's DraftBatch (mamba-drafters §4.1): one row per new node, a copy of its
         parent's row; depth 1 forks the committed state. A row with exactly one child in place
@@ -254,6 +263,66 @@ class ModelDrafter:
         if req.mode == "race":
             return race_topk(q, req.noise_at_depth(depth), n), None
         return draft_sample(q, n, req.generator, without_replacement=True), q
+
+
+class Spine:
+    """A drafter model stepped along one path of a draft tree that another procedure grows (the
+    greedy draft of hybrid:auto: the path the tree's best-first order takes through the drafter's,
+    the datastore's and the context's proposals; engine/drafters/ngram.py). Recurrent drafters
+    fork the committed state once and step one row; transformer drafters extend a scratch chain.
+    ``ms`` is the drafter's recent milliseconds per step (what a step costs the gate)."""
+
+    def __init__(self, drafter: ModelDrafter, history: Sequence[int], k: int = 3):
+        self.d, self.k = drafter, k
+        t0 = time.perf_counter()
+        # how far behind the drafter was and what catching up cost (the gate charges a steady-state share)
+        self.synced = len(history) - _common_prefix(drafter.seen, history)
+        self.logits = drafter._view(drafter._sync(history)[None])
+        self.sync_ms = (time.perf_counter() - t0) * 1000.0
+        self.spent_ms = self.sync_ms  # all this drafter's work for the tree: catch-up, steps, candidates
+        self.batch = None
+        self.srow = -1  # transformer drafters: the scratch row of the path's end (-1: the root)
+        cache = drafter.model.cache
+        # steps the drafter can take: a recurrent state steps in place, a transformer's scratch fills
+        self.room = 1 << 30 if drafter.recurrent else min(cache.capacity - cache.length - cache.scratch - 1,
+                                                            cache.max_scratch - cache.scratch)
+        self.steps = 0
+
+    @property
+    def ms(self) -> float:
+        return self.d.step_ms
+
+    def candidates(self) -> list[tuple[int, float]]:
+        """Up to k (target token id, drafter probability) pairs for the token after the path, best first."""
+        t0 = time.perf_counter()
+        p, i = torch.softmax(self.logits[0].float(), -1).topk(min(self.k, self.logits.shape[-1]))
+        ids = self.d._col_ids[i] if self.d._col_ids is not None else i
+        out = list(zip(ids.tolist(), p.tolist()))
+        self.spent_ms += (time.perf_counter() - t0) * 1000.0
+        return out
+
+    def can_advance(self) -> bool:
+        return self.steps < self.room
+
+    @torch.inference_mode()
+    @drafter_numerics
+    def advance(self, token: int) -> None:
+        """Step the drafter with ``token``, the path's next node."""
+        t0 = time.perf_counter()
+        d = self.d
+        if d.recurrent:
+            self.batch = d._fork(self.batch, [0])
+            out = self.batch.step(torch.tensor([token], dtype=torch.long))
+        else:
+            s0 = d.model.cache.scratch
+            out = d.model.extend([token], [self.srow])
+            d._scratch_tokens.append(token)
+            self.srow = s0
+        self.logits = d._view(d._raw(out))
+        self.steps += 1
+        ms = (time.perf_counter() - t0) * 1000.0
+        self.spent_ms += ms
+        d.step_ms = ms if d.step_ms == 0.0 else 0.8 * d.step_ms + 0.2 * ms
 
 
 def _plan_children(req: DraftRequest) -> dict[int, list[int]]:

@@ -57,8 +57,8 @@ class NgramDrafter:
         return found
 
     def corpus_tree(self, history: Sequence[int], max_nodes: int, calibrate: Callable[[float], float] | None = None,
-                    worth: Callable[[int, float], bool] | None = None, branches: int = 3, ngram_min: int = 2,
-                    ngram_max: int = 6) -> TokenTree:
+                    worth: Callable[..., bool] | None = None, branches: int = 3, ngram_min: int = 2,
+                    ngram_max: int = 6, spine=None) -> TokenTree:
         """A draft tree grown best first (EAGLE-2's dynamic tree over REST's datastore): one node
         at a time, always the candidate with the highest path probability, the product of the
         calibrated confidences (``calibrate``) from the root, among the datastore's top
@@ -68,10 +68,18 @@ class NgramDrafter:
         tree (parents first) and the gate cuts it to its best prefix; each node's own confidence
         is recorded (TokenTree.confidence). It stops at ``max_nodes``, when no candidate is left,
         or where ``worth(nodes so far, P)`` says a node of path probability P cannot pay for its
-        row (no later candidate has a higher P)."""
-        from ..gate import COPIED
+        row (no later candidate has a higher P).
 
-        cal = calibrate or (lambda p: 0.9 if p < 0 else p)
+        ``spine`` (engine/drafters/model.Spine, hybrid:auto): a drafter model joins in along one
+        path, the one the best-first order takes: its top tokens are candidates for the root's
+        children and, each time the first child of the path's end is grown, the drafter steps
+        with that token and proposes that node's children (while ``worth(n, P, step ms)`` says a
+        step can pay). A token only the drafter proposed has confidence gate.MODEL + p, one the
+        drafter and the copy or the datastore both proposed gate.AGREE + p (p the drafter's
+        probability), calibrated apart (engine/gate.py)."""
+        from ..gate import AGREE, COPIED, MODEL, raw_probability
+
+        cal = calibrate or raw_probability
         conts = self.continuations(history, max_nodes, 1, ngram_min, ngram_max)
         copy = tuple(conts[0]) if conts else ()
         n_ctx = self.corpus.n_max if self.corpus is not None else 0
@@ -83,7 +91,7 @@ class NgramDrafter:
         heap: list = []
         tick = itertools.count()
 
-        def push_children(node: int, path: tuple[int, ...], reach: float) -> None:
+        def push_children(node: int, path: tuple[int, ...], reach: float, model: Sequence[tuple[int, float]] = ()) -> None:
             kids: dict[int, float] = {}
             if len(path) < len(copy) and copy[:len(path)] == path:
                 kids[copy[len(path)]] = COPIED
@@ -91,10 +99,13 @@ class NgramDrafter:
                 for t, p in self.corpus.top((base + list(path))[-n_ctx:], branches):
                     if t not in kids or cal(p) > cal(kids[t]):
                         kids[t] = p
+            for t, p in model:
+                kids[t] = (AGREE if t in kids else MODEL) + p
             for t, p in kids.items():
                 heapq.heappush(heap, (-reach * cal(p), next(tick), node, t, p))
 
-        push_children(-1, (), 1.0)
+        tip = -1 if spine is not None else None  # the node whose children the drafter model proposes
+        push_children(-1, (), 1.0, spine.candidates() if spine is not None else ())
         while heap and len(tokens) < max_nodes:
             neg, _, parent, t, p = heapq.heappop(heap)
             if worth is not None and not worth(len(tokens), -neg):
@@ -104,7 +115,13 @@ class NgramDrafter:
             parents.append(parent)
             confidence.append(p)
             paths.append(path)
-            push_children(len(tokens) - 1, path, -neg)
+            model: Sequence[tuple[int, float]] = ()
+            if tip is not None and parent == tip:  # the first child of the path's end: the drafter follows it
+                tip = None
+                if spine.can_advance() and (worth is None or worth(len(tokens), -neg, spine.ms)):
+                    spine.advance(t)
+                    model, tip = spine.candidates(), len(tokens) - 1
+            push_children(len(tokens) - 1, path, -neg, model)
         return TokenTree(tokens, parents, None, "deterministic", confidence=confidence)
 
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:

@@ -251,6 +251,9 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     cut = dict(gate, k=2, drafted=4, confidence=[-1.0, 0.91, 0.42, 0.1], expected=2.3)
     text = policy_text(cut).plain
     assert "k = 2 of 8" in text and "drafted 4 · p copy 0.91 0.42 0.10 · E 2.30 tokens" in text
+    # hybrid:auto's mixed trees: the drafter model's probabilities (m) and tokens two sources agreed on (=)
+    text = policy_text(dict(cut, source="tree", confidence=[4.93, 2.41, 0.3, -1.0])).plain
+    assert "draft-length gate · copy + datastore + drafter" in text and "p 0.93= 0.41m 0.30 copy ·" in text
     spans = policy_text(cut).spans
     assert sum(1 for sp in spans if "green" in str(sp.style)) == 2  # the kept two
 
