@@ -103,7 +103,8 @@ def raw_probability(code: float) -> float:
 
 
 DRAFTER_GAIN = 0.2  # hybrid:auto: the drafter model's proposals raise tokens a step by ~20% (see with_drafter)
-DRAFTER_RECHECK = 32  # steps without the drafter model before its cost is measured again
+DRAFTER_RECHECK = 32  # steps without the drafter model before its cost is measured again, doubling
+DRAFTER_RECHECK_MAX = 512  # while it keeps not paying (a re-measure catches the drafter up on them all)
 
 
 @dataclass
@@ -115,6 +116,8 @@ class DraftGate:
     # hybrid:auto: what the drafter model costs a step (ms, EMA; None: not measured yet), steps since
     drafter_ms: float | None = None
     _without: int = 0
+    _recheck: int = DRAFTER_RECHECK
+    _fit: tuple[float, float] | None = None  # at(): (s, e) of the loop's step times, None = refit
     last: dict = field(default_factory=dict)  # the last decision, for the dashboard / tests
     # the verify step's wall time as the decode loop sees it, per row count n: [EMA ms, steps]
     observed: dict[int, list[float]] = field(default_factory=dict)
@@ -126,7 +129,7 @@ class DraftGate:
         g = DraftGate(self.cost, self.decay, self.probe)
         for name, src in self.sources.items():
             g.sources[name] = _Source(cal_hits=list(src.cal_hits), cal_n=list(src.cal_n))
-        g.drafter_ms = self.drafter_ms  # what the drafter model costs on this machine
+        g.drafter_ms, g._recheck = self.drafter_ms, self._recheck  # what the drafter model costs on this machine
         return g
 
     # ---- hybrid:auto: whether the drafter model joins the tree -------------------------------------
@@ -137,35 +140,58 @@ class DraftGate:
         datastore alone), at the price of its catch-up and one step per path node, measured here
         (``observe_drafter``): it joins while that price is below DRAFTER_GAIN of a plain step.
         Beside a 30 ms bf16 step its ~3 ms pay; beside a 3.3 ms q8 step they do not. Without it,
-        its cost is measured again every DRAFTER_RECHECK steps (the machine's load changes)."""
+        its cost is measured again after DRAFTER_RECHECK steps (the machine's load changes), the
+        wait doubling up to DRAFTER_RECHECK_MAX while it keeps not paying: the step that
+        re-measures pays for catching the drafter up on every token since."""
         if self.drafter_ms is None or self.drafter_ms < DRAFTER_GAIN * self.at(1):
-            self._without = 0
+            self._without, self._recheck = 0, DRAFTER_RECHECK
             return True
         self._without += 1
-        return self._without % DRAFTER_RECHECK == 0
+        if self._without < self._recheck:
+            return False
+        self._without, self._recheck = 0, min(2 * self._recheck, DRAFTER_RECHECK_MAX)
+        return True
 
     def observe_drafter(self, ms: float) -> None:
         """A step's tree took the drafter model in at a cost of ``ms``."""
         self.drafter_ms = ms if self.drafter_ms is None else 0.8 * self.drafter_ms + 0.2 * ms
 
     def at(self, n: int) -> float:
-        """t(n), the milliseconds of a step that verifies n rows: the decode loop's own measure
-        once it has seen two such steps (the pass plus what the loop does around it: the greedy
-        check of n rows of logits, the commit), else the start-up curve scaled by what one-row
-        steps are seen to cost. (On the 2-core Zen 4 EPYC in q8, a 2-row step took 1.3x a plain
-        step in the loop while the bare passes measured 1.10x.)"""
-        o = self.observed.get(n)
-        if o is not None and o[1] >= 2:
-            return o[0]
-        one = self.observed.get(1)
-        scale = one[0] / self.cost.at(1) if one is not None and one[1] >= 2 and self.cost.at(1) > 0 else 1.0
-        return self.cost.at(n) * scale
+        """t(n), the milliseconds of a step that verifies n rows as the decode loop sees it (the
+        pass plus what the loop does around it: the greedy check of n rows of logits, the
+        commit): the start-up curve c(n) fitted to the loop's own step times as s·c(n) + e·(n-1)
+        (weighted least squares over the row counts seen, each weighted by its steps up to 10;
+        e >= 0). One smooth curve, not an average per row count: a node's marginal cost
+        t(n + 1) - t(n) then follows the curve's shape instead of the noise of two steps. (On
+        the 2-core Zen 4 EPYC in q8, a 2-row step took 1.3x a plain step in the loop while the
+        bare passes measured 1.10x: e is that per-row overhead.)"""
+        if self._fit is None:
+            self._fit = self._loop_fit()
+        s, e = self._fit
+        return s * self.cost.at(n) + e * (n - 1)
+
+    def _loop_fit(self) -> tuple[float, float]:
+        pts = [(self.cost.at(n), n - 1.0, o[0], min(o[1], 10)) for n, o in self.observed.items() if o[1] >= 1]
+        if not pts:
+            return 1.0, 0.0
+        scc = sum(w * c * c for c, _, _, w in pts)
+        sxx = sum(w * x * x for _, x, _, w in pts)
+        scx = sum(w * c * x for c, x, _, w in pts)
+        scy = sum(w * c * y for c, _, y, w in pts)
+        sxy = sum(w * x * y for _, x, y, w in pts)
+        det = scc * sxx - scx * scx
+        if det > 1e-9 * max(scc * sxx, 1e-12):
+            s, e = (scy * sxx - sxy * scx) / det, (sxy * scc - scy * scx) / det
+            if s > 0 and e >= 0:
+                return s, e
+        return (scy / scc if scc > 0 else 1.0), 0.0
 
     def observe_step(self, rows: int, ms: float) -> None:
         """One verify step of ``rows`` rows (the root and the draft) took ``ms``."""
         o = self.observed.setdefault(rows, [ms, 0])
         o[0] = ms if o[1] == 0 else 0.8 * o[0] + 0.2 * ms
         o[1] += 1
+        self._fit = None
 
     def alpha(self, source: str) -> float:
         s = self.sources.get(source) or _Source()

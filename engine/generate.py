@@ -419,9 +419,9 @@ class Decoder:
         tree = self.drafters["ngram"].corpus_tree(self.history, cap, lambda p: gate.calibrated("tree", p), gate.worth("tree"),
                                                   ngram_min=s.ngram_min, ngram_max=s.ngram_max,
                                                   spine=spine)
-        gate.last["drafter"] = use
         if spine is not None:
             gate.observe_drafter(spine.spent_ms - self._catch_up_excess(spine))
+        gate.last.update(drafter=use, drafter_ms=round(gate.drafter_ms or 0.0, 2), step_ms=round(gate.at(1), 2))
         self._drafted_nodes = len(tree)
         spent = (time.perf_counter() - t0) * 1000.0
         if not len(tree):

@@ -30,7 +30,9 @@ MODEL_KEYS = {
     "tokenizer": str, "vocab": int, "tok_real": int, "params": str, "license": str, "format": str,
     "notes": str, "layout": str, "size_mb": (int, float), "default": bool, "datastore": str,
 }
-PAIRING_KEYS = {"target": str, "drafter": str, "vocab": str, "note": str, "strategy": str, "default": bool}
+PAIRING_KEYS = {"target": str, "drafter": str, "vocab": str, "note": str, "strategy": str, "default": bool,
+                "strategy_by_compute": dict}
+COMPUTE_TYPES = ("q8", "fp32", "bf16")  # strategy_by_compute's keys: the compute type the target loaded in
 ROLES = {"target", "drafter", "hybrid_target", "hybrid_drafter"}
 
 
@@ -91,6 +93,14 @@ class Pairing:
     note: str | None = None
     strategy: str | None = None
     default: bool = False
+    # the best measured strategy per compute type ("q8", "fp32", "bf16"), over ``strategy``
+    strategy_by_compute: dict[str, str] = field(default_factory=dict)
+
+    def strategy_for(self, compute: str) -> str | None:
+        """The pairing's strategy for a target loaded in ``compute`` (loading.Loaded.compute:
+        "q8", "float32", "bfloat16")."""
+        short = {"float32": "fp32", "bfloat16": "bf16"}.get(compute, compute)
+        return self.strategy_by_compute.get(short, self.strategy)
 
 
 @dataclass
@@ -175,13 +185,19 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
         for k in ("target", "drafter"):
             if entry[k] not in reg.models:
                 raise ConfigError(f"{where}: [[pairing]] #{i + 1} names unknown {k} {entry[k]!r}")
-        if "strategy" in entry:
+        specs = [("strategy", entry["strategy"])] if "strategy" in entry else []
+        for k, v in entry.get("strategy_by_compute", {}).items():
+            if k not in COMPUTE_TYPES or not isinstance(v, str):
+                raise ConfigError(f"{where}: [[pairing]] #{i + 1}: strategy_by_compute takes "
+                                  f"{', '.join(COMPUTE_TYPES)} = \"SPEC\", not {k} = {v!r}")
+            specs.append((f"strategy_by_compute.{k}", v))
+        for key, spec in specs:
             from .strategy import StrategyError, from_spec
 
             try:
-                from_spec(entry["strategy"])
+                from_spec(spec)
             except StrategyError as e:
-                raise ConfigError(f"{where}: [[pairing]] #{i + 1}: bad strategy ({e})") from None
+                raise ConfigError(f"{where}: [[pairing]] #{i + 1}: bad {key} ({e})") from None
         reg.pairings.append(Pairing(**entry))
     return reg
 

@@ -90,8 +90,9 @@ class ChatSession:
         strat = strategy if isinstance(strategy, Strategy) else (from_spec(strategy) if strategy else None)
         if strat is not None and drafter_ref == "ngram" and strat.drafter == "model":
             strat = strat.replace(drafter="ngram")
-        if strat is None and pairing is not None and pairing.strategy and drf is not None:
-            strat = from_spec(pairing.strategy)  # the pairing's best measured strategy (models.toml)
+        best = pairing.strategy_for(tgt.compute) if pairing is not None else None
+        if strat is None and best and drf is not None:
+            strat = from_spec(best)  # the pairing's best measured strategy for this compute type (models.toml)
         if strat is not None:
             strat.validate(has_drafter_model=drf is not None)
         session = cls(tgt, drf, strat, reg)

@@ -166,6 +166,7 @@ def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path
     from engine.session import ChatSession
 
     s = ChatSession.load(dtype="fp32", max_context=512)  # models.toml names assets/ngram-smollm2.npz
+    assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
     assert s.datastore and s.datastore.endswith("ngram-smollm2.npz") and s.decoder.drafters["ngram"].corpus is not None
     assert s.decoder.drafters["ngram"].corpus.fits(s.tokenizer)
     s.attach_datastore("none")
@@ -323,6 +324,9 @@ def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_
 
     s = ChatSession.load(dtype="bf16", max_context=512)
     assert s.target.model.dtype == torch.bfloat16 and s.drafter.model.dtype == torch.float32
+    # the pairing's best measured strategy in bf16 (models.toml strategy_by_compute), pld:auto otherwise
+    assert (s.strategy.name, s.strategy.adaptive) == ("hybrid", True)
+    assert s.registry.default_pairing(s.target.name).strategy_for("q8") == "pld:auto"
     dec = s.decoder
     assert dec.drafters["ngram"].corpus is not None and dec._mixes(dec.drafters["model"])
     ids = s.encode_chat([{"role": "user", "content": "Write a SQL query that counts the orders of each customer."}])
@@ -341,6 +345,11 @@ def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
     assert 3.0 < DRAFTER_GAIN * 30.0 and all(slow.with_drafter() for _ in range(50))
     fast = DraftGate(fit({1: 3.3, 2: 3.6, 4: 4.2, 8: 5.5, 16: 8.0}))  # a q8-like step: 3.3 ms
     fast.observe_drafter(2.0)
-    uses = [fast.with_drafter() for _ in range(3 * DRAFTER_RECHECK)]
-    assert sum(uses) == 3 and uses[DRAFTER_RECHECK - 1]  # re-measured every DRAFTER_RECHECK steps
-    assert fast.carried().drafter_ms == fast.drafter_ms  # what it costs on this machine carries over
+    uses = [fast.with_drafter() for _ in range(7 * DRAFTER_RECHECK)]
+    # re-measured after DRAFTER_RECHECK steps, then after twice as many, then four times ...
+    assert [i + 1 for i, u in enumerate(uses) if u] == [DRAFTER_RECHECK, 3 * DRAFTER_RECHECK, 7 * DRAFTER_RECHECK]
+    nxt = fast.carried()
+    assert nxt.drafter_ms == fast.drafter_ms and nxt._recheck == 8 * DRAFTER_RECHECK  # carries over
+    for _ in range(10):  # cheap again (the machine's load fell): it joins, the wait resets
+        nxt.observe_drafter(0.1)
+    assert nxt.with_drafter() and nxt._recheck == DRAFTER_RECHECK

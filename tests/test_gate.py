@@ -25,6 +25,25 @@ def test_verify_cost_interpolates_its_measured_points():
     assert c.at(20) == pytest.approx(c(20))  # past the last point: the fit
 
 
+def test_gate_fits_the_loops_step_times_as_one_smooth_curve():
+    c = _cost()
+    g = DraftGate(c)
+    assert g.at(5) == pytest.approx(c.at(5))  # nothing seen yet: the start-up curve
+    g.observe_step(1, 18.0)
+    assert g.at(1) == pytest.approx(18.0) and g.at(8) == pytest.approx(2 * c.at(8))  # one size seen: a scale
+    g = DraftGate(c)
+    for n in (1, 2, 3, 6, 9):  # the loop's steps: 1.5 x the pass + 0.4 ms a row
+        for _ in range(3):
+            g.observe_step(n, 1.5 * c.at(n) + 0.4 * (n - 1))
+    assert g.at(12) == pytest.approx(1.5 * c.at(12) + 0.4 * 11, rel=1e-6)
+    assert g.at(1) == pytest.approx(1.5 * c.at(1), rel=1e-6)
+    # noisy steps never make a node's marginal cost negative (e >= 0, s > 0)
+    h = DraftGate(c)
+    for n, ms in ((1, 30.0), (5, 29.0), (6, 33.0), (7, 30.5), (8, 31.0)):
+        h.observe_step(n, ms)
+    assert all(h.at(n + 1) >= h.at(n) for n in range(1, 20))
+
+
 def test_gate_follows_acceptance_and_probes_when_shut():
     g = DraftGate(_cost(), probe=4)
     assert g.budget("ngram", 8) == 1  # the Beta(1, 2) prior: alpha 1/3 pays for a one-token draft here

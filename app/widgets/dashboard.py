@@ -109,6 +109,10 @@ def policy_only_text(policy: dict | None) -> Text:
         k, kmax = policy.get("k", 0), policy.get("k_max", 0)
         what = "plain step (a draft would not pay)" if k == 0 else ("probe, 1 token" if policy.get("probe") else f"k = {k} of {kmax}")
         out.append(f"α {policy.get('alpha', 0):.2f} · {what}")
+        if "drafter" in policy:  # hybrid:auto's mixed trees: whether the drafter model's cost pays (gate.with_drafter)
+            state = "in" if policy["drafter"] else "out"
+            out.append(f"\ndrafter model {state} · {policy.get('drafter_ms', 0):.1f} ms a step vs a "
+                       f"{policy.get('step_ms', 0):.1f} ms plain step", style="green" if policy["drafter"] else "dim")
         conf = policy.get("confidence")
         if conf:  # a drafter chain cut by its own confidence: p of each drafted token, the kept ones bold
             out.append(f"\ndrafted {len(conf)} · p ")

@@ -254,6 +254,8 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     # hybrid:auto's mixed trees: the drafter model's probabilities (m) and tokens two sources agreed on (=)
     text = policy_text(dict(cut, source="tree", confidence=[4.93, 2.41, 0.3, -1.0])).plain
     assert "draft-length gate · copy + datastore + drafter" in text and "p 0.93= 0.41m 0.30 copy ·" in text
+    text = policy_text(dict(cut, source="tree", drafter=False, drafter_ms=2.14, step_ms=3.31)).plain
+    assert "drafter model out · 2.1 ms a step vs a 3.3 ms plain step" in text
     spans = policy_text(cut).spans
     assert sum(1 for sp in spans if "green" in str(sp.style)) == 2  # the kept two
 
