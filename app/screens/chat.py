@@ -25,11 +25,14 @@ from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLi
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
 
-DRAIN_INTERVAL_S = 1 / 20  # the UI takes the engine's events at most 20 times a second
-# The streamed reply's Markdown is written at most 8 times a second: each write re-lays-out the
-# message column (~20 ms of the UI thread, which shares the cores with the decode threads). The
-# status line and the dashboard keep the drain's rate; the finished reply shows the whole text.
-MARKDOWN_INTERVAL_S = 1 / 8
+DRAIN_INTERVAL_S = 1 / 10  # the UI takes the engine's events at most 10 times a second
+# The streamed reply's Markdown is written at most 4 times a second: each write re-lays-out the
+# message column and each frame re-renders it (~20 ms of the UI thread apiece, on cores the decode
+# threads share). Measured in q8 (`bench/app_stream.py --strategy pld:auto --prompts 4`, 2-core
+# Zen 4): with drains at 20/s, Markdown at 8/s and dashboard repaints at 10/s the app streamed at
+# 0.53-0.69x the engine's rate without a UI; at 10/s, 4/s and 4/s, 0.86-0.89x. The status line
+# keeps the drain's rate; the finished reply shows the whole text.
+MARKDOWN_INTERVAL_S = 1 / 4
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "

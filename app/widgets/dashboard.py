@@ -23,7 +23,7 @@ from ..sysinfo import MemoryMonitor, memory_lines
 from .draft_tree import DraftTreeView
 from .step_view import StepView
 
-REPAINT_HZ = 10
+REPAINT_HZ = 4  # dashboards refresh more slowly than the chat (see screens/chat.py: each repaint costs the decode)
 MEMORY_HZ = 2
 BAR_WIDTH = 12
 
