@@ -29,9 +29,10 @@ DRAIN_INTERVAL_S = 1 / 10  # the UI takes the engine's events at most 10 times a
 # The streamed reply's Markdown is written at most 4 times a second: each write re-lays-out the
 # message column and each frame re-renders it (~20 ms of the UI thread apiece, on cores the decode
 # threads share). Measured in q8 (`bench/app_stream.py --strategy pld:auto --prompts 4`, 2-core
-# Zen 4): with drains at 20/s, Markdown at 8/s and dashboard repaints at 10/s the app streamed at
-# 0.53-0.69x the engine's rate without a UI; at 10/s, 4/s and 4/s, 0.86-0.89x. The status line
-# keeps the drain's rate; the finished reply shows the whole text.
+# Zen 4, alternating): with drains at 20/s, Markdown at 8/s and dashboard repaints at 10/s the app
+# streamed at 0.52-0.57x the engine's rate without a UI (191-217 tok/s); at 10/s, 4/s and 4/s,
+# 0.74-0.76x (254-271 tok/s). The status line keeps the drain's rate; the finished reply shows the
+# whole text.
 MARKDOWN_INTERVAL_S = 1 / 4
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
