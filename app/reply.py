@@ -37,6 +37,7 @@ class ReplyRun:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.finished = False
+        self.only_ar = True  # every step so far was plain decoding (the dashboard's in-app baseline)
         self._queue: SimpleQueue[object] = SimpleQueue()
 
     # ---- engine thread ---------------------------------------------------------------------------
@@ -69,6 +70,7 @@ class ReplyRun:
                 self.finish_reason = "error"
             elif isinstance(item, StepEvent):
                 self.summary.add(item)
+                self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
                 self.last_event = item
                 self.new_events.append(item)
                 parts.append(item.text)

@@ -34,6 +34,7 @@ DRAIN_INTERVAL_S = 1 / 10  # the UI takes the engine's events at most 10 times a
 # 0.74-0.76x (254-271 tok/s). The status line keeps the drain's rate; the finished reply shows the
 # whole text.
 MARKDOWN_INTERVAL_S = 1 / 4
+AR_BASELINE_MIN_TOKENS = 32  # a plain-decoding reply this long becomes the speedup's reference (_ar_baseline)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
@@ -455,6 +456,18 @@ class ChatScreen(Screen[None]):
             self._finishing = True
             self.call_later(self._finish, run)
 
+    def _ar_baseline(self, run: ReplyRun, failed: bool) -> None:
+        """A reply decoded with plain decoding (``ar``) throughout, of AR_BASELINE_MIN_TOKENS or
+        more, becomes the dashboard's speedup reference: measured in the app, beside the UI
+        thread's work, like the replies it is compared with (the load-time measure runs with the
+        UI idle, so it is faster than any in-app rate: ~0.75x in q8, bench/app_stream.py)."""
+        from ..widgets.dashboard import BaselineInfo
+
+        n = run.summary.new_tokens
+        if failed or not run.only_ar or n < AR_BASELINE_MIN_TOKENS or run.summary.tokens_per_s <= 0:
+            return
+        self.dashboard.set_baseline(BaselineInfo(run.summary.tokens_per_s, f"ar in the app, last such reply, {n} tokens"))
+
     async def _write_markdown(self, stream: MarkdownStream) -> None:
         """Write the streamed text held back so far (MARKDOWN_INTERVAL_S) to the reply."""
         if self._md_pending:
@@ -484,6 +497,7 @@ class ChatScreen(Screen[None]):
             self._save_message("assistant", run.text, reply_stats(run, reason))
         self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason or "", "done"))
+        self._ar_baseline(run, failed)
         if failed:
             self.notify(f"Generation failed: {run.error or 'the engine reported an error'}",
                         severity="error", timeout=8)

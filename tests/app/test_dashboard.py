@@ -320,3 +320,26 @@ def test_torch_cuda_allocator_line_only_with_cuda() -> None:
 
     if not torch.cuda.is_available():
         assert torch_gpu_mb() is None
+
+
+async def test_a_plain_decoding_reply_in_the_app_becomes_the_speedup_reference() -> None:
+    """A reply decoded with ar throughout (32+ tokens) is the speedup's reference from then on:
+    measured beside the UI's work like the replies compared with it; a speculative reply is not."""
+    from app.screens.chat import AR_BASELINE_MIN_TOKENS
+
+    plain = [StepEvent(step=i, strategy="ar greedy T=0", drafted=0, accepted=0, emitted=[7], text=" x",
+                       segments=[(" x", "target")], ms=20.0) for i in range(1, AR_BASELINE_MIN_TOKENS + 1)]
+    engine = BaselineEngine(plain)
+    app = make_app(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: dashboard(app).baseline is not None)
+        assert dashboard(app).baseline.tokens_per_s == 20.0  # the load-time measure first
+        await send(pilot, "go")
+        await reply_done(pilot)
+        b = dashboard(app).baseline
+        assert b.tokens_per_s == pytest.approx(50.0) and b.note == f"ar in the app, last such reply, {AR_BASELINE_MIN_TOKENS} tokens"
+        engine.events = script()  # speculative steps (and a plain one): not a reference
+        await send(pilot, "again")
+        await reply_done(pilot)
+        assert dashboard(app).baseline is b
