@@ -415,7 +415,12 @@ class Decoder:
         self._budget(s, "tree", cap, by_confidence=True)
         gate = self.gate
         use = gate.with_drafter()  # whether the drafter model pays here (measured, engine/gate.py)
-        spine = drafter.spine(self.history) if use else None
+        spine = None
+        if use:
+            try:
+                spine = drafter.spine(self.history)
+            except OverflowError:  # the drafter's context is full: the copy and the datastore go on alone
+                use = False
         tree = self.drafters["ngram"].corpus_tree(self.history, cap, lambda p: gate.calibrated("tree", p), gate.worth("tree"),
                                                   ngram_min=s.ngram_min, ngram_max=s.ngram_max,
                                                   spine=spine)

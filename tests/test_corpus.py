@@ -353,3 +353,17 @@ def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
     for _ in range(10):  # cheap again (the machine's load fell): it joins, the wait resets
         nxt.observe_drafter(0.1)
     assert nxt.with_drafter() and nxt._recheck == DRAFTER_RECHECK
+
+
+def test_hybrid_auto_goes_on_without_a_drafter_whose_context_is_full(tmp_path, monkeypatch):
+    """A drafter with a shorter context than the target's: once it is full, mixed trees go on
+    from the copy and the datastore alone (plain greedy output, no error)."""
+    monkeypatch.setattr(DraftGate, "with_drafter", lambda self: True)  # a tiny drafter never pays: ask anyway
+    target = load(str(saved("llama", str(tmp_path)))).model
+    dec = Decoder(target, load(str(saved("draft", str(tmp_path))), max_context=24).model)
+    prompt = [3, 1, 4, 1, 6]
+    ref = [t for e in run_generation(dec, prompt, preset("ar"), 40)[0] for t in e.emitted]
+    dec.drafters["ngram"].corpus = _tiny_datastore(dec, [prompt])
+    evs, _ = run_generation(dec, prompt, from_spec("hybrid:auto"), 40)
+    assert [t for e in evs for t in e.emitted] == ref
+    assert any(e.policy and e.policy.get("drafter") is False for e in evs[-5:])
