@@ -104,6 +104,7 @@ def raw_probability(code: float) -> float:
 
 DRAFTER_GAIN = 0.2  # hybrid:auto: the drafter model's proposals raise tokens a step by ~20% (see with_drafter)
 DRAFTER_RECHECK = 32  # steps without the drafter model before its cost is measured again, doubling
+DRAFTER_SAMPLES = 5  # the drafter's cost is the least of its last 5 measures
 DRAFTER_RECHECK_MAX = 512  # while it keeps not paying (a re-measure catches the drafter up on them all)
 
 
@@ -114,7 +115,7 @@ class DraftGate:
     probe: int = 8
     sources: dict[str, _Source] = field(default_factory=dict)
     # hybrid:auto: what the drafter model costs a step (ms, EMA; None: not measured yet), steps since
-    drafter_ms: float | None = None
+    drafter_costs: list[float] = field(default_factory=list)  # its last DRAFTER_SAMPLES measured costs (ms)
     _without: int = 0
     _recheck: int = DRAFTER_RECHECK
     _fit: tuple[float, float] | None = None  # at(): (s, e) of the loop's step times, None = refit
@@ -129,7 +130,7 @@ class DraftGate:
         g = DraftGate(self.cost, self.decay, self.probe)
         for name, src in self.sources.items():
             g.sources[name] = _Source(cal_hits=list(src.cal_hits), cal_n=list(src.cal_n))
-        g.drafter_ms, g._recheck = self.drafter_ms, self._recheck  # what the drafter model costs on this machine
+        g.drafter_costs, g._recheck = list(self.drafter_costs), self._recheck  # what the drafter model costs here
         return g
 
     # ---- hybrid:auto: whether the drafter model joins the tree -------------------------------------
@@ -143,7 +144,7 @@ class DraftGate:
         its cost is measured again after DRAFTER_RECHECK steps (the machine's load changes), the
         wait doubling up to DRAFTER_RECHECK_MAX while it keeps not paying: the step that
         re-measures pays for catching the drafter up on every token since."""
-        if self.drafter_ms is None or self.drafter_ms < DRAFTER_GAIN * self.at(1):
+        if len(self.drafter_costs) < 2 or self.drafter_ms < DRAFTER_GAIN * self.at(1):  # never out on one measure
             self._without, self._recheck = 0, DRAFTER_RECHECK
             return True
         self._without += 1
@@ -152,9 +153,16 @@ class DraftGate:
         self._without, self._recheck = 0, min(2 * self._recheck, DRAFTER_RECHECK_MAX)
         return True
 
+    @property
+    def drafter_ms(self) -> float | None:
+        """What the drafter model costs a step: the least of its last DRAFTER_SAMPLES measures (a
+        step's noise only ever adds time; a first step's one-off set-up, or a busy moment, must
+        not keep the drafter out for the hundreds of steps until it is measured again)."""
+        return min(self.drafter_costs) if self.drafter_costs else None
+
     def observe_drafter(self, ms: float) -> None:
         """A step's tree took the drafter model in at a cost of ``ms``."""
-        self.drafter_ms = ms if self.drafter_ms is None else 0.8 * self.drafter_ms + 0.2 * ms
+        self.drafter_costs = (self.drafter_costs + [ms])[-DRAFTER_SAMPLES:]
 
     def at(self, n: int) -> float:
         """t(n), the milliseconds of a step that verifies n rows as the decode loop sees it (the

@@ -345,14 +345,21 @@ def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
     assert 3.0 < DRAFTER_GAIN * 30.0 and all(slow.with_drafter() for _ in range(50))
     fast = DraftGate(fit({1: 3.3, 2: 3.6, 4: 4.2, 8: 5.5, 16: 8.0}))  # a q8-like step: 3.3 ms
     fast.observe_drafter(2.0)
+    assert fast.with_drafter()  # one measure is not enough to leave it out
+    fast.observe_drafter(2.0)
     uses = [fast.with_drafter() for _ in range(7 * DRAFTER_RECHECK)]
     # re-measured after DRAFTER_RECHECK steps, then after twice as many, then four times ...
     assert [i + 1 for i, u in enumerate(uses) if u] == [DRAFTER_RECHECK, 3 * DRAFTER_RECHECK, 7 * DRAFTER_RECHECK]
     nxt = fast.carried()
     assert nxt.drafter_ms == fast.drafter_ms and nxt._recheck == 8 * DRAFTER_RECHECK  # carries over
-    for _ in range(10):  # cheap again (the machine's load fell): it joins, the wait resets
-        nxt.observe_drafter(0.1)
+    nxt.observe_drafter(0.1)  # cheap again (the machine's load fell): it joins, the wait resets
     assert nxt.with_drafter() and nxt._recheck == DRAFTER_RECHECK
+    # one slow measure (a first step's set-up, a busy moment) does not keep it out; a lasting rise does
+    slow.observe_drafter(40.0)
+    assert slow.with_drafter()
+    for _ in range(5):
+        slow.observe_drafter(40.0)
+    assert not slow.with_drafter()
 
 
 def test_hybrid_auto_goes_on_without_a_drafter_whose_context_is_full(tmp_path, monkeypatch):
