@@ -38,6 +38,31 @@ def load_chat_session(target: str, drafter: str, models_file: str | None = None)
     return ChatSession.load(target=target, drafter=drafter, models_file=models_file)
 
 
+TERMINAL_CHECK_S = 1.0  # how often the app checks that its terminal is still there
+
+
+def terminal_fd() -> int | None:
+    """The app's terminal: stdin or stdout if either is one (None when headless)."""
+    import os
+    import sys
+
+    for f in (sys.__stdin__, sys.__stdout__):
+        try:
+            fd = f.fileno()
+        except (AttributeError, ValueError, OSError):
+            continue
+        if os.isatty(fd):
+            return fd
+    return None
+
+
+def terminal_alive(fd: int) -> bool:
+    """Whether ``fd`` is still a terminal: a hung-up one is not (isatty false, reads EIO/EOF)."""
+    import os
+
+    return os.isatty(fd)
+
+
 class SpecChatApp(App[None]):
     """A chat with a speculative-decoding engine.
 
@@ -87,6 +112,19 @@ class SpecChatApp(App[None]):
 
     def on_mount(self) -> None:
         self._load_session()
+        self._tty_fd = terminal_fd()
+        if self._tty_fd is not None:
+            self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
+
+    def _check_terminal(self) -> None:
+        """The terminal went away (its window closed, an ssh link dropped) without a SIGHUP
+        reaching the app, as under `make chat`, where make, the terminal's session leader, takes
+        it and waits for the app: quit as Ctrl+Q does (a reply in flight is stopped, finished
+        chats are already saved) instead of running on unseen. Measured before: such an orphan
+        spun at ~70% of a core."""
+        if self._tty_fd is not None and not terminal_alive(self._tty_fd):
+            self._tty_fd = None
+            self.exit()
 
     # ---- loading ---------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load", exit_on_error=False)

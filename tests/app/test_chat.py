@@ -410,3 +410,25 @@ def test_app_never_imports_torch() -> None:
     code = "import sys, app.main; sys.exit(1 if 'torch' in sys.modules else 0)"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr or "app.main imported torch"
+
+
+async def test_the_app_quits_when_its_terminal_goes_away(monkeypatch) -> None:
+    """A hung-up terminal (window closed, `make chat`'s make holding the SIGHUP): the app quits,
+    stopping the reply in flight, instead of running on unseen."""
+    import app.main as main
+
+    alive = {"tty": True}
+    monkeypatch.setattr(main, "terminal_fd", lambda: 99)
+    monkeypatch.setattr(main, "terminal_alive", lambda fd: fd == 99 and alive["tty"])
+    monkeypatch.setattr(main, "TERMINAL_CHECK_S", 0.05)
+    engine = BlockingEngine(["..."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.pause(0.2)
+        assert app.is_running  # the terminal is there: nothing happens
+        alive["tty"] = False
+        await wait_for(pilot, lambda: not app.is_running)
+    assert engine.released.wait(2), "the engine never saw the stop flag after the terminal went away"
