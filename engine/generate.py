@@ -202,7 +202,7 @@ class Decoder:
             step += 1
             ms = (t2 - t0) * 1000.0
             yield StepEvent(
-                step=step, strategy=s.label(), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
+                step=step, strategy=s.label(self._tree_nodes(s)), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path),
                 draft_ms=draft_s * 1000.0, verify_ms=(t2 - t1) * 1000.0, ms=ms, position=len(self.history),
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
@@ -296,7 +296,7 @@ class Decoder:
 
     def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
         text = decoder.flush() if decoder else ""
-        return StepEvent(step=step, strategy=s.label(), drafted=0, accepted=0, emitted=[], text=text,
+        return StepEvent(step=step, strategy=s.label(self._tree_nodes(s)), drafted=0, accepted=0, emitted=[], text=text,
                          position=len(self.history), finished=True, finish_reason=reason, rss_mb=peak_rss_mb())
 
     def _noise(self, s: Strategy, base: int) -> Callable[[int], torch.Tensor]:
@@ -397,6 +397,15 @@ class Decoder:
             tree = tree.truncated(self.gate.choose(self._gated, tree.confidence, (time.perf_counter() - t0) * 1000.0,
                                                    tree.parents))
         return tree, time.perf_counter() - t0
+
+    def _tree_nodes(self, s: Strategy) -> int | None:
+        """The node cap of the best-first trees ``s`` drafts (pld:auto and hybrid:auto with a
+        datastore), for its label; None for chains."""
+        if not s.adaptive or s.name not in ("pld", "hybrid") or getattr(self.drafters.get("ngram"), "corpus", None) is None:
+            return None
+        if s.name == "hybrid" and not self._mixes(self.drafters.get(s.drafter)):
+            return None
+        return max(s.draft_len, s.node_budget)
 
     def _mixes(self, drafter) -> bool:
         """hybrid:auto grows one tree from the context's copy, the datastore and the drafter model

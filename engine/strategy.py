@@ -103,11 +103,16 @@ class Strategy:
             return self.vocab
         return "slem" if self.greedy else "tli"
 
-    def label(self) -> str:
-        """Short description for status lines."""
+    def label(self, tree_nodes: int | None = None) -> str:
+        """Short description for status lines. ``tree_nodes``: an adaptive strategy drafting
+        best-first trees of up to that many nodes (pld:auto / hybrid:auto with a datastore)
+        rather than chains of draft_len."""
         parts = [self.name]
         if self.name in ("sd", "pld", "ersd", "hybrid"):
-            parts.append(f"k<={self.draft_len} auto" if self.adaptive else f"k={self.draft_len}")
+            if self.adaptive and tree_nodes:
+                parts.append(f"tree<={tree_nodes} auto")
+            else:
+                parts.append(f"k<={self.draft_len} auto" if self.adaptive else f"k={self.draft_len}")
         if self.drafter == "ngram" and self.name not in ("pld", "ar"):
             parts.append("ngram")
         if self.name == "tree":

@@ -160,6 +160,7 @@ def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path, monkeypatch):
         assert [t for e in evs for t in e.emitted] == ref, prompt
         assert summ.accepted >= 10 and summ.accepted >= 0.6 * summ.drafted, (prompt, summ)
         assert any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
+        assert all(e.strategy.startswith("pld tree<=16 auto") for e in evs)
 
 
 def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path, smollm2_gguf_path):
@@ -309,6 +310,7 @@ def test_hybrid_auto_mixed_trees_equal_plain_greedy(target_kind, drafter_kind, t
         assert summ.accepted >= 10, (prompt, summ)
         codes += [(c, p) for e in evs if e.policy for c, p in zip(e.policy.get("confidence", []), e.tree_parents)]
         assert all(e.policy["source"] == "tree" for e in evs if e.policy)
+        assert all(e.strategy.startswith("hybrid tree<=16 auto") for e in evs)  # trees, not chains of 3
     # the drafter's proposals below the root: it stepped along the tree's path
     assert any(c >= MODEL and p >= 0 for c, p in codes) and any(0 <= c < MODEL for c, _ in codes)
     dec.drafters["ngram"].corpus = None
