@@ -114,7 +114,7 @@ class DraftGate:
     decay: float = 0.9
     probe: int = 8
     sources: dict[str, _Source] = field(default_factory=dict)
-    # hybrid:auto: what the drafter model costs a step (ms, EMA; None: not measured yet), steps since
+    # hybrid:auto: the drafter model's measured costs a step (drafter_ms), steps without it, the wait
     drafter_costs: list[float] = field(default_factory=list)  # its last DRAFTER_SAMPLES measured costs (ms)
     _without: int = 0
     _recheck: int = DRAFTER_RECHECK

@@ -373,7 +373,7 @@ class Decoder:
             shape = (1,) * plan_depth(plan)
         self._last_shape = shape
         if corpus:  # a best-first tree from the datastore, up to the larger of the length and node caps
-            max_nodes = min(max(s.draft_len, s.node_budget), max_nodes)
+            max_nodes = min(s.tree_nodes, max_nodes)
         req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
                            max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan,
@@ -405,7 +405,7 @@ class Decoder:
             return None
         if s.name == "hybrid" and not self._mixes(self.drafters.get(s.drafter)):
             return None
-        return max(s.draft_len, s.node_budget)
+        return s.tree_nodes
 
     def _mixes(self, drafter) -> bool:
         """hybrid:auto grows one tree from the context's copy, the datastore and the drafter model
@@ -420,7 +420,7 @@ class Decoder:
         tree favours), each calibrated to acceptance on its own (NgramDrafter.corpus_tree,
         engine/gate.py), then cut to the prefix with the most expected tokens per ms. Deterministic
         drafts: greedy verification, or membership when sampling (lossless either way)."""
-        cap = min(max(s.draft_len, s.node_budget), max_nodes)
+        cap = min(s.tree_nodes, max_nodes)
         self._budget(s, "tree", cap, by_confidence=True)
         gate = self.gate
         use = gate.with_drafter()  # whether the drafter model pays here (measured, engine/gate.py)

@@ -103,6 +103,12 @@ class Strategy:
             return self.vocab
         return "slem" if self.greedy else "tli"
 
+    @property
+    def tree_nodes(self) -> int:
+        """The node cap of the best-first trees the adaptive strategies grow from a datastore
+        (pld:auto, hybrid:auto): the larger of the draft length and the node budget."""
+        return max(self.draft_len, self.node_budget)
+
     def label(self, tree_nodes: int | None = None) -> str:
         """Short description for status lines. ``tree_nodes``: an adaptive strategy drafting
         best-first trees of up to that many nodes (pld:auto / hybrid:auto with a datastore)

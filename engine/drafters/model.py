@@ -63,6 +63,7 @@ class ModelDrafter:
         self._scratch_tokens: list[int] = []  # token of each scratch node (index = scratch row)
         self._root_logits: torch.Tensor | None = None
         self.step_ms = 0.0  # a Spine step's recent cost (ms, EMA)
+        self.caught_up = 0  # tokens the last _sync ran the drafter over
 
     def restrict(self, ids: torch.Tensor | None) -> None:
         """Propose only tokens in ``ids`` (None: every token): q is renormalised over them. The
@@ -99,6 +100,7 @@ class ModelDrafter:
         if n == len(self.seen) == len(history) and self._root_logits is not None:
             cache.clear_scratch()  # asked again for the same position: draft afresh
             self._scratch_tokens = []
+            self.caught_up = 0
             return self._root_logits
         n = min(n, len(history) - 1)
         if n < len(self.seen):
@@ -114,6 +116,7 @@ class ModelDrafter:
             self.seen.extend(history[n:n + len(rows)])
         self._scratch_tokens = []
         rest = history[len(self.seen):]
+        self.caught_up = len(rest)  # tokens this call ran the drafter over (Spine: what catching up cost)
         room = cache.capacity - cache.length
         if len(rest) > room:
             raise OverflowError("drafter context full")
@@ -275,10 +278,9 @@ class Spine:
     def __init__(self, drafter: ModelDrafter, history: Sequence[int], k: int = 3):
         self.d, self.k = drafter, k
         t0 = time.perf_counter()
-        # how far behind the drafter was and what catching up cost (the gate charges a steady-state share)
-        self.synced = len(history) - _common_prefix(drafter.seen, history)
         self.logits = drafter._view(drafter._sync(history)[None])
-        self.sync_ms = (time.perf_counter() - t0) * 1000.0
+        # how far behind the drafter was and what catching up cost (the gate charges a steady-state share)
+        self.synced, self.sync_ms = drafter.caught_up, (time.perf_counter() - t0) * 1000.0
         self.spent_ms = self.sync_ms  # all this drafter's work for the tree: catch-up, steps, candidates
         self.batch = None
         self.srow = -1  # transformer drafters: the scratch row of the path's end (-1: the root)
