@@ -54,6 +54,14 @@ def add_parser(dsub) -> None:
     t.add_argument("--kd", type=int, default=0, metavar="K",
                    help="distil the target's top-K next-token distribution (from `distill topk --k K`) instead of "
                         "only its greedy token: soft targets carry far more signal per token and curb overfitting")
+    t.add_argument("--init", default=None, metavar="DIR",
+                   help="start from a trained drafter (a `distill train` or `distill export` directory; bf16 weights are "
+                        "widened to fp32) instead of a fresh model: its config sets the architecture (--d-model, --layers, "
+                        "--d-state and --head-dim are ignored). A saved train_state.pt in --out still takes precedence")
+    t.add_argument("--vocab-min-count", type=int, default=0, metavar="N",
+                   help="train the softmax over the reply tokens seen at least N times in the training replies (plus "
+                        "--negatives sampled others), drop predictions of any other token from the loss, and save that "
+                        "set as the drafter's draft vocabulary (0: every token in the data, the default)")
     t.add_argument("--eval-data", default=None, metavar="DIR",
                    help="another `distill data` directory (e.g. replies to the evaluation prompts): its top-1 "
                         "agreement is reported beside the held-out one")
@@ -163,8 +171,9 @@ def load_topk(data_dir: Path, k: int) -> dict:
 
 
 def pack(seqs: list, seq_len: int, pad: int, kd: int = 0):
-    """Pack sequences into rows of ``seq_len`` tokens; the loss covers reply tokens only (and the
-    last prompt token's prediction of the first reply token).
+    """Pack sequences into rows of ``seq_len`` tokens; the loss covers the predictions of reply
+    tokens only (the first from the last prompt token's hidden state). ``mask[t]`` marks token t as
+    a target: the hidden state at t - 1 predicts it.
 
     With ``kd`` = K, sequences are (toks, start, (tok, p) | None) and two more tensors come back:
     soft targets (rows, seq_len, K) ids (int32) and probabilities (fp16), indexed by the position
@@ -176,7 +185,7 @@ def pack(seqs: list, seq_len: int, pad: int, kd: int = 0):
     for s in seqs:
         toks, start = s[0], s[1]
         ids.extend(toks)
-        mask.extend([0] * (start - 1) + [1] * (len(toks) - start + 1))
+        mask.extend([0] * start + [1] * (len(toks) - start))
     n = max(1, math.ceil(len(ids) / seq_len))
     ids += [pad] * (n * seq_len - len(ids))
     mask += [0] * (n * seq_len - len(mask))
@@ -264,7 +273,16 @@ def cmd_train(args: argparse.Namespace) -> int:
                        tie_word_embeddings=True, bos_token_id=tok.bos_id, eos_token_id=sorted(tok.eos_ids)[0] if tok.eos_ids else None,
                        pad_token_id=tok.pad_id)
     torch.manual_seed(0)
-    model = Mamba2ForCausalLM(cfg)
+    if args.init:
+        init = Path(args.init)
+        if args.byte_level or not (init / "config.json").exists() or not list(init.glob("*.safetensors")):
+            raise SpecchatError(f"--init {init}: not a token-level drafter directory (config.json and *.safetensors expected)")
+        model = Mamba2ForCausalLM.from_pretrained(str(init), dtype=torch.float32)
+        if model.config.vocab_size != V:
+            raise SpecchatError(f"--init {init}: vocabulary of {model.config.vocab_size} tokens, the target has {V}")
+        cfg = model.config
+    else:
+        model = Mamba2ForCausalLM(cfg)
     state_path = out / "train_state.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     step, order_seed = 0, 0
@@ -274,7 +292,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         opt.load_state_dict(st["opt"])
         step, order_seed = int(st["step"]), int(st["order_seed"])
         print(f"resuming at step {step}", file=sys.stderr)
-    elif not args.byte_level:
+    elif not args.byte_level and not args.init:
         with torch.no_grad():
             model.get_input_embeddings().weight.copy_(pca_embedding(target.model.embed, args.d_model))
     del target
@@ -305,7 +323,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
 
-    seen = torch.unique(torch.cat([X.flatten(), torch.tensor([pad])] + ([KT[KP > 0].long()] if args.kd else []))).to(device)
+    if args.vocab_min_count > 0 and not args.byte_level:
+        # the draft vocabulary: reply tokens (those the loss covers) seen at least N times
+        counts = torch.bincount(X[:, 1:][M[:, 1:]].flatten(), minlength=V)
+        seen = torch.nonzero(counts >= args.vocab_min_count).flatten().to(device)
+        print(f"draft vocabulary: {len(seen)} reply tokens seen >= {args.vocab_min_count} times "
+              f"({counts[seen.cpu()].sum().item() / max(1, counts.sum().item()):.1%} of reply tokens)", file=sys.stderr)
+    else:
+        seen = torch.unique(torch.cat([X.flatten(), torch.tensor([pad])] + ([KT[KP > 0].long()] if args.kd else []))).to(device)
     unseen = torch.ones(V, dtype=torch.bool, device=device)
     unseen[seen] = False
     unseen = torch.nonzero(unseen).flatten()
@@ -329,18 +354,24 @@ def cmd_train(args: argparse.Namespace) -> int:
             sub = torch.cat([seen, neg])
             logits, y_sub = (h @ W[sub].T).float(), remap[y]
         if not args.kd:
-            return torch.nn.functional.cross_entropy(logits, y_sub)
+            # with --vocab-min-count, a target outside the draft vocabulary is a prediction the
+            # drafter never makes: it leaves the loss (ignore_index) instead of being forced in
+            return torch.nn.functional.cross_entropy(logits, y_sub, ignore_index=-1)
         keep = m[:, 1:].to(device)
         kt = KT[idx][:, :-1].to(device)[keep].long()
         kp = KP[idx][:, :-1].to(device)[keep].float()
         if not full_softmax:
-            kt = remap[kt].clamp(min=0)  # unseen ids only sit in zero-probability slots
+            kp = kp * (remap[kt] >= 0)  # ids outside the softmax: dropped (zero-probability slots already)
+            kt = remap[kt].clamp(min=0)
         logq = torch.log_softmax(logits, -1).gather(1, kt)
-        return -((kp * logq).sum(1) / kp.sum(1)).mean()
+        covered = kp.sum(1)
+        ok = covered > 0
+        return -((kp[ok] * logq[ok]).sum(1) / covered[ok]).mean()
 
     def held_out_metrics(x, m) -> tuple[float, float]:
-        """Full-vocabulary loss and top-1 agreement with the target's next token: the per-token
-        acceptance a greedy chain would see under teacher forcing."""
+        """Full-vocabulary loss and top-1 agreement with the target's next token (the drafter's
+        top token within its draft vocabulary): the per-token acceptance a greedy chain would see
+        under teacher forcing."""
         W = model.get_input_embeddings().weight
         loss_sum, hits, n = 0.0, 0, 0
         for i in range(0, x.shape[0], 4):
@@ -348,7 +379,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             for j in range(0, len(y), 512):
                 logits = (h[j:j + 512] @ W.T).float()
                 loss_sum += torch.nn.functional.cross_entropy(logits, y[j:j + 512], reduction="sum").item()
-                hits += int((logits.argmax(-1) == y[j:j + 512]).sum())
+                # the drafter proposes from its draft vocabulary only (draft_vocab.json, saved below)
+                top = logits.argmax(-1) if full_softmax else seen[logits[:, seen].argmax(-1)]
+                hits += int((top == y[j:j + 512]).sum())
                 n += len(y[j:j + 512])
         return loss_sum / max(1, n), hits / max(1, n)
 

@@ -130,3 +130,41 @@ def test_distill_data_self_prompts_are_sampled_resumable_and_answered(tmp_path, 
     assert main(argv) == 0  # resumes: one more prompt, only its reply is new
     assert len((out / "self_prompts.jsonl").read_text().splitlines()) == 4
     assert len((out / "responses.jsonl").read_text().splitlines()) == 5
+
+
+def test_distill_train_init_and_draft_vocabulary_by_count(tmp_path, smollm2_gguf_path):
+    """--init starts from a trained (or exported bf16) drafter: same architecture, its weights, not
+    a fresh model; --vocab-min-count N trains the softmax over the reply tokens seen N+ times and
+    saves exactly that set as the draft vocabulary."""
+    from collections import Counter
+
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.distill_train import load_sequences
+
+    data = tmp_path / "d"
+    assert main(["distill", "data", "--out", str(data), "--n", "4", "--max-new-tokens", "12"]) == 0
+    first = tmp_path / "first"
+    small = ["--batch", "2", "--seq-len", "64", "--save-every", "1", "--holdout", "0.25"]
+    assert main(["distill", "train", "--data", str(data), "--out", str(first), "--d-model", "64", "--layers", "1",
+                 "--head-dim", "32", "--d-state", "16", "--steps", "2"] + small) == 0
+    shipped = tmp_path / "shipped"
+    assert main(["distill", "export", "--from", str(first), "--to", str(shipped), "--dtype", "bf16"]) == 0
+    tuned = tmp_path / "tuned"
+    # architecture flags that disagree with --init are ignored: the init's config wins
+    assert main(["distill", "train", "--data", str(data), "--out", str(tuned), "--init", str(shipped), "--d-model", "128",
+                 "--layers", "3", "--steps", "1", "--lr", "0", "--vocab-min-count", "2"] + small) == 0
+    cfg = json.loads((tuned / "config.json").read_text())
+    assert cfg["hidden_size"] == 64 and cfg["num_hidden_layers"] == 1
+    a, b = load_file(str(shipped / "model.safetensors")), load_file(str(tuned / "model.safetensors"))
+    # lr 0 (warm-up from 0, one step): the weights are the init's, widened to fp32
+    name = next(k for k in a if "embed" in k)
+    assert torch.equal(a[name].float(), b[name])
+    # the draft vocabulary: reply tokens seen >= 2 times in the training replies (every 4th is held out)
+    seqs = load_sequences(data)
+    counts = Counter(t for i, (toks, start) in enumerate(seqs) if i % 4 for t in toks[start:])
+    want = sorted(t for t, c in counts.items() if c >= 2)
+    assert want and json.loads((tuned / "draft_vocab.json").read_text())["token_ids"] == want
+    rec = json.loads((tuned / "distill.json").read_text())
+    assert rec["args"]["init"] == str(shipped) and 0.0 <= rec["held_out_top1"] <= 1.0
