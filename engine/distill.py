@@ -219,6 +219,10 @@ def cmd_data(args: argparse.Namespace) -> int:
                 done.add(json.loads(line)["id"])
             except (json.JSONDecodeError, KeyError):
                 pass  # a line cut by a kill: its prompt is simply redone
+    from .dtype_probe import slow_bf16_note
+
+    if note := slow_bf16_note(args.dtype):
+        print(note, file=sys.stderr)
     session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
     tok = session.tokenizer
     if args.self_prompts:

@@ -110,6 +110,10 @@ def cmd_topk(args: argparse.Namespace) -> int:
     if not (data_dir / "responses.jsonl").exists():
         raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
     seqs = load_sequences(data_dir, with_ids=True)
+    from .dtype_probe import slow_bf16_note
+
+    if note := slow_bf16_note(args.dtype):
+        print(note, file=sys.stderr)
     target = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models)).model
     if not hasattr(target, "forward_batch"):
         raise SpecchatError(f"{type(target).__name__}: no batched forward; top-k distillation needs a Llama-family target")

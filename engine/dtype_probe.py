@@ -59,6 +59,19 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
 
 
+def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:
+    """A one-line note when ``--dtype bf16`` was asked for on a CPU whose bf16 products the probe
+    measures at 1.5x+ the fp32 ones (no native bf16: AVX2 converts in software; a batched bf16
+    forward ran 8x slower than fp32 on a 2-core AVX2 EPYC, 2026-11-25); None otherwise."""
+    if dtype != "bf16" or torch.device(device).type != "cpu":
+        return None
+    c = cpu_costs()
+    ratio = c["bf16"] / max(c["fp32"], 1e-12)
+    if ratio < 1.5:
+        return None
+    return f"note: bf16 products run {ratio:.1f}x slower than fp32 on this CPU (no native bf16); --dtype fp32 is faster here"
+
+
 @functools.lru_cache(maxsize=None)
 def q8_costs(K: int = 576, N: int = 1536) -> dict[str, float]:
     """Seconds for a Q4_1 product at 1 and 8 rows, fp32 activations vs the q8 compute type's 8-bit

@@ -274,3 +274,21 @@ def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkey
     assert load(str(saved("mamba2", str(tmp_path))), dtype="auto").model.dtype == torch.bfloat16
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: False)
     assert dtype_probe.auto_dtype("cpu", "llama") == "bf16"
+
+
+def test_slow_bf16_note_where_the_probe_finds_bf16_slow(monkeypatch, tmp_path, smollm2_gguf_path, capsys):
+    """`distill data/topk --dtype bf16` on a CPU without native bf16 (the probe's bf16 products
+    1.5x+ the fp32 ones) prints a one-line note suggesting fp32; never for fp32, CUDA, or a CPU
+    where bf16 is fast."""
+    from engine import dtype_probe
+    from engine.cli import main
+
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 8.0})
+    note = dtype_probe.slow_bf16_note("bf16")
+    assert note and "8.0x slower" in note and "--dtype fp32" in note and "\n" not in note
+    assert dtype_probe.slow_bf16_note("fp32") is None and dtype_probe.slow_bf16_note(None) is None
+    assert dtype_probe.slow_bf16_note("bf16", "cuda") is None
+    assert main(["distill", "data", "--out", str(tmp_path / "d"), "--n", "1", "--max-new-tokens", "2", "--dtype", "bf16"]) == 0
+    assert note in capsys.readouterr().err
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.6})
+    assert dtype_probe.slow_bf16_note("bf16") is None
