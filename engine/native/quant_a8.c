@@ -229,11 +229,9 @@ static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64
                     const __m256i t1 = _mm256_add_epi16(_mm256_add_epi16(pr[4], pr[5]), _mm256_add_epi16(pr[6], pr[7]));
                     const __m256i t[2] = {_mm256_madd_epi16(t0, _mm256_set1_epi16(1)), _mm256_madd_epi16(t1, _mm256_set1_epi16(1))};
                     s = _mm256_add_epi32(t[0], t[1]);
-                } else for (int h = 0; h < 8; h++) {
-                    /* vector h holds inputs 4h..4h+3 (Q8_0), or for Q4_1 w[2g] inputs 8g.. and w[2g+1] 8g+4.. */
-                    const int off = qtype == QT_Q4_1A8 ? 8 * (h / 2) + 4 * (h % 2) : 4 * h;
+                } else for (int h = 0; h < 8; h++) { /* Q8_0: vector h holds inputs 4h..4h+3 */
                     int32_t xv;
-                    memcpy(&xv, qx + off, 4);
+                    memcpy(&xv, qx + 4 * h, 4);
                     const __m256i xb = _mm256_set1_epi32(xv);
                     s = dot4_u8s8(s, _mm256_abs_epi8(w[h]), _mm256_sign_epi8(xb, w[h]));
                 }
