@@ -1,7 +1,7 @@
 """A/B of two versions of the C kernels in one process: SmolLM2's C pass (engine/native/llama_rows.c)
 at T rows, the two builds interleaved round by round so the machine's drift hits both alike.
 
-Usage: .venv/bin/python bench/ab_native.py OLD_DIR [--rows 1,2,4,5,6,8,16] [--rounds 15]
+Usage: .venv/bin/python bench/ab_native.py OLD_DIR [--rows 1,2,4,5,6,8,16] [--rounds 15] [--dtype fp32|q8]
 OLD_DIR holds the baseline's .c files (e.g. `git show REV:engine/native/linear.c > /tmp/old/linear.c`
 for each source); the working tree's engine/native is the candidate. Prints per T the median ms of
 each build and candidate / baseline. Import order matters: torch's OpenMP reads its wait policy
@@ -29,6 +29,7 @@ def main() -> int:
     ap.add_argument("--rows", default="1,2,4,5,6,8,16")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--context", type=int, default=300)
+    ap.add_argument("--dtype", default="fp32", help="fp32 or q8 (8-bit activations, quant_a8.c)")
     a = ap.parse_args()
     new = native.lib()
     assert new is not None, native.status()
@@ -38,7 +39,7 @@ def main() -> int:
     for name in ("llama_rows_f32", "linear_rows_q", "linear_rows_f32", "quant_rows_f32"):
         getattr(old, name).argtypes = getattr(new, name).argtypes
         getattr(old, name).restype = getattr(new, name).restype
-    m = load("smollm2-135m-instruct", dtype="fp32").model
+    m = load("smollm2-135m-instruct", dtype=a.dtype).model
     m.allocate(a.context + 64)
     m.prefill(list(range(100, 100 + a.context)))
     tab = m._native_table()
@@ -59,7 +60,7 @@ def main() -> int:
                 times[(b, T)].append((time.perf_counter() - t0) / 3 * 1e3)
                 outs[(b, T)] = y
     native._lib = new
-    print(f"SmolLM2 C pass, context {a.context}, {torch.get_num_threads()} threads, {a.rounds} rounds (median ms)")
+    print(f"SmolLM2 C pass, {a.dtype}, context {a.context}, {torch.get_num_threads()} threads, {a.rounds} rounds (median ms)")
     for T in rows:
         o, n = statistics.median(times[("old", T)]), statistics.median(times[("new", T)])
         same = torch.equal(outs[("old", T)], outs[("new", T)])

@@ -81,6 +81,10 @@ for qtype in ("Q4_1", "Q8_0"):
     raw, _ = _quantised(37, 160, qtype, 3)
     lq = common.Linear.quantized(quant.pack(raw, qtype + "a8", 160), qtype + "a8", 160, 37)
     x = torch.randn(11, 160, generator=torch.Generator().manual_seed(1)) * 3
+    x[0, :32] = 0.0  # an all-zero block: dx = 0
+    x[1, :32] = torch.arange(32) - 15.5  # dx = 15.5 / 127: x / dx lands near ties ...
+    x[2, :32] = torch.tensor([127.0] + [k + 0.5 for k in range(-15, 16)])  # ... and on them (dx = 1): half to even
+    x[3, 32:64] = -1e-30  # tiny values: a subnormal-range scale
     out[qtype] = lq(x).view(torch.int32).flatten().tolist()
 print(json.dumps({"path": native.a8_path(), "out": out}))
 """

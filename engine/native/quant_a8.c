@@ -30,6 +30,10 @@
 
 #include "pool.h"
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #include <immintrin.h>
 #define A8_VNNI 1
@@ -112,6 +116,41 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
             _mm_storeu_si128((__m128i *)(q + kb * QK), _mm512_cvtsepi32_epi8(q0));
             _mm_storeu_si128((__m128i *)(q + kb * QK + 16), _mm512_cvtsepi32_epi8(q1));
             const int32_t sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+            d[kb] = dx;
+            s[kb] = sum;
+            m[kb] = dx * (float)sum;
+        }
+        return;
+    }
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+    /* AVX2: the same operations eight at a time (as above: exact max, one rounding for the scale
+     * and for each product, vcvtps2dq rounds half to even; |x / dx| <= 127 up to rounding, so the
+     * scalar clamp never binds and the saturating packs keep the values). The scalar loop took
+     * ~5 ns an input here, a third of a 16-row pass's linear time on a 2-core AVX2 EPYC. */
+    if (a8_path() != PATH_SCALAR) {
+        const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+        const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes the packs' lane interleave */
+        for (int64_t kb = 0; kb < K / QK; kb++) {
+            const float *xb = x + kb * QK;
+            const __m256 x0 = _mm256_loadu_ps(xb), x1 = _mm256_loadu_ps(xb + 8), x2 = _mm256_loadu_ps(xb + 16),
+                         x3 = _mm256_loadu_ps(xb + 24);
+            __m256 mx = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(x0, sign), _mm256_and_ps(x1, sign)),
+                                      _mm256_max_ps(_mm256_and_ps(x2, sign), _mm256_and_ps(x3, sign)));
+            __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            const float dx = _mm_cvtss_f32(m4) / 127.0f;
+            const __m256 id = _mm256_set1_ps(dx != 0.0f ? 1.0f / dx : 0.0f);
+            const __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(x0, id)), q1 = _mm256_cvtps_epi32(_mm256_mul_ps(x1, id)),
+                          q2 = _mm256_cvtps_epi32(_mm256_mul_ps(x2, id)), q3 = _mm256_cvtps_epi32(_mm256_mul_ps(x3, id));
+            const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q0, q1), _mm256_packs_epi32(q2, q3));
+            _mm256_storeu_si256((__m256i *)(q + kb * QK), _mm256_permutevar8x32_epi32(p, order));
+            const __m256i t = _mm256_add_epi32(_mm256_add_epi32(q0, q1), _mm256_add_epi32(q2, q3));
+            __m128i u = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0x4e));
+            u = _mm_add_epi32(u, _mm_shuffle_epi32(u, 0xb1));
+            const int32_t sum = _mm_cvtsi128_si32(u);
             d[kb] = dx;
             s[kb] = sum;
             m[kb] = dx * (float)sum;
