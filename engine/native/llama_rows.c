@@ -230,6 +230,95 @@ static void attend_row(const float *q, const float *Kc, const float *Vc, const u
     }
 }
 
+#ifdef LR_VEC
+#define GQ 8 /* most query heads attend_group takes at once */
+/* attend_row for ng <= GQ query heads of one row that share a KV head (GQA): q and out hold them
+ * at stride E. Each head's arithmetic is attend_row's, operation for operation (the same score
+ * lanes and tree, the same compaction, exp lanes and value chain), so it gives the same bits; only
+ * the loops are interchanged: a block of 8 keys (then of 16 values) is read once from the cache
+ * and used by every head while it sits in L1, where attend_row streamed the whole K and V once
+ * per head. s and idx hold ng x ss scratch, ss >= end + 8. E % 8 == 0, E <= 128. */
+static void attend_group(const float *q, int ng, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end,
+                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *out) {
+    const int64_t nv = E / 8;
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax[GQ];
+    for (int g = 0; g < ng; g++) vmax[g] = ninf;
+    for (int64_t j0 = 0; j0 < end; j0 += 8) {
+        float keep[8];
+        for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow || mrow[j0 + k])) ? 0.0f : -INFINITY;
+        const __m256 vkeep = _mm256_loadu_ps(keep);
+        for (int g = 0; g < ng; g++) {
+            __m256 qv[16];
+            for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q + g * E + 8 * c);
+            __m256 a[8];
+            for (int k = 0; k < 8; k++) {
+                a[k] = _mm256_setzero_ps();
+                if (j0 + k < end) {
+                    const float *kr = Kc + (j0 + k) * E;
+                    for (int64_t c = 0; c < nv; c++) a[k] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a[k]);
+                }
+            }
+            const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+            const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            __m256 sc = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31)), vscale);
+            sc = _mm256_add_ps(sc, vkeep);
+            vmax[g] = _mm256_max_ps(vmax[g], sc);
+            _mm256_storeu_ps(s + g * ss + j0, sc);
+        }
+    }
+    int64_t n[GQ], nmax = 0;
+    float inv[GQ];
+    for (int g = 0; g < ng; g++) {
+        float *sg = s + g * ss;
+        int32_t *ig = idx + g * ss;
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax[g]), _mm256_extractf128_ps(vmax[g], 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
+        int64_t c = 0;
+        for (int64_t j = 0; j < end; j++)
+            if (sg[j] != -INFINITY) { sg[c] = sg[j]; ig[c++] = (int32_t)j; }
+        for (int64_t j = c; j < ((c + 7) & ~(int64_t)7); j++) sg[j] = -INFINITY;
+        __m256 vsum = _mm256_setzero_ps();
+        for (int64_t j0 = 0; j0 < c; j0 += 8) {
+            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j0), mx));
+            vsum = _mm256_add_ps(vsum, e);
+            _mm256_storeu_ps(sg + j0, e);
+        }
+        inv[g] = 1.0f / hsum8(vsum);
+        n[g] = c;
+        nmax = c > nmax ? c : nmax;
+    }
+    for (int64_t c0 = 0; c0 < nv; c0 += 8) { /* value sums, 64 features at a time in registers */
+        const int64_t nc = nv - c0 < 8 ? nv - c0 : 8;
+        float held[GQ][64]; /* each head's running sums between key blocks (stored and reloaded: exact) */
+        for (int g = 0; g < ng; g++) memset(held[g], 0, sizeof held[g]);
+        for (int64_t t0 = 0; t0 < nmax; t0 += 16) {
+            for (int g = 0; g < ng; g++) {
+                const int64_t t1 = t0 + 16 < n[g] ? t0 + 16 : n[g];
+                if (t0 >= t1) continue;
+                const float *sg = s + g * ss;
+                const int32_t *ig = idx + g * ss;
+                __m256 o[8];
+                for (int64_t c = 0; c < nc; c++) o[c] = _mm256_loadu_ps(held[g] + 8 * c);
+                for (int64_t t = t0; t < t1; t++) {
+                    const __m256 pj = _mm256_set1_ps(sg[t]);
+                    const float *vr = Vc + (int64_t)ig[t] * E + 8 * c0;
+                    for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), o[c]);
+                }
+                for (int64_t c = 0; c < nc; c++) _mm256_storeu_ps(held[g] + 8 * c, o[c]);
+            }
+        }
+        for (int g = 0; g < ng; g++) {
+            const __m256 vinv = _mm256_set1_ps(inv[g]);
+            for (int64_t c = 0; c < nc; c++)
+                _mm256_storeu_ps(out + g * E + 8 * (c0 + c), _mm256_mul_ps(_mm256_loadu_ps(held[g] + 8 * c), vinv));
+        }
+    }
+}
+#endif
+
 /* A per-thread scratch of at least n floats, kept between calls and freed when its thread ends
  * (the app decodes each reply on a worker thread). */
 typedef struct { size_t n; float *p; } kept_buf;
@@ -261,6 +350,7 @@ typedef struct {
     const uint8_t *mask;
     float *o;
     int64_t ldm, T, H, G, E, QKV, P, end;
+    int64_t gs; /* query heads per item (a divisor of G; 1: one head an item) */
     float scale;
     atomic_int failed;
 } att_job;
@@ -271,18 +361,26 @@ static void att_part(void *ctx, pool_region *region) {
     att_job *A = (att_job *)ctx;
     int64_t a0, a1;
     if (!pool_claim(region, &a0, &a1)) return;
-    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * (A->end + 8)));
+    const int64_t ss = (A->end + 15) & ~(int64_t)7, per = A->H / A->gs; /* items per row */
+    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * A->gs * ss));
     if (!s) {
         atomic_store(&A->failed, 1);
         while (pool_claim(region, &a0, &a1)) {} /* nobody computes these: the call fails */
         return;
     }
     do for (int64_t th = a0; th < a1; th++) {
-        const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
+        const int64_t t = th / per, hd = (th % per) * A->gs, k = hd / A->G;
         const float *q = A->qkv + t * A->QKV + hd * A->E;
         const float *Kc = A->kc + k * A->P * A->E, *Vc = A->vc + k * A->P * A->E;
         const uint8_t *mrow = A->mask ? A->mask + t * A->ldm : NULL;
-        attend_row(q, Kc, Vc, mrow, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
+        float *out = A->o + t * A->H * A->E + hd * A->E;
+#ifdef LR_VEC
+        if (A->gs > 1) {
+            attend_group(q, (int)A->gs, Kc, Vc, mrow, A->end, A->E, A->scale, s, (int32_t *)(s + A->gs * ss), ss, out);
+            continue;
+        }
+#endif
+        attend_row(q, Kc, Vc, mrow, A->end, A->E, A->scale, s, out);
     } while (pool_claim(region, &a0, &a1));
     free(s);
 }
@@ -319,8 +417,15 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
                 memcpy(vc + (k * P + start + t) * E, row + (H + KV + k) * E, sizeof(float) * (size_t)E);
             }
         }
-        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, scale, 0};
-        pool_run(T * H * end * E > 32768 ? nthreads : 1, T * H, T * H >= 8 * nthreads ? 2 : 1, att_part, &A);
+        /* a KV head's query heads go together (attend_group) when that still leaves two items a
+         * thread; a 1-row step keeps one head an item (SmolLM2: 9 items, not 3, for 2 threads) */
+        int64_t gs = 1;
+#ifdef LR_VEC
+        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= 2 * nthreads) gs = G;
+#endif
+        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, gs, scale, 0};
+        const int64_t items = T * H / gs;
+        pool_run(T * H * end * E > 32768 ? nthreads : 1, items, items >= 8 * nthreads ? 2 : 1, att_part, &A);
         const int failed = atomic_load(&A.failed);
         if (failed) { rc = 1; break; }
         if ((rc = proj(o, T, H * E, L, S_WO, S_QO, S_BO, D, tmp, nthreads))) break;
