@@ -142,102 +142,14 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
     for (int64_t i = 0; i < E; i++) o[i] = fmaf(p, v[i], o[i]);
 }
 
-/* One query row of one head against keys [0, end) of its KV head (rows of E floats), keys with
- * mrow[j] == 0 left out (mrow NULL: none). Softmax(q . k * scale) weights, out = sum_j p_j v_j.
- *
- * A row's bits depend only on the row, its keys and which of them it sees, never on how many rows
- * ride in the pass or where its keys sit: the scores are eight-lane dot products reduced in a
- * fixed tree, the keys it sees are compacted in order before the lane sums of e^(s - max), and the
- * value sum runs over them in order. */
-static void attend_row(const float *q, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
-                       float scale, float *s, float *out) {
-#ifdef LR_VEC
-    if (E % 8 == 0 && E <= 128) {
-        const int64_t nv = E / 8;
-        __m256 qv[16];
-        for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q + 8 * c);
-        const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
-        __m256 vmax = ninf;
-        for (int64_t j0 = 0; j0 < end; j0 += 8) {
-            __m256 a[8];
-            for (int k = 0; k < 8; k++) {
-                a[k] = _mm256_setzero_ps();
-                if (j0 + k < end) {
-                    const float *kr = Kc + (j0 + k) * E;
-                    for (int64_t c = 0; c < nv; c++) a[k] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a[k]);
-                }
-            }
-            const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-            __m256 sc = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31)), vscale);
-            /* keys past end or masked: -inf */
-            float keep[8];
-            for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow || mrow[j0 + k])) ? 0.0f : -INFINITY;
-            sc = _mm256_add_ps(sc, _mm256_loadu_ps(keep));
-            vmax = _mm256_max_ps(vmax, sc);
-            _mm256_storeu_ps(s + j0, sc);
-        }
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
-        /* the keys the row sees, compacted in order: a tree node's ancestors then sit where its
-         * chain's keys do, so the lane sums below see the same values in the same lanes */
-        int32_t *idx = (int32_t *)(s + end + 8);
-        int64_t n = 0;
-        for (int64_t j = 0; j < end; j++)
-            if (s[j] != -INFINITY) { s[n] = s[j]; idx[n++] = (int32_t)j; }
-        for (int64_t j = n; j < ((n + 7) & ~(int64_t)7); j++) s[j] = -INFINITY;
-        __m256 vsum = _mm256_setzero_ps();
-        for (int64_t j0 = 0; j0 < n; j0 += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j0), mx));
-            vsum = _mm256_add_ps(vsum, e);
-            _mm256_storeu_ps(s + j0, e);
-        }
-        const float inv = 1.0f / hsum8(vsum);
-        for (int64_t c0 = 0; c0 < nv; c0 += 8) { /* value sums, 64 features at a time in registers */
-            const int64_t nc = nv - c0 < 8 ? nv - c0 : 8;
-            __m256 o[8];
-            for (int64_t c = 0; c < nc; c++) o[c] = _mm256_setzero_ps();
-            for (int64_t t = 0; t < n; t++) {
-                const __m256 pj = _mm256_set1_ps(s[t]);
-                const float *vr = Vc + (int64_t)idx[t] * E + 8 * c0;
-                for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), o[c]);
-            }
-            const __m256 vinv = _mm256_set1_ps(inv);
-            for (int64_t c = 0; c < nc; c++) _mm256_storeu_ps(out + 8 * (c0 + c), _mm256_mul_ps(o[c], vinv));
-        }
-        return;
-    }
-#endif
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < end; j++) {
-        if (mrow && !mrow[j]) continue;
-        s[j] = dot(q, Kc + j * E, E) * scale;
-        if (s[j] > mx) mx = s[j];
-    }
-    float sum = 0.0f;
-    for (int64_t j = 0; j < end; j++) {
-        if (mrow && !mrow[j]) continue;
-        s[j] = expf(s[j] - mx);
-        sum += s[j];
-    }
-    const float inv = 1.0f / sum;
-    memset(out, 0, sizeof(float) * (size_t)E);
-    for (int64_t j = 0; j < end; j++) {
-        if (mrow && !mrow[j]) continue;
-        axpy(s[j] * inv, Vc + j * E, out, E);
-    }
-}
-
 #ifdef LR_VEC
 #define GQ 8 /* most query heads attend_group takes at once */
-/* attend_row for ng <= GQ query heads of one row that share a KV head (GQA): q and out hold them
- * at stride E. Each head's arithmetic is attend_row's, operation for operation (the same score
- * lanes and tree, the same compaction, exp lanes and value chain), so it gives the same bits; only
+/* attend_row (below: what one head computes, and why its bits depend on nothing else) for ng <= GQ
+ * query heads of one row that share a KV head (GQA); q and out hold them at stride E. Each head
+ * runs the same operations in the same order as alone (attend_row is this code with ng = 1); only
  * the loops are interchanged: a block of 8 keys (then of 16 values) is read once from the cache
- * and used by every head while it sits in L1, where attend_row streamed the whole K and V once
- * per head. s and idx hold ng x ss scratch, ss >= end + 8. E % 8 == 0, E <= 128. */
+ * and used by every head while it sits in L1, where one head at a time streamed the whole K and V
+ * once per head. s and idx hold ng x ss scratch, ss >= end + 8. E % 8 == 0, E <= 128. */
 static void attend_group(const float *q, int ng, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end,
                          int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *out) {
     const int64_t nv = E / 8;
@@ -318,6 +230,41 @@ static void attend_group(const float *q, int ng, const float *Kc, const float *V
     }
 }
 #endif
+
+/* One query row of one head against keys [0, end) of its KV head (rows of E floats), keys with
+ * mrow[j] == 0 left out (mrow NULL: none). Softmax(q . k * scale) weights, out = sum_j p_j v_j.
+ *
+ * A row's bits depend only on the row, its keys and which of them it sees, never on how many rows
+ * ride in the pass or where its keys sit: the scores are eight-lane dot products reduced in a
+ * fixed tree, the keys it sees are compacted in order before the lane sums of e^(s - max), and the
+ * value sum runs over them in order. */
+static void attend_row(const float *q, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
+                       float scale, float *s, float *out) {
+#ifdef LR_VEC
+    if (E % 8 == 0 && E <= 128) { /* attend_group's code for one head: the same operations */
+        attend_group(q, 1, Kc, Vc, mrow, end, E, scale, s, (int32_t *)(s + end + 8), end + 8, out);
+        return;
+    }
+#endif
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        s[j] = dot(q, Kc + j * E, E) * scale;
+        if (s[j] > mx) mx = s[j];
+    }
+    float sum = 0.0f;
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        s[j] = expf(s[j] - mx);
+        sum += s[j];
+    }
+    const float inv = 1.0f / sum;
+    memset(out, 0, sizeof(float) * (size_t)E);
+    for (int64_t j = 0; j < end; j++) {
+        if (mrow && !mrow[j]) continue;
+        axpy(s[j] * inv, Vc + j * E, out, E);
+    }
+}
 
 /* A per-thread scratch of at least n floats, kept between calls and freed when its thread ends
  * (the app decodes each reply on a worker thread). */
