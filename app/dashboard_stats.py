@@ -49,6 +49,8 @@ class DashboardStats:
     reached: list[int] = field(default_factory=list)  # reached[d-1]: spec steps with accepted depth >= d
     max_depth: int = 0
     _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=NOW_WINDOW))
+    _context_sum: float = 0.0  # sum over emitted tokens of the context each was decoded at
+    _tokens: int = 0
 
     def add(self, ev: StepEvent) -> None:
         self.summary.add(ev)
@@ -58,6 +60,10 @@ class DashboardStats:
         self.events.append(ev)
         self.per_step.append(len(ev.emitted))
         self._recent.append((len(ev.emitted), ev.ms))
+        n = len(ev.emitted)
+        if ev.position >= n:  # the step's tokens sit at positions position - n .. position - 1
+            self._context_sum += n * ev.position - n * (n + 1) / 2
+            self._tokens += n
         if ev.drafted > 0:
             self.spec_steps += 1
             self.max_depth = max(self.max_depth, draft_depth(ev), accepted_depth(ev))
@@ -76,6 +82,11 @@ class DashboardStats:
     @property
     def tokens_per_s_avg(self) -> float:
         return self.summary.tokens_per_s
+
+    @property
+    def mean_context(self) -> float:
+        """Tokens of context the reply's tokens were decoded at, on average (0: not known)."""
+        return self._context_sum / self._tokens if self._tokens else 0.0
 
     @property
     def mean_tokens_per_step(self) -> float:

@@ -178,7 +178,7 @@ class SpecChatApp(App[None]):
             return
         b = message.baseline
         note = f"ar measured at load, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
-        self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note))
+        self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note, fit=b))
 
     def on_session_failed(self, message: SessionFailed) -> None:
         choice, self.switching_to = self.switching_to, None

@@ -22,6 +22,8 @@ from typing import Iterator, Protocol
 from .events import StepEvent
 from .strategy import Strategy
 
+LONG_BASELINE_CONTEXT = 1024  # tokens of context of the plain-decoding baseline's second measure
+
 
 class ChatEngine(Protocol):
     """What the UI needs from a session (a fake implements it in tests)."""
@@ -168,23 +170,41 @@ class ChatSession:
         self.decoder.start(ids)
         yield from self.decoder.steps(lambda: self.strategy, max_new_tokens, stop)
 
-    def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None) -> "Baseline":
+    def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None,
+                         long_context: int = LONG_BASELINE_CONTEXT) -> "Baseline":
         """Plain decoding (ar, greedy) speed of this target on this machine: the reference of the
         dashboard's speedup. Runs on a separate cache (the conversation's state is untouched), so a
-        UI may call it from a worker thread between replies; prefill and a short warm-up excluded."""
+        UI may call it from a worker thread between replies; prefill and a short warm-up excluded.
+
+        Measured twice: after the short baseline prompt, and after a context of ``long_context``
+        tokens (that prompt repeated; 0: not measured, nor where the model's context is too short),
+        ``new_tokens // 2`` tokens there: a step's time grows with the context (attention reads
+        every cached key), so a long conversation's reply is compared with plain decoding at its
+        own context (``Baseline.tokens_per_s_at``), not with the short prompt's speed."""
         from .generate import Decoder, run_generation
         from .strategy import preset
 
         probe = self.target.model.with_own_cache()
         dec = Decoder(probe)  # no EOS: always ``new_tokens`` tokens
         ids = self.encode_chat([{"role": "user", "content": BASELINE_PROMPT}]) if self.tokenizer else list(range(1, 17))
+        long_tps = long_ctx = 0.0
         try:
             run_generation(dec, ids, preset("ar"), 4, stop)  # warm-up
             dec.reset()
             _, summ = run_generation(dec, ids, preset("ar"), new_tokens, stop)
+            stopped = summ.finish_reason == "stopped"
+            n_long = max(4, new_tokens // 2)
+            cap = getattr(probe.cache, "capacity", None) or getattr(probe, "max_context", 0)
+            if long_context > 2 * len(ids) and not stopped and long_context + n_long + 8 <= cap:
+                dec.reset()
+                long_ids = (ids * (long_context // len(ids) + 1))[:long_context]
+                _, lsumm = run_generation(dec, long_ids, preset("ar"), n_long, stop)
+                if lsumm.finish_reason != "stopped" and lsumm.tokens_per_s > 0:
+                    long_tps, long_ctx = lsumm.tokens_per_s, long_context + lsumm.new_tokens / 2
         finally:
             probe.cache = None
-        return Baseline(summ.tokens_per_s, summ.new_tokens, stopped=summ.finish_reason == "stopped")
+        return Baseline(summ.tokens_per_s, summ.new_tokens, stopped=stopped, context=len(ids) + summ.new_tokens / 2,
+                        long_tokens_per_s=long_tps, long_context=long_ctx)
 
 
 BASELINE_PROMPT = "Describe a quiet morning in a small harbour town."
@@ -192,11 +212,30 @@ BASELINE_PROMPT = "Describe a quiet morning in a small harbour town."
 
 @dataclass(frozen=True)
 class Baseline:
-    """A measured plain-decoding speed (tokens/s over ``tokens`` decoded tokens)."""
+    """A measured plain-decoding speed (tokens/s over ``tokens`` decoded tokens, at a mean context
+    of ``context`` tokens), and where measured, the speed at a long context as well."""
 
     tokens_per_s: float
     tokens: int
     stopped: bool = False
+    context: float = 0.0
+    long_tokens_per_s: float = 0.0  # 0: not measured
+    long_context: float = 0.0
+
+    @property
+    def fitted(self) -> bool:
+        return self.long_tokens_per_s > 0 and self.tokens_per_s > 0 and self.long_context > self.context
+
+    def tokens_per_s_at(self, context: float) -> float:
+        """Plain decoding's speed at ``context`` tokens of context: a token's time taken as linear
+        in the context (the weights cost the same at any length, attention reads every cached key)
+        through the two measures, never below the short one's; the short measure alone where there
+        is no long one."""
+        if not self.fitted:
+            return self.tokens_per_s
+        ms_short, ms_long = 1000.0 / self.tokens_per_s, 1000.0 / self.long_tokens_per_s
+        slope = max(0.0, (ms_long - ms_short) / (self.long_context - self.context))
+        return 1000.0 / (ms_short + slope * max(0.0, context - self.context))
 
 
 def _stream_decoder(tok):

@@ -17,6 +17,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Sparkline, Static
 
 from engine.events import StepEvent
+from engine.session import Baseline
 
 from ..dashboard_stats import DashboardStats
 from ..sysinfo import MemoryMonitor, memory_lines
@@ -52,12 +53,18 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) ->
     if baseline is None or baseline.tokens_per_s <= 0:
         out.append("— (plain-decoding baseline not measured yet)\n", style="dim")
     else:
-        avg = stats.tokens_per_s_avg
+        avg, ref, note = stats.tokens_per_s_avg, baseline.tokens_per_s, baseline.note
+        fit, ctx = baseline.fit, stats.mean_context
+        if fit is not None and fit.fitted and ctx > FIT_FROM * fit.context:
+            # a long conversation: plain decoding at this reply's context, not at the short prompt's
+            ref = fit.tokens_per_s_at(ctx)
+            note = (f"at this reply's ~{ctx:,.0f}-token context, fitted to ar at load at ~{fit.context:,.0f}"
+                    f" and ~{fit.long_context:,.0f} tokens")
         if avg > 0:
-            out.append(f"×{avg / baseline.tokens_per_s:.2f} ", style="bold green" if avg >= baseline.tokens_per_s else "bold yellow")
+            out.append(f"×{avg / ref:.2f} ", style="bold green" if avg >= ref else "bold yellow")
         else:
             out.append("— ", style="dim")
-        out.append(f"vs ar {baseline.tokens_per_s:.1f} tok/s ({baseline.note})\n", style="dim")
+        out.append(f"vs ar {ref:.1f} tok/s ({note})\n", style="dim")
     out.append("tok/step ", style="bold")
     out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
     ev = stats.last
@@ -69,12 +76,18 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) ->
     return out
 
 
+FIT_FROM = 2.0  # a reply decoded at this many times the short measure's context uses the fit
+
+
 @dataclass(frozen=True)
 class BaselineInfo:
-    """The plain-decoding speed the speedup is measured against, and how it was measured."""
+    """The plain-decoding speed the speedup is measured against, and how it was measured; ``fit``
+    (the engine's Baseline, where it measured a long context too) gives that speed at a reply's
+    own context."""
 
     tokens_per_s: float
     note: str  # e.g. "measured at start, 48 tokens"
+    fit: "Baseline | None" = None
 
 
 def policy_text(policy: dict | None, bridge: dict | None = None) -> Text:

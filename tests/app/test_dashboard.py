@@ -230,6 +230,44 @@ def test_speedup_is_against_the_measured_baseline_and_says_so() -> None:
     assert "×2.00" in text and f"vs ar {avg / 2:.1f} tok/s (measured at start, 48 tokens)" in text
 
 
+def test_baseline_fit_gives_plain_decoding_speed_at_a_context() -> None:
+    from engine.session import Baseline
+
+    b = Baseline(tokens_per_s=100.0, tokens=48, context=60.0, long_tokens_per_s=50.0, long_context=1060.0)
+    assert b.fitted
+    assert b.tokens_per_s_at(60.0) == pytest.approx(100.0) and b.tokens_per_s_at(1060.0) == pytest.approx(50.0)
+    assert b.tokens_per_s_at(560.0) == pytest.approx(1000.0 / 15.0)  # 10 ms + 5 ms: linear in the context
+    assert b.tokens_per_s_at(2060.0) == pytest.approx(1000.0 / 30.0)  # beyond the long measure: the same line
+    assert b.tokens_per_s_at(10.0) == pytest.approx(100.0)  # never faster than the short measure
+    flat = Baseline(tokens_per_s=100.0, tokens=48, context=60.0, long_tokens_per_s=120.0, long_context=1060.0)
+    assert flat.tokens_per_s_at(5000.0) == pytest.approx(100.0)  # a faster long measure (noise): no slope
+    alone = Baseline(tokens_per_s=100.0, tokens=48)
+    assert not alone.fitted and alone.tokens_per_s_at(5000.0) == 100.0
+
+
+def test_speedup_at_a_long_context_is_against_plain_decoding_there() -> None:
+    from engine.session import Baseline
+
+    from app.widgets.dashboard import BaselineInfo, speed_text
+
+    def reply_at(start: int) -> DashboardStats:
+        stats = DashboardStats()
+        for i in range(10):  # 10 plain steps of 10 ms, one token each, from position `start`
+            stats.add(StepEvent(step=i + 1, strategy="ar", drafted=0, accepted=0, emitted=[5], text="x", ms=10.0, position=start + i + 1))
+        return stats
+
+    stats = reply_at(2000)
+    assert stats.mean_context == pytest.approx(2004.5) and stats.tokens_per_s_avg == pytest.approx(100.0)
+    fit = Baseline(tokens_per_s=200.0, tokens=48, context=60.0, long_tokens_per_s=100.0, long_context=1060.0)
+    text = speed_text(stats, BaselineInfo(200.0, "ar measured at load, 48 tokens", fit=fit)).plain
+    want = 1000.0 / (5.0 + 5.0 * (2004.5 - 60.0) / 1000.0)
+    assert f"×{100.0 / want:.2f}" in text and f"vs ar {want:.1f} tok/s (at this reply's ~2,004-token context" in text
+    assert "~60 and ~1,060 tokens" in text
+    # a short conversation keeps the load-time measure as it is
+    text = speed_text(reply_at(40), BaselineInfo(200.0, "ar measured at load, 48 tokens", fit=fit)).plain
+    assert "×0.50 vs ar 200.0 tok/s (ar measured at load, 48 tokens)" in text
+
+
 def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     from app.widgets.dashboard import policy_text
 
@@ -266,9 +304,12 @@ def test_engine_measures_a_plain_decoding_baseline_on_its_own_cache(smollm2_gguf
     s = ChatSession.load(target=str(smollm2_gguf_path))
     s.decoder.start(s.encode_chat([{"role": "user", "content": "Hi"}]))
     before = s.decoder.target.cache.length
-    b = s.measure_baseline(new_tokens=8)
+    b = s.measure_baseline(new_tokens=8, long_context=400)
     assert b.tokens == 8 and b.tokens_per_s > 0 and not b.stopped
     assert s.decoder.target.cache.length == before  # the conversation's state is untouched
+    # and again after a long context: 4 tokens at ~402 tokens of context, the fit's second point
+    assert b.fitted and b.long_tokens_per_s > 0 and b.long_context == pytest.approx(402.0) and b.context < 60
+    assert b.tokens_per_s_at(b.long_context) == pytest.approx(min(b.long_tokens_per_s, b.tokens_per_s), rel=1e-6)
 
 
 class BaselineEngine(ScriptedEngine):
