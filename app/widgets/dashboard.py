@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,12 +18,14 @@ from textual.containers import VerticalScroll
 from textual.widgets import Sparkline, Static
 
 from engine.events import StepEvent
-from engine.session import Baseline
 
 from ..dashboard_stats import DashboardStats
 from ..sysinfo import MemoryMonitor, memory_lines
 from .draft_tree import DraftTreeView
 from .step_view import StepView
+
+if TYPE_CHECKING:  # the annotation only
+    from engine.session import Baseline
 
 REPAINT_HZ = 4  # dashboards refresh more slowly than the chat (see screens/chat.py: each repaint costs the decode)
 MEMORY_HZ = 2

@@ -30,12 +30,11 @@
 
 #include "pool.h"
 
-#if defined(__AVX2__)
+#if defined(__AVX2__) /* every vector path below (AVX-512 builds define __AVX2__ too) */
 #include <immintrin.h>
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
 #define A8_VNNI 1
 #endif
 
@@ -222,7 +221,6 @@ static void rows_scalar(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int
 
 
 #if defined(__AVX2__) && defined(__F16C__) && defined(__FMA__)
-#include <immintrin.h>
 #define A8_AVX2 1
 /* AVX2 without VNNI: _mm256_maddubs_epi16 (u8 x s8 pairs into int16) then _mm256_madd_epi16 with
  * ones (pairs of int16 into int32): the four products of a lane summed exactly. Q4_1's nibbles
