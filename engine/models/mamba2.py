@@ -35,6 +35,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+import kernels
 from kernels import use_triton
 
 from .. import cuda_graphs
@@ -400,6 +401,24 @@ class Mamba2Mixer:
             y = tree_scan_kernel(state, xs, B, C, dt, self.A, plan.parents)
         return y + self.D * xs  # (T, H, P)
 
+    def prefill_chain(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, conv_out: torch.Tensor, ssm_out: torch.Tensor,
+                      backend: str) -> torch.Tensor:
+        """A long prefill's chunk through this mixer by dense kernels (kernels/causal_conv.py,
+        kernels/chunk_scan.py: mamba_ssm's on CUDA, ``backend="ref"`` in tests): h (T, D) normed
+        input of a chain continuing the committed conv (C, K-1) and ssm (H, P, N) state -> (T, D);
+        the state after the chain goes to ``conv_out`` / ``ssm_out`` (the spare buffers). Keeps no
+        activations: nothing replays a prefill."""
+        from kernels.causal_conv import causal_conv
+        from kernels.chunk_scan import chunk_scan
+
+        z, xbc, dt = self._project(h)
+        conv_y, new_conv = causal_conv(conv, xbc, self.conv_w, self.conv_b, backend)
+        xs, B, C, dt = self._activate(conv_y, dt, biased=True)
+        y, final = chunk_scan(ssm, xs, B, C, dt, self.A, backend)
+        conv_out.copy_(new_conv)
+        ssm_out.copy_(final)
+        return self._output(y + self.D * xs, z)
+
     def step(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
         """One token per draft row (mamba-drafters §4.1): h (B, D) normed input -> (B, D). The rows'
         conv (B, C, K-1) and ssm (B, H, P, N) states advance in place by the plain recurrence
@@ -495,7 +514,33 @@ class Mamba2(CausalLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return mm(hidden.to(self._dtype), self.lm_head_t)  # (T, V)
 
-    # verify / extend / prefill / commit / rollback come from CausalLM and SSMCache; this is the forward.
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], chunk: int = 256, backend: str | None = None) -> None:
+        """Commit ``ids``. A long prompt on CUDA with mamba_ssm installed and asked for
+        (kernels.long_prefill_backend: SPECCHAT_MAMBA_SSM=1) runs its dense chunked scan and
+        causal conv and writes the state straight in; otherwise the tree path then activation
+        replay (CausalLM.prefill). ``backend`` forces one ("ref": the dense path in plain
+        PyTorch, for tests). Either way the whole prompt is one commit that later rollbacks
+        cannot enter (Decoder.start rebuilds a recurrent state from 0)."""
+        ids = list(ids)
+        backend = backend or kernels.long_prefill_backend(self.device, len(ids))
+        if backend is None:
+            return super().prefill(ids, chunk)
+        cache = self.cache
+        cache.clear_scratch()
+        for s in range(0, len(ids), chunk):
+            part = ids[s:s + chunk]
+            cache.place(list(range(-1, len(part) - 1)))  # the capacity check of every path
+            cache.clear_scratch()
+            x = self.embed[torch.as_tensor(part, dtype=torch.long, device=self.device)].float()
+            for i, (norm, mixer) in enumerate(self.layers):
+                x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache.conv[i], cache.ssm[i],
+                                            cache._spare_conv[i], cache._spare_ssm[i], backend)
+            cache._restore_state()  # the spare buffers, now holding the state after ``part``, become current
+            cache._undo = None
+            cache.length += len(part)
+
+    # verify / extend / commit / rollback come from CausalLM and SSMCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
         cache = self.cache
         plan = cache.add_nodes(parents)
