@@ -36,6 +36,8 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
+import kernels
+
 from .. import cuda_graphs
 from ..cache import KVCache
 from ..errors import ModelLoadError
@@ -293,7 +295,31 @@ class GraniteHybrid(CausalLM):
         return mm(hidden, self.lm_head_t) / self.cfg.logits_scaling  # (T, V)
 
     # verify / extend / prefill / commit / rollback come from CausalLM and HybridCache; this is the forward.
-    def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
+    @torch.inference_mode()
+    def prefill(self, ids: Sequence[int], chunk: int = 256, backend: str | None = None) -> None:
+        """Commit ``ids``. A long prompt on CUDA with mamba_ssm asked for (as Mamba2.prefill:
+        kernels.long_prefill_backend) runs the Mamba layers through the dense chunked kernels,
+        their state written straight in, and the attention layers as always (K/V rows of the
+        chain, then compacted); otherwise CausalLM.prefill. ``backend`` forces one (tests)."""
+        ids = list(ids)
+        backend = backend or kernels.long_prefill_backend(self.device, len(ids))
+        if backend is None:
+            return super().prefill(ids, chunk)
+        cache = self.cache
+        cache.clear_scratch()
+        for s in range(0, len(ids), chunk):
+            part = ids[s:s + chunk]
+            self._run(part, list(range(-1, len(part) - 1)), want_logits=False, dense=backend)
+            cache.kv.commit(range(len(part)))
+            ssm = cache.ssm
+            ssm._restore_state()  # the spare buffers, holding the state after ``part``, become current
+            ssm._undo = None  # one commit no rollback enters (Decoder.start rebuilds from 0)
+            ssm.length += len(part)
+            ssm.clear_scratch()
+
+    def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool, dense: str | None = None) -> torch.Tensor | None:
+        """The forward of T new nodes. ``dense`` (a prefill chain, see ``prefill``): the Mamba
+        layers by that backend's dense kernels, into the spare state, storing no activations."""
         c, cache = self.cfg, self.cache
         tree, start, positions, mask = cache.add_nodes(parents)
         try:
@@ -310,7 +336,10 @@ class GraniteHybrid(CausalLM):
             graphed = self.graphs is not None and tree.fresh and want_logits  # verify passes; prefill chunks stay eager
             for r, (kind, run) in enumerate(runs_of(self.layers)):
                 if kind == "mamba":
-                    x = self._mamba_run_graphed(r, run, x, tree) if graphed else self._mamba_run(run, x, tree)
+                    if dense is not None:
+                        x = self._mamba_run_dense(run, x, dense)
+                    else:
+                        x = self._mamba_run_graphed(r, run, x, tree) if graphed else self._mamba_run(run, x, tree)
                     continue
                 for L in run:
                     h = rms_norm(x, L["ln1"], c.rms_norm_eps)
@@ -331,6 +360,17 @@ class GraniteHybrid(CausalLM):
         c, ssm = self.cfg, self.cache.ssm
         for L in run:
             y = L["mixer"](rms_norm(x, L["ln1"], c.rms_norm_eps), ssm, L["slot"], tree)
+            x = self._mlp(L, x + y * c.residual_multiplier)
+        return x
+
+    def _mamba_run_dense(self, run: list[dict[str, Any]], x: torch.Tensor, backend: str) -> torch.Tensor:
+        """``_mamba_run`` for a prefill chain by the dense kernels (Mamba2Mixer.prefill_chain): each
+        layer's state after the chain goes to the SSM cache's spare buffers."""
+        c, ssm = self.cfg, self.cache.ssm
+        for L in run:
+            s = L["slot"]
+            y = L["mixer"].prefill_chain(rms_norm(x, L["ln1"], c.rms_norm_eps), ssm.conv[s], ssm.ssm[s], ssm._spare_conv[s],
+                                         ssm._spare_ssm[s], backend)
             x = self._mlp(L, x + y * c.residual_multiplier)
         return x
 

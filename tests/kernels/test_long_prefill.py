@@ -1,6 +1,7 @@
-"""The long-prefill path (issue 9 item 2): a Mamba-2 prompt through dense chunked kernels,
-mamba_ssm's ``mamba_chunk_scan_combined`` and causal_conv1d's ``causal_conv1d_fn`` on CUDA when
-installed and asked for (SPECCHAT_MAMBA_SSM=1), the state written straight in.
+"""The long-prefill path (issue 9 item 2): a Mamba-2 (or Granite-4.0-H hybrid) prompt through
+dense chunked kernels, mamba_ssm's ``mamba_chunk_scan_combined`` and causal_conv1d's
+``causal_conv1d_fn`` on CUDA when installed and asked for (SPECCHAT_MAMBA_SSM=1), the state
+written straight in.
 
 Checked here without them: each op's reference against the engine's own forms (the recurrence and
 its replay contraction, a grouped conv1d); the model's prefill through the dense path equal to the
@@ -26,6 +27,7 @@ from engine.strategy import preset
 from kernels.causal_conv import causal_conv, causal_conv_ref
 from kernels.chunk_scan import chunk_scan, chunk_scan_ref
 
+from ..test_granite_hybrid import SPECS as GRANITE_SPECS, hf_granite
 from ..test_mamba2 import hf_mamba2
 
 PROMPT = [(11 * i * i + 5 * i + 2) % 96 for i in range(150)]
@@ -121,10 +123,17 @@ def test_adapters_call_the_libraries_in_their_documented_layout(fake_libs):
 
 # ---- the model ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def mamba2_path(tmp_path_factory):
-    path = tmp_path_factory.mktemp("mamba2-g2")
-    hf_mamba2("g2").save_pretrained(path)
-    return path
+def paths(tmp_path_factory):
+    out = {}
+    for kind, make in (("mamba2", lambda: hf_mamba2("g2")), ("granite", lambda: hf_granite(GRANITE_SPECS["nope"]))):
+        out[kind] = tmp_path_factory.mktemp(kind)
+        make().save_pretrained(out[kind])
+    return out
+
+
+@pytest.fixture
+def mamba2_path(paths):
+    return paths["mamba2"]
 
 
 def fresh(path):
@@ -133,13 +142,23 @@ def fresh(path):
     return m
 
 
+def ssm_state(m):
+    c = m.cache.ssm if hasattr(m.cache, "kv") else m.cache  # a hybrid's SSM side, or the SSM cache itself
+    return c.ssm, c.conv
+
+
+@pytest.mark.parametrize("kind", ["mamba2", "granite"])
 @pytest.mark.parametrize("chunk", [256, 64])  # one dense chunk; three (state carried between them)
-def test_dense_prefill_equals_tree_prefill_and_replay(mamba2_path, chunk):
-    a, b = fresh(mamba2_path), fresh(mamba2_path)
+def test_dense_prefill_equals_tree_prefill_and_replay(paths, kind, chunk):
+    a, b = fresh(paths[kind]), fresh(paths[kind])
     a.prefill(PROMPT[:-1], chunk=chunk)
     b.prefill(PROMPT[:-1], chunk=chunk, backend="ref")
     assert a.cache.length == b.cache.length == len(PROMPT) - 1 and b.cache.scratch == 0
-    assert rel(b.cache.ssm, a.cache.ssm) < 1e-5 and rel(b.cache.conv, a.cache.conv) < 1e-6
+    (sa, ca), (sb, cb) = ssm_state(a), ssm_state(b)
+    assert rel(sb, sa) < 1e-5 and rel(cb, ca) < 1e-6
+    if kind == "granite":  # the attention layers' K/V rows are the same tokens' either way
+        n = a.cache.length
+        assert rel(b.cache.kv.k[:, :n], a.cache.kv.k[:, :n]) < 1e-5 and rel(b.cache.kv.v[:, :n], a.cache.kv.v[:, :n]) < 1e-5
     tail = [PROMPT[-1], 3, 5]
     assert (b.verify(tail, [-1, 0, 1]) - a.verify(tail, [-1, 0, 1])).abs().max().item() < 1e-4
 
@@ -164,7 +183,9 @@ def test_engine_takes_the_dense_path_only_when_asked(mamba2_path, monkeypatch, f
     assert rel(m.cache.ssm, ref.cache.ssm) < 1e-5
 
 
-def test_greedy_decoding_after_a_dense_prefill_is_unchanged(mamba2_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["mamba2", "granite"])
+def test_greedy_decoding_after_a_dense_prefill_is_unchanged(paths, kind, monkeypatch):
+    mamba2_path = paths[kind]
     want, _ = run_generation(Decoder(fresh(mamba2_path)), PROMPT, preset("ar"), 12)
     monkeypatch.setattr(kernels, "long_prefill_backend", lambda device, n: "ref" if n >= 100 else None)
     dec = Decoder(fresh(mamba2_path))
@@ -179,8 +200,9 @@ def test_greedy_decoding_after_a_dense_prefill_is_unchanged(mamba2_path, monkeyp
     assert [t for e in got2 for t in e.emitted] == [t for e in want2 for t in e.emitted]
 
 
-def test_a_dense_prefill_past_the_context_fails_cleanly(mamba2_path):
-    m = load(str(mamba2_path)).model
+@pytest.mark.parametrize("kind", ["mamba2", "granite"])
+def test_a_dense_prefill_past_the_context_fails_cleanly(paths, kind):
+    m = load(str(paths[kind])).model
     m.allocate(64)
     with pytest.raises(OverflowError, match="context full"):
         m.prefill(PROMPT, backend="ref")
