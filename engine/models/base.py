@@ -22,6 +22,8 @@ from typing import Any, Sequence
 
 import torch
 
+import kernels
+
 from ..cache import KVCache
 
 
@@ -79,14 +81,25 @@ class CausalLM(torch.nn.Module):
         return self.cache.length if self.cache is not None else 0
 
     @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], chunk: int = 256) -> None:
-        """Commit ``ids`` after the current prefix, in chunks (bounded attention-mask memory)."""
+    def prefill(self, ids: Sequence[int], chunk: int = 256, backend: str | None = None) -> None:
+        """Commit ``ids`` after the current prefix, in chunks (bounded attention-mask memory).
+        A family with ``_prefill_dense`` (the SSM ones) sends a long prompt on CUDA through
+        dense chunked kernels where kernels.long_prefill_backend says so (mamba_ssm installed
+        and SPECCHAT_MAMBA_SSM=1); ``backend`` forces that ("ref": plain PyTorch, for tests)."""
         ids = list(ids)
         self.cache.clear_scratch()
+        dense = getattr(self, "_prefill_dense", None)
+        if backend is None and dense is not None:
+            backend = kernels.long_prefill_backend(self.device, len(ids))
+        if backend is not None and dense is None:
+            raise ValueError(f"{type(self).__name__} has no dense prefill path")
         self._prefilling = True
         try:
             for s in range(0, len(ids), chunk):
                 part = ids[s:s + chunk]
+                if backend is not None:
+                    dense(part, backend)
+                    continue
                 self._run(part, list(range(-1, len(part) - 1)), want_logits=False)
                 self.cache.commit(range(len(part)))
         finally:

@@ -36,8 +36,6 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-import kernels
-
 from .. import cuda_graphs
 from ..cache import KVCache
 from ..errors import ModelLoadError
@@ -295,27 +293,13 @@ class GraniteHybrid(CausalLM):
         return mm(hidden, self.lm_head_t) / self.cfg.logits_scaling  # (T, V)
 
     # verify / extend / prefill / commit / rollback come from CausalLM and HybridCache; this is the forward.
-    @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], chunk: int = 256, backend: str | None = None) -> None:
-        """Commit ``ids``. A long prompt on CUDA with mamba_ssm asked for (as Mamba2.prefill:
-        kernels.long_prefill_backend) runs the Mamba layers through the dense chunked kernels,
-        their state written straight in, and the attention layers as always (K/V rows of the
-        chain, then compacted); otherwise CausalLM.prefill. ``backend`` forces one (tests)."""
-        ids = list(ids)
-        backend = backend or kernels.long_prefill_backend(self.device, len(ids))
-        if backend is None:
-            return super().prefill(ids, chunk)
-        cache = self.cache
-        cache.clear_scratch()
-        for s in range(0, len(ids), chunk):
-            part = ids[s:s + chunk]
-            self._run(part, list(range(-1, len(part) - 1)), want_logits=False, dense=backend)
-            cache.kv.commit(range(len(part)))
-            ssm = cache.ssm
-            ssm._restore_state()  # the spare buffers, holding the state after ``part``, become current
-            ssm._undo = None  # one commit no rollback enters (Decoder.start rebuilds from 0)
-            ssm.length += len(part)
-            ssm.clear_scratch()
+    def _prefill_dense(self, part: list[int], backend: str) -> None:
+        """One prefill chunk with the Mamba layers by the dense chunked kernels (CausalLM.prefill
+        decides when; their state after the chunk lands in the spare buffers) and the attention
+        layers as always (the chain's K/V rows, then compacted)."""
+        self._run(part, list(range(-1, len(part) - 1)), want_logits=False, dense=backend)
+        self.cache.kv.commit(range(len(part)))
+        self.cache.ssm.adopt_spare(len(part))
 
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool, dense: str | None = None) -> torch.Tensor | None:
         """The forward of T new nodes. ``dense`` (a prefill chain, see ``prefill``): the Mamba

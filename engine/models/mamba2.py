@@ -35,7 +35,6 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-import kernels
 from kernels import use_triton
 
 from .. import cuda_graphs
@@ -265,6 +264,15 @@ class SSMCache(RecurrentCache):
     def _restore_state(self) -> None:
         self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
         self.conv, self._spare_conv = self._spare_conv, self.conv
+
+    @torch.inference_mode()
+    def adopt_spare(self, m: int) -> None:
+        """Commit m tokens whose state a dense prefill wrote into the spare buffers: they become
+        current, as one commit that no rollback enters (no activations were kept to replay)."""
+        self._restore_state()
+        self._undo = None
+        self.length += m
+        self.clear_scratch()
 
 
 @dataclass
@@ -514,31 +522,19 @@ class Mamba2(CausalLM):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return mm(hidden.to(self._dtype), self.lm_head_t)  # (T, V)
 
-    @torch.inference_mode()
-    def prefill(self, ids: Sequence[int], chunk: int = 256, backend: str | None = None) -> None:
-        """Commit ``ids``. A long prompt on CUDA with mamba_ssm installed and asked for
-        (kernels.long_prefill_backend: SPECCHAT_MAMBA_SSM=1) runs its dense chunked scan and
-        causal conv and writes the state straight in; otherwise the tree path then activation
-        replay (CausalLM.prefill). ``backend`` forces one ("ref": the dense path in plain
-        PyTorch, for tests). Either way the whole prompt is one commit that later rollbacks
-        cannot enter (Decoder.start rebuilds a recurrent state from 0)."""
-        ids = list(ids)
-        backend = backend or kernels.long_prefill_backend(self.device, len(ids))
-        if backend is None:
-            return super().prefill(ids, chunk)
+    def _prefill_dense(self, part: list[int], backend: str) -> None:
+        """One prefill chunk by the dense chunked kernels (CausalLM.prefill decides when): each
+        mixer writes the state after the chunk into the spare buffers (Mamba2Mixer.prefill_chain),
+        which then become current as one commit no rollback enters (Decoder.start rebuilds a
+        recurrent state from 0)."""
         cache = self.cache
+        cache.place(list(range(-1, len(part) - 1)))  # the capacity check of every path
         cache.clear_scratch()
-        for s in range(0, len(ids), chunk):
-            part = ids[s:s + chunk]
-            cache.place(list(range(-1, len(part) - 1)))  # the capacity check of every path
-            cache.clear_scratch()
-            x = self.embed[torch.as_tensor(part, dtype=torch.long, device=self.device)].float()
-            for i, (norm, mixer) in enumerate(self.layers):
-                x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache.conv[i], cache.ssm[i],
-                                            cache._spare_conv[i], cache._spare_ssm[i], backend)
-            cache._restore_state()  # the spare buffers, now holding the state after ``part``, become current
-            cache._undo = None
-            cache.length += len(part)
+        x = self.embed[torch.as_tensor(part, dtype=torch.long, device=self.device)].float()
+        for i, (norm, mixer) in enumerate(self.layers):
+            x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache.conv[i], cache.ssm[i],
+                                        cache._spare_conv[i], cache._spare_ssm[i], backend)
+        cache.adopt_spare(len(part))
 
     # verify / extend / commit / rollback come from CausalLM and SSMCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
