@@ -429,11 +429,15 @@ class Suite:
             model.cache.reset()
             model.prefill(base)
 
-        for backend, tri in (("triton", True), ("torch", False)):
+        # graphs: the verify pass and the commit's replay each from a CUDA graph (eagerly a step is
+        # launch-bound on a GPU, flat in the rows: the table's shape shows under graphs)
+        for backend, tri, graphed in (("triton", True, True), ("triton", True, False), ("torch", False, False)):
             with triton_backend(tri):
+                graphs(model, graphed, self.smoke)
                 restart()
                 ms = median_ms(lambda: (model.verify([1], [-1]), model.commit([0])), self.dev, self.reps + 2)
-                rows.append({"backend": backend, "mode": "ar", "drafts": 0, "tokens": 0, "tokens_per_step": 1, "ms_per_step": round(ms, 3)})
+                rows.append({"backend": backend, "graph": graphed, "mode": "ar", "drafts": 0, "tokens": 0, "tokens_per_step": 1,
+                             "ms_per_step": round(ms, 3)})
                 for k in drafts:
                     for t in lengths:
                         if backend == "torch" and k != 1:
@@ -443,9 +447,13 @@ class Suite:
                             restart()
                             step = backtrack_step(model, k, t, mode, torch.randint(0, V, (k * t + 1,), generator=g).tolist())
                             ms = median_ms(step, self.dev, self.reps + 2, warmup=2)
-                            rows.append({"backend": backend, "mode": mode, "drafts": k, "tokens": t, "tokens_per_step": t + 1, "ms_per_step": round(ms, 3)})
-                mine = [r for r in rows if r["backend"] == backend]
-                self.log(f"  {backend} (ms/step): " + " ".join(
+                            rows.append({"backend": backend, "graph": graphed, "mode": mode, "drafts": k, "tokens": t, "tokens_per_step": t + 1,
+                                         "ms_per_step": round(ms, 3)})
+                if graphed:
+                    self.partial["graphs"] = recorded(model)
+                graphs(model, False, self.smoke)
+                mine = [r for r in rows if r["backend"] == backend and r["graph"] == graphed]
+                self.log(f"  {backend}{' graphs' if graphed else ''} (ms/step): " + " ".join(
                     "ar" if r["mode"] == "ar" else f"{r['mode'][0]}{r['drafts']}x{r['tokens']}" + f"={r['ms_per_step']:.1f}" for r in mine))
         return self.partial
 
@@ -832,6 +840,26 @@ def md_table(rows: list[dict[str, Any]], cols: list[str]) -> str:
     return "\n".join(lines)
 
 
+def table3(rows: list[dict[str, Any]]) -> str:
+    """Part c as Snakes and Ladders lay out Table 3: per backend (and graphs) and mode, ms per step
+    with drafts down and tokens per draft across, and plain decoding's step beside them."""
+    out = []
+    variants = dict.fromkeys((r["backend"], r.get("graph", False)) for r in rows)
+    for backend, graphed in variants:
+        mine = [r for r in rows if r["backend"] == backend and r.get("graph", False) == graphed]
+        ar = next((r["ms_per_step"] for r in mine if r["mode"] == "ar"), None)
+        tokens = sorted({r["tokens"] for r in mine if r["mode"] != "ar"})
+        for mode in ("replay", "joint"):
+            cells = {(r["drafts"], r["tokens"]): r["ms_per_step"] for r in mine if r["mode"] == mode}
+            if not cells:
+                continue
+            out.append(f"{backend}, {'CUDA graphs' if graphed else 'eager'}, {mode} (ar: {ar} ms/step)\n")
+            table = [dict({"drafts": k}, **{f"t={t}": cells.get((k, t)) for t in tokens}) for k in sorted({k for k, _ in cells})]
+            out.append(md_table(table, ["drafts"] + [f"t={t}" for t in tokens]))
+            out.append("")
+    return "\n".join(out)
+
+
 def render_md(res: dict[str, Any]) -> str:
     m = res["meta"]
     out = [f"# Issue 9 [kernels]: GPU suite on {m['device']}", "",
@@ -862,7 +890,7 @@ def render_md(res: dict[str, Any]) -> str:
             out += [md_table(d.get("rows", []), ["nodes", "mode", "rows", "backend", "graph", "ms", "peak_mb"]), "",
                     md_table(d.get("ratios", []), ["nodes", "backend", "graph", "unrolled_over_stree"]), ""]
         elif key == "c":
-            out += [md_table(d.get("rows", []), ["backend", "mode", "drafts", "tokens", "tokens_per_step", "ms_per_step"]), "", d.get("note", ""), ""]
+            out += [table3(d.get("rows", [])), "", d.get("note", ""), ""]
         elif key == "d":
             for sub in ("tree_scan", "multistep", "drafter_step"):
                 if sub in d:

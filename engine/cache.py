@@ -119,6 +119,8 @@ class KVCache(ScratchCache):
         if m:
             if list(rows) != list(range(m)):  # identity: K/V already in place (plain decoding, chains)
                 src = torch.tensor(rows, dtype=torch.long) + self.length
+                if self.k.is_cuda:  # one queued copy, not a host-synchronised one per index below
+                    src = src.pin_memory().to(self.k.device, non_blocking=True)
                 # Indexing copies first, so overlapping source/destination rows are safe.
                 self.k[:, :, self.length:self.length + m] = self.k[:, :, src]
                 self.v[:, :, self.length:self.length + m] = self.v[:, :, src]

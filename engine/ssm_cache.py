@@ -46,6 +46,9 @@ class RecurrentCache(ScratchCache):
     def __init__(self, n_layers: int, capacity: int, max_scratch: int = 512):
         super().__init__(capacity, max_scratch)
         self.acts: list[Acts | None] = [None] * n_layers  # per layer, rows = scratch nodes
+        # the CUDA graph whose static output buffers ``acts`` are (a graphed verify pass), else
+        # None: a commit can then be replayed from a graph too (its inputs keep their addresses)
+        self.acts_key: Any = None
         self._undo: tuple[int, list[Acts]] | None = None  # (length before, replayed rows) of the last commit
         self.draft_pool = DraftPool()
 
@@ -68,24 +71,31 @@ class RecurrentCache(ScratchCache):
         """Append the new nodes' activations of ``layer``; returns those of all scratch nodes."""
         old = self.acts[layer]
         self.acts[layer] = new if old is None else {k: torch.cat([old[k], v]) for k, v in new.items()}
+        self.acts_key = None
         return self.acts[layer]
 
     def clear_scratch(self) -> None:
         super().clear_scratch()
         self.acts = [None] * len(self.acts)
+        self.acts_key = None
 
     # ---- verbs ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def commit(self, rows: Sequence[int]) -> None:
         """Activation replay (snakes-and-ladders §3.1): the scratch nodes ``rows`` (a chain from a
         root child down, in order) become committed; every other scratch node is dropped."""
+        rows = self.chain_rows(rows)
+        if rows:
+            self.advance(take(self.acts, self._on_device(rows)), len(rows))
+        self.clear_scratch()
+
+    def chain_rows(self, rows: Sequence[int]) -> list[int]:
+        """``rows`` as ints, checked to be a chain of scratch nodes from a root child down."""
         rows = [int(r) for r in rows]
         for j, r in enumerate(rows):
             if not 0 <= r < self.scratch or self.scratch_parents[r] != (rows[j - 1] if j else -1):
                 raise ValueError(f"commit rows {rows} are not a root-to-node chain of the {self.scratch} scratch nodes")
-        if rows:
-            self.advance(take(self.acts, self._on_device(rows)), len(rows))
-        self.clear_scratch()
+        return rows
 
     def _on_device(self, rows: list[int]) -> torch.Tensor:
         """``rows`` as an index on the activations' device, copied there once for every layer and

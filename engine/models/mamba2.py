@@ -39,7 +39,7 @@ from kernels import use_triton
 
 from .. import cuda_graphs
 from ..errors import ModelLoadError
-from ..ssm_cache import DraftBatch, RecurrentCache
+from ..ssm_cache import DraftBatch, RecurrentCache, take
 from .base import CausalLM
 from .common import as_t, mm, require, rms_norm, rows_fast, tensor_getter
 
@@ -247,6 +247,12 @@ class SSMCache(RecurrentCache):
     def _advance_state(self, path: list, state=None) -> None:
         """Replay the chain ``path`` from the committed state (the activations are all it takes)
         into the spare buffers and swap them in."""
+        self.replay_into_spare(path)
+        self._restore_state()
+
+    def replay_into_spare(self, path: list) -> None:
+        """The state after the chain ``path`` (per layer activations), replayed from the
+        committed state into the spare buffers; the committed state is left as it was."""
         k1 = self.kernel - 1
         fused = self.A is not None and use_triton(self.ssm)
         for layer, a in enumerate(path):
@@ -259,7 +265,32 @@ class SSMCache(RecurrentCache):
                 self._spare_ssm[layer] = replay_state(self.ssm[layer], a["x"], a["B"], a["dt"], a["la"])
             window = torch.cat([self.conv[layer], a["xbc"].t().to(self.conv.dtype)], dim=1)  # (C, K-1+m)
             self._spare_conv[layer] = window[:, window.shape[1] - k1:]
+
+    @torch.inference_mode()
+    def commit_graphed(self, rows: Sequence[int], graphs: "cuda_graphs.GraphSet") -> None:
+        """``commit`` with the gather and the replay of every layer from one CUDA graph (Snakes
+        and Ladders §3.3), where the scratch activations are a graphed verify pass's static
+        buffers (``acts_key``): the graph reads them at fixed addresses, and the accepted rows
+        come in as a device index. One graph per verify graph, accepted length and state buffer
+        (the state alternates between two on commit). Otherwise the plain commit."""
+        rows = self.chain_rows(rows)
+        if not rows or self.acts_key is None:
+            return self.commit(rows)
+        m, acts = len(rows), list(self.acts)
+
+        def replay(idx: torch.Tensor) -> list:
+            path = take(acts, idx)
+            self.replay_into_spare(path)
+            return path
+
+        key = ("commit", self.acts_key, m, self.ssm.data_ptr(), self.conv.data_ptr())
+        path = graphs.run(key, replay, {"idx": self._on_device(rows)})
+        # the path lives in the graph's output buffers until its next replay, which only a later
+        # commit makes, and that commit replaces the undo record first
         self._restore_state()
+        self._undo = (self.length, [dict(a) for a in path])
+        self.length += m
+        self.clear_scratch()
 
     def _restore_state(self) -> None:
         self.ssm, self._spare_ssm = self._spare_ssm, self.ssm
@@ -536,7 +567,13 @@ class Mamba2(CausalLM):
                                         cache._spare_conv[i], cache._spare_ssm[i], backend)
         cache.adopt_spare(len(part))
 
-    # verify / extend / commit / rollback come from CausalLM and SSMCache; this is the forward.
+    def commit(self, rows: Sequence[int]) -> None:
+        """SSMCache.commit; with CUDA graphs on, after a graphed verify pass, from a graph too."""
+        if self.graphs is not None:
+            return self.cache.commit_graphed(rows, self.graphs)
+        self.cache.commit(rows)
+
+    # verify / extend / rollback come from CausalLM and SSMCache; this is the forward.
     def _run(self, tokens: Sequence[int], parents: Sequence[int], want_logits: bool) -> torch.Tensor | None:
         cache = self.cache
         plan = cache.add_nodes(parents)
@@ -575,6 +612,7 @@ class Mamba2(CausalLM):
         key = ("verify", plan.T, plan.chain, cache.ssm.data_ptr(), cache.conv.data_ptr())
         logits, acts = self.graphs.run(key, verify, {"ids": ids, "anc": plan.anc, "conv_idx": plan.conv_idx, "parents": plan.parents})
         cache.acts = [dict(a) for a in acts]  # the graph's buffers: commit copies the accepted rows out
+        cache.acts_key = key  # ... and may do so from a graph of its own (SSMCache.commit_graphed)
         return logits.clone()
 
     # ---- drafting (mamba-drafters §4.1) ---------------------------------------------------------------

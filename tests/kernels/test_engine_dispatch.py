@@ -199,6 +199,10 @@ def test_graphed_drafting_and_verify_equal_eager(name, kernels_on, saved_models,
             m.commit(path_rows(parents, 8))
             out.append(m.verify(IDS[30:33], [-1, 0, 1]).clone())
             m.commit([0, 1])
+            m.rollback(m.length - 1)  # into the last commit: its replayed path (a graph's buffers when graphed)
+            out.append(m.cache.ssm.clone())
+            out.append(m.verify([5], [-1]).clone())
+            m.commit([0])
             b = m.fork(2)
             out.append(b.step(torch.tensor([3, 4])).clone())
             out.append(b.step(torch.tensor([5, 6])).clone())
@@ -209,11 +213,13 @@ def test_graphed_drafting_and_verify_equal_eager(name, kernels_on, saved_models,
         if graphs:
             g = m.graphs
             kinds = sorted({k[0] for k in g.graphs})
-            assert kinds == ["step", "verify"] and len(g) == len(g.graphs)
+            assert kinds == ["commit", "step", "verify"] and len(g) == len(g.graphs)
+            # commits after graphed verifies: one per verify graph, accepted length and state buffer
+            assert {k[2] for k in g.graphs if k[0] == "commit"} == {1, 2, len(path_rows(parents, 8))}
             # steps: one graph per batch buffers (depth 0 with 2 rows, depth 1 with 3); verifies: a
             # tree of 9 and a chain of 3, each on either committed-state buffer at most
             assert len([k for k in g.graphs if k[0] == "step"]) == 2
-            assert len([k for k in g.graphs if k[0] == "verify"]) <= 4
+            assert len([k for k in g.graphs if k[0] == "verify"]) <= 6
             assert g.replays > len(g)
     for a, b in zip(got[True], got[False]):
         close(a, b, 1e-5)  # the same kernels replayed: equal up to a library's choice of algorithm
