@@ -22,6 +22,7 @@ from engine.events import StepEvent
 from ..dashboard_stats import DashboardStats
 from ..sysinfo import MemoryMonitor, memory_lines
 from .draft_tree import DraftTreeView
+from .fit_static import FitStatic
 from .step_view import StepView
 
 if TYPE_CHECKING:  # the annotation only
@@ -164,14 +165,14 @@ class Dashboard(VerticalScroll, can_focus=False):
         self._dirty = False
 
     def compose(self) -> ComposeResult:
-        yield Static(id="dash-speed")
+        yield FitStatic(id="dash-speed")
         yield Static("tokens per step", classes="dash-title")
         yield Sparkline([], id="dash-spark")
         yield Static("acceptance by depth", classes="dash-title")
-        yield Static(id="dash-depth")
+        yield FitStatic(id="dash-depth")
         yield Static("tree policy", classes="dash-title")
-        yield Static(id="dash-policy")
-        yield Static(id="dash-memory")
+        yield FitStatic(id="dash-policy")
+        yield FitStatic(id="dash-memory")
         yield Static("steps  (accepted · target)", classes="dash-title")
         yield StepView(id="dash-steps")
         yield Static("draft tree  ([ / ] step, when focused)", classes="dash-title")
@@ -190,6 +191,8 @@ class Dashboard(VerticalScroll, can_focus=False):
         """A new reply: forget the previous one's numbers and steps."""
         self.stats = DashboardStats()
         self.query_one(DraftTreeView).index = None
+        for w in self.query(FitStatic):  # each section back to its content's height
+            w.reset_fit()
         self._dirty = True
 
     def add_events(self, events: Iterable[StepEvent]) -> None:

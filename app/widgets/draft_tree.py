@@ -8,9 +8,10 @@ from rich.console import RenderableType
 from rich.text import Text
 from rich.tree import Tree
 from textual.binding import Binding
-from textual.widgets import Static
 
 from engine.events import StepEvent
+
+from .fit_static import FitStatic
 
 ACCEPTED_STYLE = "bold green"
 REJECTED_STYLE = "dim"
@@ -65,7 +66,7 @@ def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
     return tree
 
 
-class DraftTreeView(Static, can_focus=True):
+class DraftTreeView(FitStatic, can_focus=True):
     """Shows one step of ``events``; follows the latest step until the user steps back with [."""
 
     BINDINGS = [

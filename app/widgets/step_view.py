@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from rich.text import Text
-from textual.widgets import Static
 
 from engine.events import StepEvent
+
+from .fit_static import FitStatic
 
 STEP_VIEW_STEPS = 20
 SEGMENT_STYLES = {"accepted": "green", "target": "bold magenta"}
@@ -30,7 +31,7 @@ def render_steps(events: Iterable[StepEvent]) -> Text:
     return out
 
 
-class StepView(Static):
+class StepView(FitStatic):
     """The last :data:`STEP_VIEW_STEPS` steps; the Markdown message keeps the full formatted reply."""
 
     def show(self, events: list[StepEvent]) -> None:
