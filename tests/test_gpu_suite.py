@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow  # ~40 s on 2 cores; CI runs the slow set after the default suite (.ci/run)
 def test_smoke_run_completes_every_part_and_writes_the_results(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("CUDA_VISIBLE_DEVICES", None)
