@@ -31,6 +31,13 @@ def add_parser(dsub) -> None:
     t.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
     t.add_argument("--out", required=True, metavar="DIR")
     t.add_argument("--target", default=None, metavar="REF", help="the target (embedding init, tokenizer)")
+    t.add_argument("--tokenizer", default=None, metavar="DIR",
+                   help="the target's tokenizer from a Hugging Face directory (tokenizer.json, e.g. a drafter's) instead of "
+                        "loading the target: for a machine without the target's weights (a lent GPU); the embedding then "
+                        "starts at random, or from --init")
+    t.add_argument("--time-budget", type=float, default=0.0, metavar="S",
+                   help="stop after S seconds of training and save (0: no limit); the learning-rate schedule ends at the "
+                        "step the budget reaches, as measured over the first steps")
     t.add_argument("--models", default=None, metavar="FILE")
     t.add_argument("--d-model", type=int, default=384)
     t.add_argument("--layers", type=int, default=4)
@@ -259,9 +266,18 @@ def cmd_train(args: argparse.Namespace) -> int:
     held = [s for i, s in enumerate(seqs) if i % every == 0]
     train = [s for i, s in enumerate(seqs) if i % every != 0]
 
-    target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
-    tok = target.tokenizer
-    V = target.model.vocab_size
+    if args.tokenizer and args.target:
+        raise SpecchatError("--tokenizer stands in for --target: give one of them")
+    if args.tokenizer:
+        from .tokenizer import Tokenizer
+
+        target = None
+        tok = Tokenizer.from_hf_dir(args.tokenizer)
+        V = -(-tok.vocab_size // 8) * 8
+    else:
+        target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
+        tok = target.tokenizer
+        V = target.model.vocab_size
     if args.byte_level:
         # a byte-level drafter (heterogeneous-vocab §3.4: byte drafters suit SLRS): the same replies
         # as UTF-8 bytes, the prompt as the target's rendered chat text (special tokens spelled out)
@@ -296,7 +312,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         opt.load_state_dict(st["opt"])
         step, order_seed = int(st["step"]), int(st["order_seed"])
         print(f"resuming at step {step}", file=sys.stderr)
-    elif not args.byte_level and not args.init:
+    elif not args.byte_level and not args.init and target is not None:
         with torch.no_grad():
             model.get_input_embeddings().weight.copy_(pca_embedding(target.model.embed, args.d_model))
     del target
@@ -321,11 +337,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"drafter: {n_params / 1e6:.1f}M params; {X.shape[0]} train rows x {args.seq_len} tokens, {Xh.shape[0]} held out; "
           f"device {device}", file=sys.stderr)
 
+    total = args.steps  # the schedule's last step: --steps, or where --time-budget ends
+
     def lr_at(s: int) -> float:
-        warm = max(1, args.steps // 20)
+        warm = max(1, total // 20)
         if s < warm:
             return args.lr * (s + 1) / warm
-        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, args.steps - warm))))
+        return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, total - warm))))
 
     if args.vocab_min_count > 0 and not args.byte_level:
         # the draft vocabulary: reply tokens (those the loss covers) seen at least N times
@@ -395,8 +413,9 @@ def cmd_train(args: argparse.Namespace) -> int:
         state_path.with_suffix(".tmp").replace(state_path)
 
     t0 = time.perf_counter()
+    first = step
     try:
-        while step < args.steps:
+        while step < total:
             i0 = (step * args.batch) % X.shape[0]
             idx = perm[i0:i0 + args.batch]
             if len(idx) < args.batch:  # next epoch: a new order
@@ -412,7 +431,12 @@ def cmd_train(args: argparse.Namespace) -> int:
             opt.step()
             step += 1
             el = time.perf_counter() - t0
-            print(f"\rstep {step}/{args.steps} loss {loss.item():.3f} lr {lr_at(step):.2e} {el / 60:.1f} min", end="", file=sys.stderr, flush=True)
+            if args.time_budget > 0:
+                if step - first == 20:  # the rate over the first steps sets where the schedule ends
+                    total = min(args.steps, step + int((args.time_budget - el) / (el / 20)))
+                elif el >= args.time_budget:
+                    total = step
+            print(f"\rstep {step}/{total} loss {loss.item():.3f} lr {lr_at(step):.2e} {el / 60:.1f} min", end="", file=sys.stderr, flush=True)
             if step % args.save_every == 0:
                 save_state()
             if args.eval_every and step % args.eval_every == 0:

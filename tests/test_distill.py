@@ -57,6 +57,31 @@ def test_distill_train_resumes_and_saves_a_loadable_drafter(tmp_path, smollm2_gg
     assert small.model.draft_vocab.tolist() == full.model.draft_vocab.tolist()
 
 
+def test_distill_train_with_a_tokenizer_only_and_a_time_budget(tmp_path, smollm2_gguf_path, capsys):
+    """A machine without the target's weights (a lent GPU) trains from the replies and a tokenizer
+    directory; --time-budget stops it on time with the schedule ended, and saves a loadable drafter."""
+    import time
+
+    from engine.loading import load
+
+    data = tmp_path / "d"
+    assert main(["distill", "data", "--out", str(data), "--n", "4", "--max-new-tokens", "8"]) == 0
+    out = tmp_path / "drafter"
+    t0 = time.perf_counter()
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
+                 "--d-model", "64", "--layers", "1", "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "64",
+                 "--holdout", "0.25", "--steps", "100000", "--time-budget", "4", "--save-every", "1000000"]) == 0
+    assert time.perf_counter() - t0 < 60
+    steps = json.loads((out / "distill.json").read_text())["steps"]
+    assert 20 <= steps < 100000
+    drafter = load(str(out))
+    assert drafter.tokenizer.vocab_size == 49152 and drafter.model.vocab_size == 49152
+    capsys.readouterr()
+    assert main(["distill", "train", "--data", str(data), "--out", str(tmp_path / "x"), "--tokenizer", "assets/mamba-drafter-smollm2",
+                 "--target", "smollm2-135m-instruct"]) != 0
+    assert "--tokenizer stands in for --target" in capsys.readouterr().err
+
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
