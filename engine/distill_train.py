@@ -426,9 +426,10 @@ def cmd_train(args: argparse.Namespace) -> int:
                 group["lr"] = lr_at(step)
             loss = loss_of(X[idx], M[idx], idx)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            if torch.isfinite(loss):  # a batch with no target in the draft vocabulary has no loss (0/0): no update
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+                opt.step()
             step += 1
             el = time.perf_counter() - t0
             if args.time_budget > 0:
