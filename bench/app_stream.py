@@ -10,6 +10,8 @@ Chats go to a fresh temporary SPECCHAT_DATA_DIR unless one is set.
 
 Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128] [--dtype auto]
        [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
+       [--one-chat]       (every prompt in one growing conversation, both ways, and each reply's
+                           rate printed: how the app's cost grows with the conversation)
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ async def _wait(pilot, cond, timeout: float) -> None:
         await pilot.pause(0.02)
 
 
-async def run_app(session, prompts: list[str], strategy, max_new: int, profile: str | None) -> list[dict]:
+async def run_app(session, prompts: list[str], strategy, max_new: int, profile: str | None, one_chat: bool = False) -> list[dict]:
     from app.main import SpecChatApp
     from app.widgets.prompt import PromptInput
 
@@ -59,9 +61,10 @@ async def run_app(session, prompts: list[str], strategy, max_new: int, profile: 
             import cProfile
 
             prof = cProfile.Profile()
-        for text in prompts:
-            await pilot.press("ctrl+n")
-            await pilot.pause()
+        for i, text in enumerate(prompts):
+            if i == 0 or not one_chat:
+                await pilot.press("ctrl+n")
+                await pilot.pause()
             box = app.query_one(PromptInput)
             box.focus()
             await pilot.pause()
@@ -76,28 +79,36 @@ async def run_app(session, prompts: list[str], strategy, max_new: int, profile: 
                 prof.disable()
             wall = time.perf_counter() - t0
             summ = done[-1].summary
-            out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": wall})
+            out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": wall,
+                        "context": getattr(getattr(done[-1], "last_event", None), "position", 0)})
         if prof:
             prof.dump_stats(profile)
     return out
 
 
-def run_headless(session, prompts: list[str], max_new: int) -> list[dict]:
+def run_headless(session, prompts: list[str], max_new: int, one_chat: bool = False) -> list[dict]:
     from engine.events import GenerationSummary
 
     out = []
+    history: list[dict] = []
     for text in prompts:
         summ = GenerationSummary()
+        msgs = (history if one_chat else []) + [{"role": "user", "content": text}]
+        reply: list[str] = []
+        pos = [0]
 
         def go() -> None:
-            for ev in session.stream_chat([{"role": "user", "content": text}], max_new, threading.Event()):
+            for ev in session.stream_chat(msgs, max_new, threading.Event()):
                 summ.add(ev)
+                reply.append(getattr(ev, "text", "") or "")
+                pos[0] = getattr(ev, "position", 0)
 
         t0 = time.perf_counter()
         th = threading.Thread(target=go)
         th.start()
         th.join()
-        out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": time.perf_counter() - t0})
+        out.append({"tokens": summ.new_tokens, "tok_s": summ.tokens_per_s, "wall_s": time.perf_counter() - t0, "context": pos[0]})
+        history = msgs + [{"role": "assistant", "content": "".join(reply)}]
     return out
 
 
@@ -107,6 +118,7 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=4)
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--profile", default=None)
+    ap.add_argument("--one-chat", action="store_true", help="every prompt in one conversation (it grows reply by reply)")
     ap.add_argument("--dtype", default="auto", help="compute type, as `specchat chat --dtype` (default auto: q8 where faster)")
     a = ap.parse_args()
     if "SPECCHAT_DATA_DIR" not in os.environ:  # the chats it sends stay out of the user's history
@@ -117,9 +129,13 @@ def main() -> int:
     prompts = [p["text"] for p in json.loads((REPO / "assets/prompts/bench.json").read_text())][: a.prompts]
     strategy = from_spec(a.strategy)
     session = ChatSession.load(strategy=strategy, dtype=a.dtype)  # as `specchat chat` loads it (--dtype auto)
-    app_rows = asyncio.run(run_app(session, prompts, strategy, a.max_new_tokens, a.profile))
+    app_rows = asyncio.run(run_app(session, prompts, strategy, a.max_new_tokens, a.profile, a.one_chat))
     session.strategy = strategy
-    head_rows = run_headless(session, prompts, a.max_new_tokens)
+    head_rows = run_headless(session, prompts, a.max_new_tokens, a.one_chat)
+    if a.one_chat:
+        print("reply  context   app tok/s   no-UI tok/s   app/no-UI")
+        for i, (ra, rh) in enumerate(zip(app_rows, head_rows)):
+            print(f"{i + 1:5d}  {ra.get('context') or 0:7d}  {ra['tok_s']:10.1f}  {rh['tok_s']:12.1f}  {ra['tok_s'] / max(rh['tok_s'], 1e-9):10.2f}")
     for name, rows in (("app (headless Textual)", app_rows), ("stream_chat, no UI", head_rows)):
         toks = sum(r["tokens"] for r in rows)
         print(f"{name:<24} {strategy.label():<10} tokens {toks:5d}  decode {toks / sum(r['tokens'] / r['tok_s'] for r in rows if r['tok_s']):6.1f} tok/s"
