@@ -18,6 +18,19 @@ from typing import Sequence
 import torch
 
 
+def index_to(idx: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """A host index on ``device``, copied once: indexing CUDA tensors with a host index copies it
+    and waits for the copy at every use (5 per Mamba-2 layer in a commit: 320 stalls of a 64-layer
+    model, seen on an H200), while from pinned memory the one copy is queued without a wait
+    (Snakes and Ladders §3.3: indices stay on the device)."""
+    device = torch.device(device)
+    if idx.device == device:
+        return idx
+    if device.type == "cuda":
+        return idx.pin_memory().to(device, non_blocking=True)
+    return idx.to(device)
+
+
 class ScratchCache:
     """What every cache shares: the committed length and the scratch tree on top of it.
 
@@ -118,9 +131,7 @@ class KVCache(ScratchCache):
         m = len(rows)
         if m:
             if list(rows) != list(range(m)):  # identity: K/V already in place (plain decoding, chains)
-                src = torch.tensor(rows, dtype=torch.long) + self.length
-                if self.k.is_cuda:  # one queued copy, not a host-synchronised one per index below
-                    src = src.pin_memory().to(self.k.device, non_blocking=True)
+                src = index_to(torch.tensor(rows, dtype=torch.long) + self.length, self.k.device)
                 # Indexing copies first, so overlapping source/destination rows are safe.
                 self.k[:, :, self.length:self.length + m] = self.k[:, :, src]
                 self.v[:, :, self.length:self.length + m] = self.v[:, :, src]

@@ -25,7 +25,7 @@ import torch
 
 from kernels import use_triton
 
-from .cache import ScratchCache
+from .cache import ScratchCache, index_to
 
 Acts = dict[str, torch.Tensor]  # one layer's cached activations of some nodes, rows first
 
@@ -98,16 +98,10 @@ class RecurrentCache(ScratchCache):
         return rows
 
     def _on_device(self, rows: list[int]) -> torch.Tensor:
-        """``rows`` as an index on the activations' device, copied there once for every layer and
-        tensor: indexing CUDA tensors with a host index copies it and waits for the copy each
-        time (5 per Mamba-2 layer: 320 stalls of a 64-layer model's commit, seen on an H200);
-        from pinned memory the one copy is queued without a wait (Snakes and Ladders §3.3:
-        indices stay on the device)."""
+        """``rows`` as an index on the activations' device (cache.index_to), once for every layer
+        and tensor."""
         idx = torch.tensor(rows, dtype=torch.long)
-        dev = next((v.device for a in self.acts if a is not None for v in a.values()), idx.device)
-        if dev.type == "cuda":
-            return idx.pin_memory().to(dev, non_blocking=True)
-        return idx if dev == idx.device else idx.to(dev)
+        return index_to(idx, next((v.device for a in self.acts if a is not None for v in a.values()), idx.device))
 
     @torch.inference_mode()
     def advance(self, path: list[Acts], m: int, state: Any = None) -> None:
@@ -232,9 +226,7 @@ class DraftBatch:
             raise ValueError(f"fork needs a non-empty 1-d LongTensor of parent rows, not shape {tuple(idx.shape)}")
         n = idx.numel()
         state = self.pool.take(self.depth + 1, n, self.state)
-        dev = next(iter(self.state.values())).device
-        if idx.device != dev:  # once for every state tensor (each copy from the host would wait)
-            idx = idx.pin_memory().to(dev, non_blocking=True) if dev.type == "cuda" else idx.to(dev)
+        idx = index_to(idx, next(iter(self.state.values())).device)  # once for every state tensor
         for k, t in self.state.items():
             if use_triton(t):
                 from kernels.state_gather import state_gather

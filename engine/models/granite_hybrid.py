@@ -320,10 +320,7 @@ class GraniteHybrid(CausalLM):
             graphed = self.graphs is not None and tree.fresh and want_logits  # verify passes; prefill chunks stay eager
             for r, (kind, run) in enumerate(runs_of(self.layers)):
                 if kind == "mamba":
-                    if dense is not None:
-                        x = self._mamba_run_dense(run, x, dense)
-                    else:
-                        x = self._mamba_run_graphed(r, run, x, tree) if graphed else self._mamba_run(run, x, tree)
+                    x = self._mamba_run_graphed(r, run, x, tree) if graphed else self._mamba_run(run, x, tree, dense)
                     continue
                 for L in run:
                     h = rms_norm(x, L["ln1"], c.rms_norm_eps)
@@ -339,22 +336,13 @@ class GraniteHybrid(CausalLM):
                 cache.kv.release_mask(len(tokens), start + len(tokens))
         return self.logits(rms_norm(x, self.norm, c.rms_norm_eps)) if want_logits else None
 
-    def _mamba_run(self, run: list[dict[str, Any]], x: torch.Tensor, tree: TreePlan) -> torch.Tensor:
-        """Consecutive Mamba layers (mixer, then MLP) over the T new nodes: x (T, D) -> (T, D)."""
+    def _mamba_run(self, run: list[dict[str, Any]], x: torch.Tensor, tree: TreePlan, dense: str | None = None) -> torch.Tensor:
+        """Consecutive Mamba layers (mixer, then MLP) over the T new nodes: x (T, D) -> (T, D).
+        ``dense``: a prefill chain by that backend's dense kernels (Mamba2Mixer.prefill_chain)."""
         c, ssm = self.cfg, self.cache.ssm
         for L in run:
-            y = L["mixer"](rms_norm(x, L["ln1"], c.rms_norm_eps), ssm, L["slot"], tree)
-            x = self._mlp(L, x + y * c.residual_multiplier)
-        return x
-
-    def _mamba_run_dense(self, run: list[dict[str, Any]], x: torch.Tensor, backend: str) -> torch.Tensor:
-        """``_mamba_run`` for a prefill chain by the dense kernels (Mamba2Mixer.prefill_chain): each
-        layer's state after the chain goes to the SSM cache's spare buffers."""
-        c, ssm = self.cfg, self.cache.ssm
-        for L in run:
-            s = L["slot"]
-            y = L["mixer"].prefill_chain(rms_norm(x, L["ln1"], c.rms_norm_eps), ssm.conv[s], ssm.ssm[s], ssm._spare_conv[s],
-                                         ssm._spare_ssm[s], backend)
+            h = rms_norm(x, L["ln1"], c.rms_norm_eps)
+            y = L["mixer"](h, ssm, L["slot"], tree) if dense is None else L["mixer"].prefill_chain(h, ssm, L["slot"], dense)
             x = self._mlp(L, x + y * c.residual_multiplier)
         return x
 

@@ -188,6 +188,9 @@ def parse_dt_limit(val: Any, where: str) -> tuple[float, float]:
 # ---------------------------------------------------------------------------------------------
 # State cache: committed state + scratch activations for activation replay
 # ---------------------------------------------------------------------------------------------
+IN_SPARE = "in spare"  # SSMCache._advance_state's ``state``: the spare buffers hold the new state already
+
+
 class SSMCache(RecurrentCache):
     """Committed (conv, ssm) state per layer plus the scratch tree being verified.
 
@@ -246,8 +249,10 @@ class SSMCache(RecurrentCache):
 
     def _advance_state(self, path: list, state=None) -> None:
         """Replay the chain ``path`` from the committed state (the activations are all it takes)
-        into the spare buffers and swap them in."""
-        self.replay_into_spare(path)
+        into the spare buffers and swap them in; ``state`` IN_SPARE: they hold it already (a
+        graphed replay, a dense prefill)."""
+        if state is not IN_SPARE:
+            self.replay_into_spare(path)
         self._restore_state()
 
     def replay_into_spare(self, path: list) -> None:
@@ -287,9 +292,7 @@ class SSMCache(RecurrentCache):
         path = graphs.run(key, replay, {"idx": self._on_device(rows)})
         # the path lives in the graph's output buffers until its next replay, which only a later
         # commit makes, and that commit replaces the undo record first
-        self._restore_state()
-        self._undo = (self.length, [dict(a) for a in path])
-        self.length += m
+        self.advance([dict(a) for a in path], m, IN_SPARE)
         self.clear_scratch()
 
     def _restore_state(self) -> None:
@@ -300,9 +303,8 @@ class SSMCache(RecurrentCache):
     def adopt_spare(self, m: int) -> None:
         """Commit m tokens whose state a dense prefill wrote into the spare buffers: they become
         current, as one commit that no rollback enters (no activations were kept to replay)."""
-        self._restore_state()
+        self.advance([], m, IN_SPARE)
         self._undo = None
-        self.length += m
         self.clear_scratch()
 
 
@@ -440,22 +442,21 @@ class Mamba2Mixer:
             y = tree_scan_kernel(state, xs, B, C, dt, self.A, plan.parents)
         return y + self.D * xs  # (T, H, P)
 
-    def prefill_chain(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor, conv_out: torch.Tensor, ssm_out: torch.Tensor,
-                      backend: str) -> torch.Tensor:
+    def prefill_chain(self, h: torch.Tensor, cache: SSMCache, layer: int, backend: str) -> torch.Tensor:
         """A long prefill's chunk through this mixer by dense kernels (kernels/causal_conv.py,
         kernels/chunk_scan.py: mamba_ssm's on CUDA, ``backend="ref"`` in tests): h (T, D) normed
-        input of a chain continuing the committed conv (C, K-1) and ssm (H, P, N) state -> (T, D);
-        the state after the chain goes to ``conv_out`` / ``ssm_out`` (the spare buffers). Keeps no
-        activations: nothing replays a prefill."""
+        input of a chain continuing the committed state of ``layer`` -> (T, D); the state after
+        the chain goes to the cache's spare buffers (SSMCache.adopt_spare makes it current). Keeps
+        no activations: nothing replays a prefill."""
         from kernels.causal_conv import causal_conv
         from kernels.chunk_scan import chunk_scan
 
         z, xbc, dt = self._project(h)
-        conv_y, new_conv = causal_conv(conv, xbc, self.conv_w, self.conv_b, backend)
+        conv_y, new_conv = causal_conv(cache.conv[layer], xbc, self.conv_w, self.conv_b, backend)
         xs, B, C, dt = self._activate(conv_y, dt, biased=True)
-        y, final = chunk_scan(ssm, xs, B, C, dt, self.A, backend)
-        conv_out.copy_(new_conv)
-        ssm_out.copy_(final)
+        y, final = chunk_scan(cache.ssm[layer], xs, B, C, dt, self.A, backend)
+        cache._spare_conv[layer].copy_(new_conv)
+        cache._spare_ssm[layer].copy_(final)
         return self._output(y + self.D * xs, z)
 
     def step(self, h: torch.Tensor, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
@@ -563,8 +564,7 @@ class Mamba2(CausalLM):
         cache.clear_scratch()
         x = self.embed[torch.as_tensor(part, dtype=torch.long, device=self.device)].float()
         for i, (norm, mixer) in enumerate(self.layers):
-            x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache.conv[i], cache.ssm[i],
-                                        cache._spare_conv[i], cache._spare_ssm[i], backend)
+            x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache, i, backend)
         cache.adopt_spare(len(part))
 
     def commit(self, rows: Sequence[int]) -> None:
