@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,12 @@ def add_parser(sub) -> None:
                       help="answer these prompts instead of the generated set (a JSON list of {name, text}, "
                            "e.g. assets/prompts/bench.json: replies to the evaluation prompts for `train --eval-data`)")
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
+    data.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the target decodes (a GPU: "
+                      "the dequantised weights, --dtype bf16 unless given; use a large --batch)")
+    data.add_argument("--exclude", default=None, metavar="DIR",
+                      help="skip the prompts of another `distill data` directory (more data, not the same again)")
+    data.add_argument("--time-budget", type=float, default=0.0, metavar="S",
+                      help="stop taking new replies after S seconds (0: no limit); a rerun resumes")
     ng = dsub.add_parser("ngram", help="an n-gram datastore of the target's replies, for pld:auto (engine/drafters/corpus.py)")
     ng.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
     ng.add_argument("--out", required=True, metavar="FILE", help="the .npz to write")
@@ -96,7 +103,8 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
 
     from .sampling import probs_from_logits
 
-    gen = torch.Generator().manual_seed(seed)
+    dev = model.embed.device
+    gen = torch.Generator(device=dev).manual_seed(seed)
 
     def pick(logits: torch.Tensor) -> torch.Tensor:
         if temperature <= 0:
@@ -104,8 +112,11 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
         q = probs_from_logits(logits.float(), temperature, top_p)
         return torch.multinomial(q, 1, generator=gen)[:, 0]
 
-    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-    eos = torch.tensor(sorted(eos_ids), dtype=torch.long)
+    # by length within windows of 16 batches (little padding), the windows in the given order: a
+    # run stopped by its time budget has answered a fair share of every kind of prompt
+    win = 16 * batch
+    order = [i for w in range(0, len(prompts), win) for i in sorted(range(w, min(w + win, len(prompts))), key=lambda i: len(prompts[i]))]
+    eos = torch.tensor(sorted(eos_ids), dtype=torch.long, device=dev)
     n_layers, K, E = model.kv_dims
     for g in range(0, len(order), batch):
         idx = order[g:g + batch]
@@ -118,8 +129,9 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
             tokens[b, L - len(prompts[i]):] = torch.tensor(prompts[i])
             key_ok[b, L - len(prompts[i]):] = True
         pos = (torch.arange(L)[None, :] - (L - lens)[:, None]).clamp(min=0)
-        k_buf = torch.zeros(n_layers, B, K, P, E, dtype=model.dtype)
+        k_buf = torch.zeros(n_layers, B, K, P, E, dtype=model.dtype, device=dev)
         v_buf = torch.zeros_like(k_buf)
+        tokens, key_ok, pos, lens = tokens.to(dev), key_ok.to(dev), pos.to(dev), lens.to(dev)
         with torch.inference_mode():
             h = model.forward_batch(tokens, pos, k_buf, v_buf, 0, key_ok)
             nxt = pick(model.logits(h[:, -1]))
@@ -148,7 +160,7 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
 SELF_PROMPT_MAX_TOKENS = 48
 
 
-def self_prompts(session, path: Path, n: int, seed: int, batch: int) -> list[dict[str, str]]:
+def self_prompts(tok, target, path: Path, n: int, seed: int, batch: int, exclude: frozenset[str] = frozenset()) -> list[dict[str, str]]:
     """``n`` user prompts written by the target itself (sampled at T=1, top-p 0.95 after the chat
     template's user header, up to the end of the turn): far more varied than templates, so the
     drafter sees the target's replies to the kind of messages people send. Appended to ``path``
@@ -157,12 +169,10 @@ def self_prompts(session, path: Path, n: int, seed: int, batch: int) -> list[dic
 
     _drop_partial_tail(path)
     have = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-    tok = session.tokenizer
     marker = "\x00PROMPT\x00"
     text = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False)
     head = tok.encode(text[: text.index(marker)], add_special_tokens=False)
-    target = session.decoder.target
-    seen = {p["text"] for p in have} | eval_texts()
+    seen = {p["text"] for p in have} | eval_texts() | exclude
     rounds = 0
     while len(have) < n and rounds < 4 * (n // max(1, batch) + 1):
         rows = [head] * min(batch, 4 * (n - len(have)))
@@ -200,15 +210,21 @@ def cmd_data(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prompts_path, resp_path = out / "prompts.jsonl", out / "responses.jsonl"
-    if args.prompts:
-        from .errors import SpecchatError
+    from .errors import SpecchatError
 
+    if args.prompts:
         try:
             prompts = [{"id": p["name"], "kind": p["name"], "text": p["text"]} for p in json.loads(Path(args.prompts).read_text())]
         except (OSError, ValueError, KeyError, TypeError) as e:
             raise SpecchatError(f"{args.prompts}: not a JSON list of {{name, text}} prompts ({e})") from None
     else:
         prompts = make_prompts(args.n, args.seed)
+    exclude: frozenset[str] = frozenset()
+    if args.exclude:
+        exclude = frozenset(json.loads(line)["text"] for name in ("prompts.jsonl", "self_prompts.jsonl")
+                            if (Path(args.exclude) / name).exists()
+                            for line in (Path(args.exclude) / name).read_text().splitlines() if line.strip())
+        prompts = [p for p in prompts if p["text"] not in exclude]
     if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
         prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     done = set()
@@ -221,18 +237,38 @@ def cmd_data(args: argparse.Namespace) -> int:
                 pass  # a line cut by a kill: its prompt is simply redone
     from .dtype_probe import slow_bf16_note
 
-    if note := slow_bf16_note(args.dtype):
-        print(note, file=sys.stderr)
-    session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
-    tok = session.tokenizer
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    on_cpu = torch.device(device).type == "cpu"
+    if on_cpu:
+        if note := slow_bf16_note(args.dtype):
+            print(note, file=sys.stderr)
+        session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
+        target, tok = session.decoder.target, session.tokenizer
+    else:
+        # a GPU: batched rows straight through the target, no decoder
+        from .loading import load
+        from .registry import load_registry
+        from .session import default_target_name
+
+        reg = load_registry(args.models)
+        loaded = load(args.target or default_target_name(reg), dtype=args.dtype, registry=reg, device=device)
+        session, target, tok = None, loaded.model, loaded.tokenizer
+        if tok is None or args.batch <= 1 or not hasattr(target, "forward_batch"):
+            raise SpecchatError(f"--device {device} decodes batched rows (--batch > 1) of a Transformer target with a tokenizer; "
+                                f"{loaded.name} is not one, or --batch is 1")
+
+    def encode_chat(text: str) -> list[int]:
+        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        return tok.encode(chat, add_special_tokens=False)
+
     if args.self_prompts:
-        prompts = prompts + self_prompts(session, out / "self_prompts.jsonl", args.self_prompts, args.seed, args.batch)
+        prompts = prompts + self_prompts(tok, target, out / "self_prompts.jsonl", args.self_prompts, args.seed, max(1, args.batch), exclude)
     todo = [p for p in prompts if p["id"] not in done]
+    random.Random(args.seed).shuffle(todo)  # every kind of prompt in every stretch of the run (see batched_greedy)
     if args.limit:
         todo = todo[: args.limit]
     strategy = preset("pld")
-    encoded = [session.encode_chat([{"role": "user", "content": p["text"]}]) for p in todo]
-    target = session.decoder.target
+    encoded = [encode_chat(p["text"]) for p in todo]
     if args.batch > 1 and hasattr(target, "forward_batch"):
         replies = batched_greedy(target, encoded, args.max_new_tokens, tok.eos_ids, args.batch)
     else:
@@ -257,6 +293,9 @@ def cmd_data(args: argparse.Namespace) -> int:
             left = (len(todo) - made) * el / made
             print(f"\r[{len(done) + made}/{len(prompts)}] {new_tokens / el:5.1f} tok/s, ETA {left / 3600:4.1f} h ",
                   end="", file=sys.stderr, flush=True)
+            if args.time_budget > 0 and el >= args.time_budget:
+                print(f"\ntime budget of {args.time_budget:g} s spent: {made} new replies; run again to resume", file=sys.stderr, end="")
+                break
     print(file=sys.stderr)
     return 0
 
@@ -264,15 +303,14 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_ngram(args: argparse.Namespace) -> int:
     """Index the replies of a `distill data` directory (engine/drafters/corpus.py) with the target's
     tokenizer's probe, so the datastore is only ever used with that tokenizer."""
-    from .distill_train import load_sequences
+    from .distill_train import load_sequences, responses_file
     from .drafters.corpus import PROBE_TEXT, CorpusIndex
     from .errors import SpecchatError
     from .loading import load
     from .registry import load_registry
 
     data = Path(args.data)
-    if not (data / "responses.jsonl").exists():
-        raise SpecchatError(f"{data}: no responses.jsonl (run `specchat distill data` first)")
+    responses_file(data)  # a missing set fails before the target loads
     if not 1 <= args.n_max <= 16 or args.min_count < 1 or not 1 <= args.branches <= 16:
         raise SpecchatError("--n-max must be 1..16, --min-count >= 1 and --branches 1..16")
     reg = load_registry(args.models)

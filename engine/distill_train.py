@@ -28,7 +28,8 @@ def add_parser(dsub) -> None:
     e.add_argument("--to", dest="dst", required=True, metavar="DIR")
     e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
     t = dsub.add_parser("train", help="train a Mamba-2 drafter on distillation data (resumable)")
-    t.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
+    t.add_argument("--data", required=True, nargs="+", metavar="DIR",
+                   help="`distill data` directories (responses.jsonl or .jsonl.xz); several are trained on together")
     t.add_argument("--out", required=True, metavar="DIR")
     t.add_argument("--target", default=None, metavar="REF", help="the target (embedding init, tokenizer)")
     t.add_argument("--tokenizer", default=None, metavar="DIR",
@@ -83,11 +84,25 @@ def add_parser(dsub) -> None:
     k.add_argument("--chunk", type=int, default=256, help="replies per part file (the unit of resumption)")
 
 
+def responses_file(data_dir: Path) -> Path:
+    """DIR/responses.jsonl, or DIR/responses.jsonl.xz (how assets/ ships the larger sets)."""
+    from .errors import SpecchatError
+
+    for name in ("responses.jsonl", "responses.jsonl.xz"):
+        if (data_dir / name).exists():
+            return data_dir / name
+    raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
+
+
 def load_sequences(data_dir: Path, with_ids: bool = False) -> list:
     """(prompt + reply ids, index where the reply starts) per finished reply, in file order;
     ``with_ids`` prepends the reply's id."""
+    import lzma
+
+    path = responses_file(data_dir)
+    text = lzma.open(path, "rt", encoding="utf-8").read() if path.suffix == ".xz" else path.read_text()
     seqs = []
-    for line in (data_dir / "responses.jsonl").read_text().splitlines():
+    for line in text.splitlines():
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
@@ -114,8 +129,6 @@ def cmd_topk(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     data_dir = Path(args.data)
-    if not (data_dir / "responses.jsonl").exists():
-        raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
     seqs = load_sequences(data_dir, with_ids=True)
     from .dtype_probe import slow_bf16_note
 
@@ -233,7 +246,10 @@ def pca_embedding(embed, d: int):
     E = E - E.mean(0, keepdim=True)
     _, _, Vt = torch.linalg.svd(E[:: max(1, E.shape[0] // 8192)], full_matrices=False)  # directions from a subsample
     P = E @ Vt[:d].T
-    return P * (0.02 / P.std())
+    P = P * (0.02 / P.std())
+    if P.shape[1] < d:  # a drafter wider than its target: the remaining directions start at zero
+        P = torch.cat([P, P.new_zeros(P.shape[0], d - P.shape[1])], 1)
+    return P
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -247,11 +263,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
-    data_dir, out = Path(args.data), Path(args.out)
-    if not (data_dir / "responses.jsonl").exists():
-        raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
+    data_dirs, out = [Path(d) for d in args.data], Path(args.out)
+    if args.kd and len(data_dirs) > 1:
+        raise SpecchatError("--kd reads the top-k targets of one --data directory; give one")
+    data_dir = data_dirs[0]
+    seqs = [s for d in data_dirs for s in load_sequences(d, with_ids=bool(args.kd))]
     out.mkdir(parents=True, exist_ok=True)
-    seqs = load_sequences(data_dir, with_ids=bool(args.kd))
     if args.kd:
         if args.byte_level:
             raise SpecchatError("--kd needs the target's vocabulary; it does not combine with --byte-level")
@@ -465,7 +482,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if not full_softmax:
         # the tokens the drafter was trained to propose: its output layer shrinks to them at load time
         (out / "draft_vocab.json").write_text(json.dumps({"token_ids": seen.cpu().tolist()}))
-    (out / "distill.json").write_text(json.dumps({"data": str(data_dir), "replies": len(seqs), "steps": step, "held_out_loss": held_loss, "held_out_top1": held_acc,
+    (out / "distill.json").write_text(json.dumps({"data": " ".join(map(str, data_dirs)), "replies": len(seqs), "steps": step, "held_out_loss": held_loss, "held_out_top1": held_acc,
                                                   **{f"{n}_top1": a for n, (_, a) in eval_scores.items()},
                                                   "params": n_params, "args": {k: v for k, v in vars(args).items() if k != "func"}}, indent=1))
     print(f"saved drafter to {out} (load it with --drafter {out})", file=sys.stderr)

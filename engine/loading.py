@@ -118,22 +118,29 @@ DEFAULT_CONTEXT = 8192  # KV rows are allocated up front: a 128k-context model w
 
 
 def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry | None = None,
-         max_context: int | None = None, need_tokenizer: bool = False) -> Loaded:
+         max_context: int | None = None, need_tokenizer: bool = False, device: str | torch.device | None = None) -> Loaded:
     """Load REF. The context is the model's own limit, capped at DEFAULT_CONTEXT unless
-    ``max_context`` asks for more (or less)."""
+    ``max_context`` asks for more (or less). ``device`` (default: the CPU) builds the model there
+    from the dequantised weights (no kept GGUF blocks, no q8 compute type: those are CPU kernels);
+    with no ``dtype`` a GPU model is bf16. Used by `specchat distill data --device cuda`."""
     if max_context is not None and (not isinstance(max_context, int) or isinstance(max_context, bool) or max_context < 0):
         raise ModelLoadError(f"max_context (--max-context) must be a number of tokens >= 0 (0: the default), got {max_context!r}")
     max_context = max_context or DEFAULT_CONTEXT
     name, path = resolve(ref, registry)
+    dev = torch.device(device) if device is not None else None
+    if dev is not None and dev.type == "cpu":
+        dev = None
+    if dev is not None and dtype in (None, "auto", "q8"):
+        dtype = "bf16"
     dt = parse_dtype(dtype) if dtype not in ("auto", "q8") else dtype  # "auto" waits for the model's type
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _trimmed(_load_gguf(name, path, dt, max_context))
+            return _trimmed(_load_gguf(name, path, dt, max_context, dev))
         raise ModelLoadError(f"{path}: not a model (expected a .gguf file or an HF-format directory)")
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
-        return _trimmed(_load_gguf(name, ggufs[0], dt, max_context))
-    loaded = _trimmed(_load_hf_dir(name, path, dt, max_context))
+        return _trimmed(_load_gguf(name, ggufs[0], dt, max_context, dev))
+    loaded = _trimmed(_load_hf_dir(name, path, dt, max_context, dev))
     if need_tokenizer and loaded.tokenizer is None:
         raise ModelLoadError(f"{path}: no tokenizer (tokenizer.json) found; pass --prompt-ids to decode from token ids")
     return loaded
@@ -354,10 +361,15 @@ def _pickle_refusal(e: BaseException) -> str:
     return f"not readable with torch.load(weights_only=True): corrupt, or not a plain state dict ({detail[:160]})"
 
 
-def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None) -> Loaded:
+def _on(sd: dict[str, torch.Tensor], device: torch.device | None) -> dict[str, torch.Tensor]:
+    return sd if device is None else {k: v.to(device) for k, v in sd.items()}
+
+
+def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None,
+                 device: torch.device | None = None) -> Loaded:
     cfg = read_config(path)
     dtype = parse_dtype(dtype, cfg.get("model_type"))
-    sd = read_state_dict(path)
+    sd = _on(read_state_dict(path), device)
     model = build(cfg, sd, dtype, max_context, str(path))
     tok = None
     if (path / "tokenizer.json").exists():
@@ -388,15 +400,16 @@ def _read_draft_vocab(path: Path, vocab_size: int) -> torch.Tensor:
     return t
 
 
-def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None) -> Loaded:
+def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None,
+               device: torch.device | None = None) -> Loaded:
     from .gguf import load_gguf
 
     ck = load_gguf(path)
     act8 = dtype == "q8" or (dtype == "auto" and _auto_q8(ck))
     dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
-    model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
-    kept = _keep_quantized(model, ck, dtype, act8)
+    model = build(ck.config, _on(ck.state_dict, device), dtype, max_context, str(path))
+    kept = _keep_quantized(model, ck, dtype, act8) if device is None else 0
     _check_tokenizer(ck.tokenizer, model, path)
     return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept, act8=act8 and kept > 0)
 

@@ -21,7 +21,8 @@ def test_distill_data_resumes_without_duplicates(tmp_path, smollm2_gguf_path):
     assert main(argv) == 0
     assert main(argv) == 0  # resumes: the next two prompts
     lines = [json.loads(x) for x in (out / "responses.jsonl").read_text().splitlines()]
-    assert [x["id"] for x in lines] == ["p00000", "p00001", "p00002", "p00003"]
+    ids = [x["id"] for x in lines]  # the prompts in a seeded shuffle: two, then the next two
+    assert len(set(ids)) == 4 and set(ids) <= {f"p0000{i}" for i in range(6)}
     assert all(1 <= len(x["response_ids"]) <= 6 and x["prompt_ids"] for x in lines)
     with (out / "responses.jsonl").open("a") as f:
         f.write('{"id": "p0000')  # a line cut by kill -9
@@ -193,3 +194,85 @@ def test_distill_train_init_and_draft_vocabulary_by_count(tmp_path, smollm2_gguf
     assert want and json.loads((tuned / "draft_vocab.json").read_text())["token_ids"] == want
     rec = json.loads((tuned / "distill.json").read_text())
     assert rec["args"]["init"] == str(shipped) and 0.0 <= rec["held_out_top1"] <= 1.0
+
+
+def test_distill_data_on_another_device_goes_through_the_bare_target(tmp_path, smollm2_gguf_path, monkeypatch):
+    """`distill data --device cuda` (a lent GPU) loads the target there, with no decoder, and decodes
+    batched rows; no GPU here, so the device's load is the CPU's, recorded: its fp32 replies equal
+    the CPU path's fp32 batched replies, and --time-budget stops early and resumes."""
+    import engine.loading as loading
+
+    seen = []
+    real_load = loading.load
+
+    def load_on(ref, **kw):
+        seen.append((kw.get("device"), kw.get("dtype")))
+        return real_load(ref, **{**kw, "device": None})
+
+    monkeypatch.setattr(loading, "load", load_on)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    common = ["--n", "3", "--batch", "4", "--max-new-tokens", "6", "--dtype", "fp32"]
+    assert main(["distill", "data", "--out", str(tmp_path / "gpu"), "--device", "auto", *common]) == 0
+    assert seen == [("cuda", "fp32")]
+    monkeypatch.setenv("SPECCHAT_QUANT", "0")  # the CPU path's fp32 weights, as a GPU's are
+    assert main(["distill", "data", "--out", str(tmp_path / "cpu"), "--device", "cpu", *common]) == 0
+    rows = {d: {r["id"]: r["response_ids"] for r in map(json.loads, (tmp_path / d / "responses.jsonl").read_text().splitlines())}
+            for d in ("gpu", "cpu")}
+    assert len(rows["gpu"]) == 3 and rows["gpu"] == rows["cpu"]
+    # a spent budget stops after the first reply; a rerun finishes the rest
+    out = tmp_path / "budget"
+    assert main(["distill", "data", "--out", str(out), "--device", "cuda", "--time-budget", "1e-9", *common]) == 0
+    assert len((out / "responses.jsonl").read_text().splitlines()) == 1
+    assert main(["distill", "data", "--out", str(out), "--device", "cuda", *common]) == 0
+    assert len((out / "responses.jsonl").read_text().splitlines()) == 3
+
+
+def test_distill_data_on_a_device_needs_batched_rows(tmp_path, smollm2_gguf_path, monkeypatch, capsys):
+    import engine.loading as loading
+
+    real_load = loading.load
+    monkeypatch.setattr(loading, "load", lambda ref, **kw: real_load(ref, **{**kw, "device": None}))
+    assert main(["distill", "data", "--out", str(tmp_path / "d"), "--device", "cuda", "--batch", "1", "--n", "1"]) != 0
+    err = capsys.readouterr().err
+    assert "--batch > 1" in err and "Traceback" not in err
+
+
+def test_distill_data_exclude_skips_another_sets_prompts(tmp_path, smollm2_gguf_path):
+    from engine.distill_prompts import make_prompts
+
+    old = tmp_path / "old"
+    old.mkdir()
+    first = make_prompts(6, 1)[:3]
+    (old / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in first))
+    new = tmp_path / "new"
+    assert main(["distill", "data", "--out", str(new), "--n", "6", "--seed", "1", "--exclude", str(old),
+                 "--batch", "4", "--max-new-tokens", "2"]) == 0
+    texts = {json.loads(x)["text"] for x in (new / "prompts.jsonl").read_text().splitlines()}
+    assert len(texts) == 3 and not texts & {p["text"] for p in first}
+    assert len((new / "responses.jsonl").read_text().splitlines()) == 3
+
+
+def test_distill_train_reads_several_sets_and_xz(tmp_path):
+    """`--data A B` trains on both sets; a set shipped as responses.jsonl.xz reads as the plain file."""
+    import lzma
+
+    from engine.distill_train import load_sequences
+
+    g = torch.Generator().manual_seed(0)
+    rows = [{"id": f"p{i}", "kind": "t", "prompt_ids": torch.randint(3, 900, (5,), generator=g).tolist(),
+             "response_ids": torch.randint(3, 900, (30,), generator=g).tolist() + [2], "text": "x"} for i in range(6)]
+    plain, packed = tmp_path / "plain", tmp_path / "packed"
+    plain.mkdir()
+    packed.mkdir()
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (plain / "responses.jsonl").write_text(text)
+    with lzma.open(packed / "responses.jsonl.xz", "wt") as f:
+        f.write(text)
+    assert load_sequences(packed) == load_sequences(plain) and len(load_sequences(plain)) == 6
+    out = tmp_path / "drafter"
+    assert main(["distill", "train", "--data", str(plain), str(packed), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
+                 "--d-model", "64", "--layers", "1", "--head-dim", "32", "--d-state", "16", "--batch", "2", "--seq-len", "64",
+                 "--holdout", "0.25", "--steps", "2"]) == 0
+    rec = json.loads((out / "distill.json").read_text())
+    assert rec["replies"] == 12 and rec["data"] == f"{plain} {packed}"
+    assert main(["distill", "train", "--data", str(tmp_path / "none"), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2"]) != 0

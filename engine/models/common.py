@@ -137,13 +137,14 @@ def context_limit(rp: dict[str, Any], max_pos: int, sliding_window: int | None =
 class Rope:
     """cos/sin tables for positions [0, max_pos), applied in the rotate-half layout (HF/NeoX)."""
 
-    def __init__(self, rot_dim: int, rp: dict[str, Any], max_pos: int, dtype: torch.dtype):
+    def __init__(self, rot_dim: int, rp: dict[str, Any], max_pos: int, dtype: torch.dtype,
+                 device: torch.device | None = None):
         inv, attn_factor = rope_inv_freq(rot_dim, rp, max_pos)
         t = torch.arange(max_pos, dtype=torch.float32)
         freqs = torch.outer(t, inv)  # (P, E_rot/2)
-        emb = torch.cat([freqs, freqs], dim=-1)
-        self.cos = (emb.cos() * attn_factor).to(dtype)
-        self.sin = (emb.sin() * attn_factor).to(dtype)
+        emb = torch.cat([freqs, freqs], dim=-1)  # computed on the CPU (the same tables everywhere), then moved
+        self.cos = (emb.cos() * attn_factor).to(dtype=dtype, device=device)
+        self.sin = (emb.sin() * attn_factor).to(dtype=dtype, device=device)
         self.rot_dim = rot_dim
 
     def apply(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

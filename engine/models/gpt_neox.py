@@ -109,7 +109,7 @@ class GPTNeoX(CausalLM):
                 "b2": _bias(sd, p + "mlp.dense_4h_to_h.bias", D, dtype),
             })
         rot = int(E * float(cfg.rope.get("partial_rotary_factor", 1.0)))
-        self.rope = Rope(rot, cfg.rope, self.max_context, dtype)
+        self.rope = Rope(rot, cfg.rope, self.max_context, dtype, self.embed.device)
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg

@@ -259,7 +259,7 @@ class GraniteHybrid(CausalLM):
                 L["bo"] = get(a + "o_proj.bias", (D,)).to(dtype) if cfg.attention_bias else None
             self.layers.append(L)
         self.kv_dims = (n_kind["attention"], K, E)
-        self.rope = Rope(E, cfg.rope, self.max_context, dtype) if cfg.rope is not None else None
+        self.rope = Rope(E, cfg.rope, self.max_context, dtype, self.embed.device) if cfg.rope is not None else None
         if self.rope is not None and self.device.type != "cpu":
             self.rope.cos, self.rope.sin = self.rope.cos.to(self.device), self.rope.sin.to(self.device)
         self.graphs = cuda_graphs.GraphSet.for_device(self.device) if cuda_graphs.ENABLED else None

@@ -119,7 +119,7 @@ class Llama(CausalLM):
                 layer["bd"] = get(p + "mlp.down_proj.bias").to(dtype)
             self.layers.append(layer)
         rot = int(E * float(cfg.rope.get("partial_rotary_factor", 1.0)))
-        self.rope = Rope(rot, cfg.rope, self.max_context, dtype)
+        self.rope = Rope(rot, cfg.rope, self.max_context, dtype, self.embed.device)
 
     def keep_quantized(self, blocks: dict[str, tuple[str, Any]], act8: bool = False) -> int:
         """Swap fp32 projections for GGUF-quantised ones (engine/models/quant.py) where every source
@@ -284,9 +284,10 @@ class Llama(CausalLM):
                 return t * cos + rotate_half(t) * sin
             return torch.cat([t[..., :r] * cos + rotate_half(t[..., :r]) * sin, t[..., r:]], dim=-1)
 
-        causal = torch.ones(T, end, dtype=torch.bool).tril(start)  # query t sees keys <= start + t
-        own = torch.zeros(T, end, dtype=torch.bool)
-        own[:, start:] = torch.eye(T, dtype=torch.bool)
+        dev = x.device
+        causal = torch.ones(T, end, dtype=torch.bool, device=dev).tril(start)  # query t sees keys <= start + t
+        own = torch.zeros(T, end, dtype=torch.bool, device=dev)
+        own[:, start:] = torch.eye(T, dtype=torch.bool, device=dev)
         # padding queries see only themselves: no all-masked row, so no NaN reaches real rows' values
         allowed = ((causal.unsqueeze(0) & key_ok[:, None, :end]) | own).unsqueeze(1)  # (B, 1, T, L)
         for i, L in enumerate(self.layers):
