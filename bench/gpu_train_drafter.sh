@@ -11,6 +11,15 @@
 #                   specchat distill export --from drafters/gpu-drafter --to DIR2 --dtype bf16
 #                   specchat bench --drafter DIR2 --strategies sd:5,hybrid:auto,pld:auto
 #
+# Continuing the shipped drafter on both reply sets instead (what session 14 found the GPU time is
+# best spent on: from scratch, 270 s did not reach it; see bench/results/2026-11-26-h200-distill/):
+#   here:       mkdir -p .gpu3/old && xz -9 -c assets/distill/smollm2/responses.jsonl > .gpu3/old/responses.jsonl.xz
+#               (/.gpu3/ in .git/info/exclude; ~66 MB travel in all, just under the 64 MiB)
+#   carry:      .gpu3, assets/mamba-drafter-smollm2, assets/distill/smollm2-gpu, assets/distill/smollm2-eval
+#   on the device: bash bench/gpu_train_drafter.sh "$OUT" 480 --data .gpu3/old assets/distill/smollm2-gpu \
+#                   --init assets/mamba-drafter-smollm2 --lr 5e-4 --eval-data assets/distill/smollm2-eval
+#   (checked on this CPU with --device cpu --steps 2; --init takes the drafter's own shape)
+#
 # Writes $OUT/train.log and the trained directory as a tar in 15 MB pieces (a file that comes back
 # is at most 16 MiB; 4 pieces for a 56 MB fp32-trained drafter of the shipped size). Defaults: the
 # shipped drafter's shape (d_model 480, 3 layers: 56 MB in bf16 under the 60 MB cap), batch 32 x
