@@ -51,7 +51,7 @@ def add_parser(sub) -> None:
     data.add_argument("--time-budget", type=float, default=0.0, metavar="S",
                       help="stop taking new replies after S seconds (0: no limit); a rerun resumes")
     ng = dsub.add_parser("ngram", help="an n-gram datastore of the target's replies, for pld:auto (engine/drafters/corpus.py)")
-    ng.add_argument("--data", required=True, metavar="DIR", help="a `distill data` directory")
+    ng.add_argument("--data", required=True, nargs="+", metavar="DIR", help="`distill data` directories (indexed together)")
     ng.add_argument("--out", required=True, metavar="FILE", help="the .npz to write")
     ng.add_argument("--target", default=None, metavar="REF", help="the target whose tokenizer the replies use")
     ng.add_argument("--models", default=None, metavar="FILE")
@@ -301,7 +301,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_ngram(args: argparse.Namespace) -> int:
-    """Index the replies of a `distill data` directory (engine/drafters/corpus.py) with the target's
+    """Index the replies of `distill data` directories (engine/drafters/corpus.py) with the target's
     tokenizer's probe, so the datastore is only ever used with that tokenizer."""
     from .distill_train import load_sequences, responses_file
     from .drafters.corpus import PROBE_TEXT, CorpusIndex
@@ -309,17 +309,18 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     from .loading import load
     from .registry import load_registry
 
-    data = Path(args.data)
-    responses_file(data)  # a missing set fails before the target loads
+    data = [Path(d) for d in args.data]
+    for d in data:
+        responses_file(d)  # a missing set fails before the target loads
     if not 1 <= args.n_max <= 16 or args.min_count < 1 or not 1 <= args.branches <= 16:
         raise SpecchatError("--n-max must be 1..16, --min-count >= 1 and --branches 1..16")
     reg = load_registry(args.models)
     target = load(args.target or "smollm2-135m-instruct", registry=reg, need_tokenizer=True)
-    seqs = load_sequences(data)
+    seqs = [s for d in data for s in load_sequences(d)]
     t0 = time.perf_counter()
     index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count, branches=args.branches,
                               meta={"target": target.name, "probe": list(target.tokenizer.encode(PROBE_TEXT)),
-                                    "data": str(data), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
+                                    "data": " ".join(map(str, data)), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
     index.save(args.out)
     print(f"indexed {len(seqs)} replies ({index.meta['reply_tokens']} tokens): {len(index)} contexts of 1..{args.n_max} tokens "
           f"in {time.perf_counter() - t0:.1f} s -> {args.out}", file=sys.stderr)

@@ -213,6 +213,16 @@ def test_distill_ngram_builds_a_datastore_the_cli_loads(tmp_path, smollm2_gguf_p
     assert main(["generate", "Say hi.", "--datastore", str(tmp_path / "nope.npz"), "--max-new-tokens", "2"]) == 2
     assert "no such n-gram datastore" in capsys.readouterr().err
     assert main(["distill", "ngram", "--data", str(tmp_path), "--out", str(out)]) == 2  # no responses.jsonl
+    # several sets are indexed together (a set shipped as responses.jsonl.xz among them)
+    import lzma
+
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    with lzma.open(packed / "responses.jsonl.xz", "wt") as f:
+        f.write((data / "responses.jsonl").read_text())
+    both = tmp_path / "both.npz"
+    assert main(["distill", "ngram", "--data", str(data), str(packed), "--out", str(both), "--n-max", "3", "--min-count", "1"]) == 0
+    assert CorpusIndex.load(both).meta["replies"] == 6
 
 
 class _FakeSpine:
