@@ -117,6 +117,7 @@ def test_batched_greedy_equals_batch_one_greedy(tmp_path_factory, kind):
     assert [got[i] for i in range(len(prompts))] == want
 
 
+@pytest.mark.slow  # ~15 s; CI's slow set runs it (the default suite is near its 15 minutes)
 def test_distill_train_byte_level_drafter(tmp_path, smollm2_gguf_path):
     """--byte-level: the same replies as UTF-8 bytes; the saved drafter loads with a byte tokenizer
     and decodes the target's text back from its ids."""
@@ -143,6 +144,7 @@ def test_distill_train_byte_level_drafter(tmp_path, smollm2_gguf_path):
     assert not (out / "draft_vocab.json").exists()
 
 
+@pytest.mark.slow  # ~15 s; CI's slow set runs it (the default suite is near its 15 minutes)
 def test_distill_data_self_prompts_are_sampled_resumable_and_answered(tmp_path, smollm2_gguf_path):
     out = tmp_path / "d"
     argv = ["distill", "data", "--out", str(out), "--n", "1", "--self-prompts", "3", "--batch", "4", "--max-new-tokens", "4"]
