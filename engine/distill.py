@@ -221,6 +221,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         prompts = make_prompts(args.n, args.seed)
     exclude: frozenset[str] = frozenset()
     if args.exclude:
+        if not any((Path(args.exclude) / n).exists() for n in ("prompts.jsonl", "self_prompts.jsonl")):
+            raise SpecchatError(f"--exclude {args.exclude}: not a `distill data` directory (no prompts.jsonl or self_prompts.jsonl)")
         exclude = frozenset(json.loads(line)["text"] for name in ("prompts.jsonl", "self_prompts.jsonl")
                             if (Path(args.exclude) / name).exists()
                             for line in (Path(args.exclude) / name).read_text().splitlines() if line.strip())

@@ -252,6 +252,7 @@ def test_distill_data_exclude_skips_another_sets_prompts(tmp_path, smollm2_gguf_
     texts = {json.loads(x)["text"] for x in (new / "prompts.jsonl").read_text().splitlines()}
     assert len(texts) == 3 and not texts & {p["text"] for p in first}
     assert len((new / "responses.jsonl").read_text().splitlines()) == 3
+    assert main(["distill", "data", "--out", str(new), "--n", "6", "--exclude", str(tmp_path / "nope")]) == 2
 
 
 def test_distill_train_reads_several_sets_and_xz(tmp_path):
