@@ -202,7 +202,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
     from .distill_prompts import make_prompts
     from .generate import run_generation
-    from .session import ChatSession
+    from .session import ChatSession, chat_ids
     from .strategy import preset
 
     if args.threads:
@@ -259,10 +259,6 @@ def cmd_data(args: argparse.Namespace) -> int:
             raise SpecchatError(f"--device {device} decodes batched rows (--batch > 1) of a Transformer target with a tokenizer; "
                                 f"{loaded.name} is not one, or --batch is 1")
 
-    def encode_chat(text: str) -> list[int]:
-        chat = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return tok.encode(chat, add_special_tokens=False)
-
     if args.self_prompts:
         prompts = prompts + self_prompts(tok, target, out / "self_prompts.jsonl", args.self_prompts, args.seed, max(1, args.batch), exclude)
     todo = [p for p in prompts if p["id"] not in done]
@@ -270,7 +266,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.limit:
         todo = todo[: args.limit]
     strategy = preset("pld")
-    encoded = [encode_chat(p["text"]) for p in todo]
+    encoded = [chat_ids(tok, [{"role": "user", "content": p["text"]}]) for p in todo]
     if args.batch > 1 and hasattr(target, "forward_batch"):
         replies = batched_greedy(target, encoded, args.max_new_tokens, tok.eos_ids, args.batch)
     else:

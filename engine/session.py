@@ -163,8 +163,7 @@ class ChatSession:
 
         if self.tokenizer is None:
             raise SpecchatError(f"{self.target.name} has no tokenizer: chat needs one (use `generate --prompt-ids`)")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return chat_ids(self.tokenizer, messages)
 
     def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
         ids = self.encode_chat(messages)
@@ -243,6 +242,12 @@ def _stream_decoder(tok):
     from .tokenizer import StreamDecoder
 
     return StreamDecoder(tok)
+
+
+def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
+    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
 
 
 def default_target_name(reg) -> str:
