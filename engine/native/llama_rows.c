@@ -150,9 +150,9 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
  * the loops are interchanged: a block of 8 keys (then of 16 values) is read once from the cache
  * and used by every head while it sits in L1, where one head at a time streamed the whole K and V
  * once per head. s and idx hold ng x ss scratch, ss >= end + 8. E % 8 == 0, E <= 128. */
-static void attend_group(const float *q, int ng, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end,
-                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *out) {
-    const int64_t nv = E / 8;
+static inline __attribute__((always_inline)) void attend_group_nv(const int64_t nv, const float *q, int ng, const float *Kc,
+                                                                   const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
+                                                                   float scale, float *s, int32_t *idx, int64_t ss, float *out) {
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax[GQ];
     for (int g = 0; g < ng; g++) vmax[g] = ninf;
@@ -163,16 +163,21 @@ static void attend_group(const float *q, int ng, const float *Kc, const float *V
         for (int g = 0; g < ng; g++) {
             __m256 qv[16];
             for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q + g * E + 8 * c);
-            __m256 a[8];
-            for (int k = 0; k < 8; k++) {
-                a[k] = _mm256_setzero_ps();
-                if (j0 + k < end) {
-                    const float *kr = Kc + (j0 + k) * E;
-                    for (int64_t c = 0; c < nv; c++) a[k] = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(kr + 8 * c), a[k]);
-                }
+            /* key k's products summed over the features in order (one chain a key), then the eight
+             * keys' lanes in a fixed tree of hadds; each pair is folded as soon as it is done so
+             * that the query and two chains stay in registers */
+            __m256 pair[4];
+            for (int k2 = 0; k2 < 4; k2++) {
+                __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+                const int64_t j = j0 + 2 * k2;
+                if (j < end)
+                    for (int64_t c = 0; c < nv; c++) a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kc + j * E + 8 * c), a0);
+                if (j + 1 < end)
+                    for (int64_t c = 0; c < nv; c++) a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kc + (j + 1) * E + 8 * c), a1);
+                pair[k2] = _mm256_hadd_ps(a0, a1);
             }
-            const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-            const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+            const __m256 s0123 = _mm256_hadd_ps(pair[0], pair[1]);
+            const __m256 s4567 = _mm256_hadd_ps(pair[2], pair[3]);
             __m256 sc = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31)), vscale);
             sc = _mm256_add_ps(sc, vkeep);
             vmax[g] = _mm256_max_ps(vmax[g], sc);
@@ -228,6 +233,16 @@ static void attend_group(const float *q, int ng, const float *Kc, const float *V
                 _mm256_storeu_ps(out + g * E + 8 * (c0 + c), _mm256_mul_ps(_mm256_loadu_ps(held[g] + 8 * c), vinv));
         }
     }
+}
+
+/* E / 8 a compile-time constant for the common head sizes (SmolLM2: 64): the feature loops unroll
+ * into registers instead of a chain of runtime bound checks and stack spills (the scores' loop
+ * spent a third of its time there, perf, 8-row pass). Same operations in the same order. */
+static void attend_group(const float *q, int ng, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end,
+                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *out) {
+    if (E == 64) attend_group_nv(8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
+    else if (E == 128) attend_group_nv(16, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
+    else attend_group_nv(E / 8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
 }
 #endif
 

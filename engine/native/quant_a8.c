@@ -228,66 +228,101 @@ static void rows_scalar(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int
  * moves q's sign onto the activation (_mm256_sign_epi8), pair sums <= 2 * 128 * 127 = 32512.
  * The sixteen outputs run as two halves of eight; the fp32 steps are the VNNI kernel's, so all
  * three paths give the same bits. */
-static inline __m256i dot4_u8s8(__m256i acc, __m256i w_u8, __m256i x_s8) {
-    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w_u8, x_s8), _mm256_set1_epi16(1)));
-}
-
-static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64_t K, const uint8_t *rec, int64_t rb, float *acc) {
+/* G rows (a compile-time constant after inlining, 1-8) of NH halves (eight outputs each, from
+ * half0) of one column block over every input block, the fp32 accumulators kept across the input
+ * blocks. The loop order before (each record: both halves, every row, the accumulators loaded and
+ * stored each record) ran a 16-row pass's products at ~13 multiply-adds a cycle on Zen 3. The
+ * `unroll 1` loops matter: unrolled, gcc 12 hoisted all 32 maddubs of a 4-row record ahead of
+ * their adds and spilled them to the stack. Integer sums are exact in any order and the fp32 steps
+ * are the same operations in the same order as before, so the bits do not change. */
+static inline __attribute__((always_inline)) void rows_avx2_g(const int G, const int NH, const int qtype, const a8_rows *X,
+                                                              int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int half0,
+                                                              int prefetch, float *acc) {
     const int64_t nkb = K / QK;
-    const __m256i low = _mm256_set1_epi8(15);
+    const __m256i low = _mm256_set1_epi8(15), ones = _mm256_set1_epi16(1);
+    __m256 a[8][2];
+    for (int r = 0; r < G; r++)
+        for (int h = 0; h < NH; h++) a[r][h] = _mm256_loadu_ps(acc + r * JB + 8 * (half0 + h));
     for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
         /* a few rows stream the records from memory (SmolLM2's ~96 MB a token, past any L3): ask for
          * them 8 KB ahead, where the hardware prefetcher alone left the pass ~1.2x slower at one row
          * on a 2-core AVX2 EPYC (bench/ab_native.py --dtype q8, 21 interleaved rounds: 1 row 5.68 ->
          * 4.55 ms, 2 rows 6.32 -> 5.38, 4 rows 7.74 -> 7.06). Past 4 rows the products bound the
-         * time and the extra instructions do not pay. A prefetch past the end is harmless. */
-        if (nr <= 4)
+         * time and the extra instructions do not pay. A prefetch past the end is harmless. A second
+         * call over the same column block (the other half, further rows) finds it in cache. */
+        if (prefetch)
             for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)rec + A8_PREFETCH + o, _MM_HINT_T0);
-        for (int half = 0; half < 2; half++) {
+        for (int hh = 0; hh < NH; hh++) {
+            const int half = half0 + hh;
             const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 16 * half)));
-            const __m256 m = qtype == QT_Q4_1A8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * half))) : _mm256_setzero_ps();
-            __m256i w[8];
+            __m256i s[8];
+            for (int r = 0; r < G; r++) s[r] = _mm256_setzero_si256();
             if (qtype == QT_Q4_1A8) {
-                for (int g = 0; g < 4; g++) {
+                /* eight maddubs pair sums (each |.| <= 2 * 15 * 127 = 3810) added in int16 stay below
+                 * 30480 < 32767: exact, one madd a row and record */
+#pragma GCC unroll 1
+                for (int g = 0; g < 4; g++) { /* the low nibbles hold inputs 8g..8g+3, the high 8g+4.. */
                     const __m256i p = _mm256_loadu_si256((const __m256i *)(rec + 64 + 64 * g + 32 * half));
-                    w[2 * g] = _mm256_and_si256(p, low);
-                    w[2 * g + 1] = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
-                }
-            } else {
-                for (int h = 0; h < 8; h++) w[h] = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * h + 32 * half));
-            }
-            for (int64_t r = r0; r < r0 + nr; r++) {
-                const int8_t *qx = X->q + r * K + kb * QK;
-                __m256i s = _mm256_setzero_si256();
-                if (qtype == QT_Q4_1A8) {
-                    /* four maddubs pair sums (each |.| <= 2 * 15 * 127 = 3810) added in int16 stay
-                     * below 15240 < 32767: exact, so one madd per four maddubs instead of one each
-                     * (10 multiply-port operations per row and half-block instead of 16) */
-                    __m256i pr[8];
-                    for (int h = 0; h < 8; h++) { /* w[2g] holds inputs 8g..8g+3, w[2g+1] inputs 8g+4.. */
-                        int32_t xv;
-                        memcpy(&xv, qx + 8 * (h / 2) + 4 * (h % 2), 4);
-                        pr[h] = _mm256_maddubs_epi16(w[h], _mm256_set1_epi32(xv));
+                    const __m256i wl = _mm256_and_si256(p, low), wh = _mm256_and_si256(_mm256_srli_epi16(p, 4), low);
+                    for (int r = 0; r < G; r++) {
+                        const int8_t *qx = X->q + (r0 + r) * K + kb * QK + 8 * g;
+                        int32_t x0, x1;
+                        memcpy(&x0, qx, 4);
+                        memcpy(&x1, qx + 4, 4);
+                        s[r] = _mm256_add_epi16(s[r], _mm256_add_epi16(_mm256_maddubs_epi16(wl, _mm256_set1_epi32(x0)),
+                                                                       _mm256_maddubs_epi16(wh, _mm256_set1_epi32(x1))));
                     }
-                    /* summed as a tree (short dependency chains: a single row has no other work to overlap) */
-                    const __m256i t0 = _mm256_add_epi16(_mm256_add_epi16(pr[0], pr[1]), _mm256_add_epi16(pr[2], pr[3]));
-                    const __m256i t1 = _mm256_add_epi16(_mm256_add_epi16(pr[4], pr[5]), _mm256_add_epi16(pr[6], pr[7]));
-                    const __m256i t[2] = {_mm256_madd_epi16(t0, _mm256_set1_epi16(1)), _mm256_madd_epi16(t1, _mm256_set1_epi16(1))};
-                    s = _mm256_add_epi32(t[0], t[1]);
-                } else for (int h = 0; h < 8; h++) { /* Q8_0: vector h holds inputs 4h..4h+3 */
-                    int32_t xv;
-                    memcpy(&xv, qx + 4 * h, 4);
-                    const __m256i xb = _mm256_set1_epi32(xv);
-                    s = dot4_u8s8(s, _mm256_abs_epi8(w[h]), _mm256_sign_epi8(xb, w[h]));
                 }
-                float *a = acc + (r - r0) * JB + 8 * half;
-                __m256 av = _mm256_loadu_ps(a);
-                av = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(X->d[r * nkb + kb])), _mm256_cvtepi32_ps(s), av);
-                if (qtype == QT_Q4_1A8) av = _mm256_fmadd_ps(m, _mm256_set1_ps(X->m[r * nkb + kb]), av);
-                _mm256_storeu_ps(a, av);
+                for (int r = 0; r < G; r++) s[r] = _mm256_madd_epi16(s[r], ones);
+            } else {
+                /* Q8_0: |q| is the unsigned side and q's sign moves onto the activation; pair sums
+                 * <= 2 * 128 * 127 = 32512 leave no room to add two in int16 */
+#pragma GCC unroll 1
+                for (int h = 0; h < 8; h++) { /* vector h holds inputs 4h..4h+3 */
+                    const __m256i w = _mm256_loadu_si256((const __m256i *)(rec + 32 + 64 * h + 32 * half));
+                    const __m256i aw = _mm256_abs_epi8(w);
+                    for (int r = 0; r < G; r++) {
+                        int32_t xv;
+                        memcpy(&xv, X->q + (r0 + r) * K + kb * QK + 4 * h, 4);
+                        s[r] = _mm256_add_epi32(
+                            s[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(_mm256_set1_epi32(xv), w)), ones));
+                    }
+                }
+            }
+            const __m256 m =
+                qtype == QT_Q4_1A8 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(rec + 32 + 16 * half))) : _mm256_setzero_ps();
+            for (int r = 0; r < G; r++) {
+                const int64_t row = r0 + r;
+                a[r][hh] = _mm256_fmadd_ps(_mm256_mul_ps(d, _mm256_set1_ps(X->d[row * nkb + kb])), _mm256_cvtepi32_ps(s[r]), a[r][hh]);
+                if (qtype == QT_Q4_1A8) a[r][hh] = _mm256_fmadd_ps(m, _mm256_set1_ps(X->m[row * nkb + kb]), a[r][hh]);
             }
         }
     }
+    for (int r = 0; r < G; r++)
+        for (int h = 0; h < NH; h++) _mm256_storeu_ps(acc + r * JB + 8 * (half0 + h), a[r][h]);
+}
+
+#define A8_AVX2_FN(G, NH) \
+    static void avx2_q4_g##G##_##NH(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int h0, int pf, float *acc) { \
+        rows_avx2_g(G, NH, QT_Q4_1A8, X, r0, K, rec, rb, h0, pf, acc); } \
+    static void avx2_q8_g##G##_##NH(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int h0, int pf, float *acc) { \
+        rows_avx2_g(G, NH, QT_Q8_0A8, X, r0, K, rec, rb, h0, pf, acc); }
+A8_AVX2_FN(1, 1) A8_AVX2_FN(2, 1) A8_AVX2_FN(3, 1) A8_AVX2_FN(4, 1) A8_AVX2_FN(5, 1) A8_AVX2_FN(6, 1) A8_AVX2_FN(7, 1)
+A8_AVX2_FN(8, 1) A8_AVX2_FN(1, 2) A8_AVX2_FN(2, 2)
+typedef void (*a8_avx2_fn)(const a8_rows *, int64_t, int64_t, const uint8_t *, int64_t, int, int, float *);
+static const a8_avx2_fn AVX2Q4[2][9] = {{NULL, avx2_q4_g1_1, avx2_q4_g2_1, avx2_q4_g3_1, avx2_q4_g4_1, avx2_q4_g5_1, avx2_q4_g6_1, avx2_q4_g7_1, avx2_q4_g8_1},
+                                        {NULL, avx2_q4_g1_2, avx2_q4_g2_2}};
+static const a8_avx2_fn AVX2Q8[2][9] = {{NULL, avx2_q8_g1_1, avx2_q8_g2_1, avx2_q8_g3_1, avx2_q8_g4_1, avx2_q8_g5_1, avx2_q8_g6_1, avx2_q8_g7_1, avx2_q8_g8_1},
+                                        {NULL, avx2_q8_g1_2, avx2_q8_g2_2}};
+
+/* nr (<= GMAX = 8) rows as one group, each half of the column block swept on its own (Q4_1: eight
+ * rows' int16 sums, the nibbles and the broadcasts fit the 16 registers; groups of at most 4 rows
+ * measured ~5% slower at 8 and 16 rows on a 2-core AVX2 EPYC, one thread, interleaved builds), or
+ * both halves in one sweep for Q8_0 at 1-2 rows, which read each record once. */
+static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64_t K, const uint8_t *rec, int64_t rb, float *acc) {
+    const int both = qtype == QT_Q8_0A8 && nr <= 2;
+    for (int half = 0; half < 2; half += both ? 2 : 1)
+        (qtype == QT_Q4_1A8 ? AVX2Q4 : AVX2Q8)[both][nr](X, r0, K, rec, rb, half, nr <= 4 && half == 0, acc);
 }
 #endif
 
