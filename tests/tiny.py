@@ -29,6 +29,9 @@ TINY = {
                          rope_scaling={"rope_type": "dynamic", "factor": 2.0}),
     "mistral_window": dict(model_type="mistral", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=48),
+    # SmolLM2's attention shape (head size 64, 3 query heads a KV head): the C pass's unrolled attention
+    "llama_hd64": dict(model_type="llama", vocab_size=96, hidden_size=384, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False),
     "qwen2": dict(model_type="qwen2", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512),
     "mistral": dict(model_type="mistral", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -143,26 +143,31 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
 }
 
 #ifdef LR_VEC
-#define GQ 8 /* most query heads attend_group takes at once */
+#define GQ 24 /* most queries attend_group takes at once */
 /* attend_row (below: what one head computes, and why its bits depend on nothing else) for ng <= GQ
- * query heads of one row that share a KV head (GQA); q and out hold them at stride E. Each head
- * runs the same operations in the same order as alone (attend_row is this code with ng = 1); only
- * the loops are interchanged: a block of 8 keys (then of 16 values) is read once from the cache
- * and used by every head while it sits in L1, where one head at a time streamed the whole K and V
- * once per head. s and idx hold ng x ss scratch, ss >= end + 8. E % 8 == 0, E <= 128. */
-static inline __attribute__((always_inline)) void attend_group_nv(const int64_t nv, const float *q, int ng, const float *Kc,
-                                                                   const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
-                                                                   float scale, float *s, int32_t *idx, int64_t ss, float *out) {
+ * queries that share a KV head (GQA): query g at q[g], its mask row mrow[g] (NULL: sees every key),
+ * its output at out[g]; the heads of one row or of several rows. Each query runs the same
+ * operations in the same order as alone (attend_row is this code with ng = 1); only the loops are
+ * interchanged: a block of 8 keys (then of 16 values) is read once from the cache and used by
+ * every query while it sits in L1, where one query at a time streamed the whole K and V from L2
+ * (an 8-row pass's value loop ran at L2's bandwidth). s and idx hold ng x ss scratch,
+ * ss >= end + 8. E % 8 == 0, E <= 128. */
+static inline __attribute__((always_inline)) void attend_group_nv(const int64_t nv, const float *const *q, int ng, const float *Kc,
+                                                                   const float *Vc, const uint8_t *const *mrow, int64_t end, int64_t E,
+                                                                   float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax[GQ];
     for (int g = 0; g < ng; g++) vmax[g] = ninf;
     for (int64_t j0 = 0; j0 < end; j0 += 8) {
-        float keep[8];
-        for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow || mrow[j0 + k])) ? 0.0f : -INFINITY;
-        const __m256 vkeep = _mm256_loadu_ps(keep);
+        __m256 vkeep = _mm256_setzero_ps();
         for (int g = 0; g < ng; g++) {
+            if (g == 0 || mrow[g] != mrow[g - 1]) { /* a row's heads are adjacent and share its mask */
+                float keep[8];
+                for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow[g] || mrow[g][j0 + k])) ? 0.0f : -INFINITY;
+                vkeep = _mm256_loadu_ps(keep);
+            }
             __m256 qv[16];
-            for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q + g * E + 8 * c);
+            for (int64_t c = 0; c < nv; c++) qv[c] = _mm256_loadu_ps(q[g] + 8 * c);
             /* key k's products summed over the features in order (one chain a key), then the eight
              * keys' lanes in a fixed tree of hadds; each pair is folded as soon as it is done so
              * that the query and two chains stay in registers */
@@ -230,7 +235,7 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
         for (int g = 0; g < ng; g++) {
             const __m256 vinv = _mm256_set1_ps(inv[g]);
             for (int64_t c = 0; c < nc; c++)
-                _mm256_storeu_ps(out + g * E + 8 * (c0 + c), _mm256_mul_ps(_mm256_loadu_ps(held[g] + 8 * c), vinv));
+                _mm256_storeu_ps(out[g] + 8 * (c0 + c), _mm256_mul_ps(_mm256_loadu_ps(held[g] + 8 * c), vinv));
         }
     }
 }
@@ -238,8 +243,8 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
 /* E / 8 a compile-time constant for the common head sizes (SmolLM2: 64): the feature loops unroll
  * into registers instead of a chain of runtime bound checks and stack spills (the scores' loop
  * spent a third of its time there, perf, 8-row pass). Same operations in the same order. */
-static void attend_group(const float *q, int ng, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end,
-                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *out) {
+static void attend_group(const float *const *q, int ng, const float *Kc, const float *Vc, const uint8_t *const *mrow, int64_t end,
+                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
     if (E == 64) attend_group_nv(8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
     else if (E == 128) attend_group_nv(16, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
     else attend_group_nv(E / 8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
@@ -257,7 +262,7 @@ static void attend_row(const float *q, const float *Kc, const float *Vc, const u
                        float scale, float *s, float *out) {
 #ifdef LR_VEC
     if (E % 8 == 0 && E <= 128) { /* attend_group's code for one head: the same operations */
-        attend_group(q, 1, Kc, Vc, mrow, end, E, scale, s, (int32_t *)(s + end + 8), end + 8, out);
+        attend_group(&q, 1, Kc, Vc, &mrow, end, E, scale, s, (int32_t *)(s + end + 8), end + 8, &out);
         return;
     }
 #endif
@@ -312,37 +317,49 @@ typedef struct {
     const uint8_t *mask;
     float *o;
     int64_t ldm, T, H, G, E, QKV, P, end;
-    int64_t gs; /* query heads per item (a divisor of G; 1: one head an item) */
+    int64_t chunks; /* 0: an item is one (row, head); else an item is one KV head's G heads of the
+                     * rows of one of `chunks` even row ranges (attend_group) */
     float scale;
     atomic_int failed;
 } att_job;
 
-/* one thread's part of the (row, head) pairs of a layer's attention, claimed in chunks
- * (engine/native/pool.c) */
+/* one thread's part of a layer's attention items, claimed in chunks (engine/native/pool.c) */
 static void att_part(void *ctx, pool_region *region) {
     att_job *A = (att_job *)ctx;
     int64_t a0, a1;
     if (!pool_claim(region, &a0, &a1)) return;
-    const int64_t ss = (A->end + 15) & ~(int64_t)7, per = A->H / A->gs; /* items per row */
-    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * A->gs * ss));
+    const int64_t ss = (A->end + 15) & ~(int64_t)7;
+    const int64_t nq = A->chunks ? ((A->T + A->chunks - 1) / A->chunks) * A->G : 1; /* most queries an item */
+    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * nq * ss));
     if (!s) {
         atomic_store(&A->failed, 1);
         while (pool_claim(region, &a0, &a1)) {} /* nobody computes these: the call fails */
         return;
     }
     do for (int64_t th = a0; th < a1; th++) {
-        const int64_t t = th / per, hd = (th % per) * A->gs, k = hd / A->G;
-        const float *q = A->qkv + t * A->QKV + hd * A->E;
-        const float *Kc = A->kc + k * A->P * A->E, *Vc = A->vc + k * A->P * A->E;
-        const uint8_t *mrow = A->mask ? A->mask + t * A->ldm : NULL;
-        float *out = A->o + t * A->H * A->E + hd * A->E;
 #ifdef LR_VEC
-        if (A->gs > 1) {
-            attend_group(q, (int)A->gs, Kc, Vc, mrow, A->end, A->E, A->scale, s, (int32_t *)(s + A->gs * ss), ss, out);
+        if (A->chunks) {
+            const int64_t KV = A->H / A->G, k = th % KV, c = th / KV;
+            const int64_t t0 = c * A->T / A->chunks, t1 = (c + 1) * A->T / A->chunks;
+            const float *qs[GQ];
+            const uint8_t *ms[GQ];
+            float *os[GQ];
+            int ng = 0;
+            for (int64_t t = t0; t < t1; t++)
+                for (int64_t g = 0; g < A->G; g++, ng++) {
+                    const int64_t hd = k * A->G + g;
+                    qs[ng] = A->qkv + t * A->QKV + hd * A->E;
+                    ms[ng] = A->mask ? A->mask + t * A->ldm : NULL;
+                    os[ng] = A->o + t * A->H * A->E + hd * A->E;
+                }
+            attend_group(qs, ng, A->kc + k * A->P * A->E, A->vc + k * A->P * A->E, ms, A->end, A->E, A->scale, s,
+                         (int32_t *)(s + ng * ss), ss, os);
             continue;
         }
 #endif
-        attend_row(q, Kc, Vc, mrow, A->end, A->E, A->scale, s, out);
+        const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
+        attend_row(A->qkv + t * A->QKV + hd * A->E, A->kc + k * A->P * A->E, A->vc + k * A->P * A->E,
+                   A->mask ? A->mask + t * A->ldm : NULL, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
     } while (pool_claim(region, &a0, &a1));
     free(s);
 }
@@ -379,14 +396,21 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
                 memcpy(vc + (k * P + start + t) * E, row + (H + KV + k) * E, sizeof(float) * (size_t)E);
             }
         }
-        /* a KV head's query heads go together (attend_group) when that still leaves two items a
-         * thread; a 1-row step keeps one head an item (SmolLM2: 9 items, not 3, for 2 threads) */
-        int64_t gs = 1;
+        /* the query heads that share a KV head, of as many rows as still leaves two items a thread,
+         * go together (attend_group: the K and V blocks read once for all of them); a 1-row step
+         * keeps one head an item (SmolLM2: 9 items, not 3, for 2 threads). Fewest row ranges:
+         * an 8-row SmolLM2 verify runs 2 x 3 items of 4 rows x 3 heads. */
+        int64_t chunks = 0;
 #ifdef LR_VEC
-        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= 2 * nthreads) gs = G;
+        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= 2 * nthreads) {
+            chunks = (2 * nthreads + KV - 1) / KV;
+            const int64_t most = GQ / G; /* rows an item can hold */
+            if (chunks < (T + most - 1) / most) chunks = (T + most - 1) / most;
+            if (chunks > T) chunks = T;
+        }
 #endif
-        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, gs, scale, 0};
-        const int64_t items = T * H / gs;
+        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, chunks, scale, 0};
+        const int64_t items = chunks ? KV * chunks : T * H;
         pool_run(T * H * end * E > 32768 ? nthreads : 1, items, items >= 8 * nthreads ? 2 : 1, att_part, &A);
         const int failed = atomic_load(&A.failed);
         if (failed) { rc = 1; break; }
