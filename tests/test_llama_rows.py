@@ -54,9 +54,14 @@ def test_fused_pass_matches_transformers_and_the_torch_pass(kind, root, native_l
 
 
 @needs_native
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "llama_hd64"])
-def test_a_rows_bits_do_not_depend_on_its_pass(kind, root, native_linear_on):
+@pytest.mark.parametrize("kind, kv16", [("llama", False), ("qwen2", False), ("llama_hd64", False), ("llama", True), ("llama_hd64", True)])
+def test_a_rows_bits_do_not_depend_on_its_pass(kind, kv16, root, native_linear_on):
+    """kv16: the bf16 KV cache the q8 compute type keeps (Llama.use_bf16_kv)."""
     m = _load(kind, root)
+    if kv16:
+        assert m.use_bf16_kv()
+        m.allocate()
+        assert m.cache.k.dtype == m.cache.v.dtype == torch.bfloat16
     ids = torch.randint(0, 96, (30,), generator=torch.Generator().manual_seed(2)).tolist()
     full = m.full_logits(ids)
     m.allocate()
@@ -78,6 +83,31 @@ def test_a_rows_bits_do_not_depend_on_its_pass(kind, root, native_linear_on):
         for i, (a, b) in enumerate(nodes):
             assert torch.equal(a, b), (seed, i)
         assert torch.equal(got, ref)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["llama", "llama_hd64"])
+def test_bf16_kv_cache_rounds_as_torch_and_stays_close(kind, root, native_linear_on, monkeypatch):
+    """The C pass rounds new K/V rows to bf16 exactly as torch's cast does (layer 0's K/V do not
+    depend on the cache, so they are the fp32 cache's values cast); the logits stay close to the fp32
+    cache's, and the torch pass over a bf16 cache (long prefills take it) agrees with the C pass."""
+    ids = torch.randint(0, 96, (37,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref = _load(kind, root)
+    ref.allocate()
+    ref.prefill(ids, chunk=8)
+    m = _load(kind, root)
+    assert m.use_bf16_kv()
+    m.allocate()
+    m.prefill(ids, chunk=8)
+    n = len(ids)
+    assert torch.equal(m.cache.k[0, :, :n], ref.cache.k[0, :, :n].to(torch.bfloat16))
+    assert torch.equal(m.cache.v[0, :, :n], ref.cache.v[0, :, :n].to(torch.bfloat16))
+    a, b = m.full_logits(ids), ref.full_logits(ids)
+    assert not torch.equal(a, b) and (a - b).abs().max() <= 0.05 * b.abs().max()  # bf16: ~0.4% a value; random weights amplify
+    monkeypatch.setattr(native, "rows_enabled", lambda: False)
+    t = load(str(saved(kind, root))).model
+    assert t._native_table() is None and t.use_bf16_kv()
+    assert (t.full_logits(ids) - a).abs().max() <= 0.05 * a.abs().max()
 
 
 @needs_native

@@ -126,6 +126,7 @@ def test_q8_gguf_model_is_close_to_fp32_and_lossless(tmp_path, monkeypatch):
     ref = load(str(path), dtype="fp32")
     q8 = load(str(path), dtype="q8")
     assert q8.act8 and q8.compute == "q8" and "q8" in q8.description and not ref.act8
+    assert q8.model.kv_bf16 and not ref.model.kv_bf16  # the q8 type keeps its KV cache in bf16
     kinds = {repr(lin).split(", ")[-1].rstrip(")") for lin in [q8.model.lm_head_t] + [lyr[k] for lyr in q8.model.layers for k in ("wqkv", "wo", "wgu", "wd")]}
     assert kinds == {"native Q8_0a8", "native Q4_1a8", "native"}  # the F16 down projection stays fp32
     ids = list(range(3, 60))

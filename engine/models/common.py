@@ -215,6 +215,8 @@ def cached_attention(
     qg = q.reshape(K, G * T, E)
     k = k_cache[:, :end]
     v = v_cache[:, :end]
+    if k.dtype != q.dtype:  # fp32 rows over a bf16 cache (the q8 compute type): attend on the widened values
+        k, v = k.to(q.dtype), v.to(q.dtype)
     # Explicit softmax attention: at these sizes (T <= a few hundred rows, L <= a few thousand)
     # torch's CPU SDPA kernel costs ~0.3-7 ms of fixed overhead per call vs ~30 us for this.
     scores = torch.matmul(qg, k.transpose(1, 2)).float() * scale  # (K, G*T, L)

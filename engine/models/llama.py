@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..cache import KVCache
 from ..errors import ModelLoadError
 from .base import CausalLM
 from .common import Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
@@ -84,6 +85,7 @@ class Llama(CausalLM):
         self.cfg = cfg
         self._dtype = dtype
         self.kv_dims = (cfg.num_layers, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_bf16 = False  # the KV cache in bf16 (use_bf16_kv: the q8 compute type)
         limit = context_limit(cfg.rope, cfg.max_position_embeddings, cfg.sliding_window)
         self.max_context = min(max_context or limit, limit)
         self.scale = cfg.head_dim ** -0.5
@@ -141,6 +143,8 @@ class Llama(CausalLM):
 
         self.__dict__.pop("_native_tab", None)  # the native pass's weight table is rebuilt
         n = 0
+        if act8:
+            self.use_bf16_kv()
         head = "lm_head.weight" if "lm_head.weight" in blocks else "model.embed_tokens.weight"
         new = swap([head], self.lm_head_t)
         n += new is not self.lm_head_t
@@ -153,6 +157,26 @@ class Llama(CausalLM):
                 n += new is not layer[key]
                 layer[key] = new
         return n
+
+    def use_bf16_kv(self) -> bool:
+        """Keep the KV cache in bf16 (the q8 compute type does; ``keep_quantized(act8=True)``): a
+        decode step reads the whole cache, so at long contexts its bytes rival the weights' (SmolLM2
+        at 1,200 tokens: 55 MB of fp32 K/V a step beside ~96 MB of q8 weights). New K/V rows are
+        rounded to nearest even by both passes (the C pass's ``to_bf16``, torch's cast), attention
+        runs in fp32 on the widened values. Only where the C pass can take it (head size % 8 == 0,
+        <= 128, its vector attention built), or where it is off. Returns whether it is on."""
+        from .. import native
+
+        lib = native.lib()
+        ok = (self._dtype == torch.float32 and self.embed.device.type == "cpu"
+              and (lib is None or not native.rows_enabled() or bool(lib.llama_rows_kv16_ok(self.cfg.head_dim))))
+        if ok and not self.kv_bf16:
+            self.kv_bf16 = True
+            self.cache = None  # reallocated in bf16 on next use
+        return ok
+
+    def new_cache(self, capacity: int) -> KVCache:
+        return KVCache(*self.kv_dims, capacity, torch.bfloat16 if self.kv_bf16 else self._dtype)
 
     def describe(self) -> dict[str, Any]:
         c = self.cfg
@@ -207,7 +231,8 @@ class Llama(CausalLM):
         c = self.cfg
         kc, vc = self.cache.k, self.cache.v
         # every pass of this model must take the same path (a row's bits may not depend on the pass)
-        assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == torch.float32, "KV cache layout"
+        kv16 = self.kv_bf16
+        assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == (torch.bfloat16 if kv16 else torch.float32), "KV cache layout"
         if mask is not None and (mask.stride(1) != 1 or mask.dtype != torch.bool):
             mask = mask.to(torch.bool).contiguous()
         T = tokens.shape[0]
@@ -217,7 +242,7 @@ class Llama(CausalLM):
             x.data_ptr(), T, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.rope.rot_dim,
             tab.data_ptr(), tab.shape[0], kc.data_ptr(), vc.data_ptr(), kc.shape[2], start, cos.data_ptr(), sin.data_ptr(),
             None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0), c.rms_norm_eps, self.scale,
-            torch.get_num_threads())
+            torch.get_num_threads(), int(kv16))
         if rc:
             raise MemoryError(f"llama_rows_f32 failed ({rc})")
         return rms_norm(x, self.norm, c.rms_norm_eps)

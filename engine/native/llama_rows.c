@@ -143,6 +143,14 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
 }
 
 #ifdef LR_VEC
+/* eight cached K or V features from element i: fp32, or bf16 (bf = 1; exact widening, the bits
+ * shifted into the high half) */
+static inline __attribute__((always_inline)) __m256 kv8(const void *base, int64_t i, const int bf) {
+    if (bf)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)base + i))), 16));
+    return _mm256_loadu_ps((const float *)base + i);
+}
+
 #define GQ 24 /* most queries attend_group takes at once */
 /* attend_row (below: what one head computes, and why its bits depend on nothing else) for ng <= GQ
  * queries that share a KV head (GQA): query g at q[g], its mask row mrow[g] (NULL: sees every key),
@@ -152,13 +160,19 @@ static inline void axpy(float p, const float *v, float *o, int64_t E) {
  * every query while it sits in L1, where one query at a time streamed the whole K and V from L2
  * (an 8-row pass's value loop ran at L2's bandwidth). s and idx hold ng x ss scratch,
  * ss >= end + 8. E % 8 == 0, E <= 128. */
-static inline __attribute__((always_inline)) void attend_group_nv(const int64_t nv, const float *const *q, int ng, const float *Kc,
-                                                                   const float *Vc, const uint8_t *const *mrow, int64_t end, int64_t E,
-                                                                   float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
+static inline __attribute__((always_inline)) void attend_group_nv(const int64_t nv, const int bf, const float *const *q, int ng,
+                                                                   const void *Kc, const void *Vc, const uint8_t *const *mrow, int64_t end,
+                                                                   int64_t E, float scale, float *s, int32_t *idx, int64_t ss,
+                                                                   float *const *out) {
     const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax[GQ];
     for (int g = 0; g < ng; g++) vmax[g] = ninf;
+    float kbuf[8 * 128] __attribute__((aligned(32))); /* bf16 cache: the block's 8 keys widened once for all queries */
     for (int64_t j0 = 0; j0 < end; j0 += 8) {
+        const float *Kb = bf ? kbuf : (const float *)Kc + j0 * E; /* key j0 + k at Kb + k E */
+        if (bf)
+            for (int64_t k = 0; k < 8 && j0 + k < end; k++)
+                for (int64_t c = 0; c < nv; c++) _mm256_store_ps(kbuf + k * E + 8 * c, kv8(Kc, (j0 + k) * E + 8 * c, 1));
         __m256 vkeep = _mm256_setzero_ps();
         for (int g = 0; g < ng; g++) {
             if (g == 0 || mrow[g] != mrow[g - 1]) { /* a row's heads are adjacent and share its mask */
@@ -176,9 +190,9 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
                 __m256 a0 = _mm256_setzero_ps(), a1 = a0;
                 const int64_t j = j0 + 2 * k2;
                 if (j < end)
-                    for (int64_t c = 0; c < nv; c++) a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kc + j * E + 8 * c), a0);
+                    for (int64_t c = 0; c < nv; c++) a0 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kb + 2 * k2 * E + 8 * c), a0);
                 if (j + 1 < end)
-                    for (int64_t c = 0; c < nv; c++) a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kc + (j + 1) * E + 8 * c), a1);
+                    for (int64_t c = 0; c < nv; c++) a1 = _mm256_fmadd_ps(qv[c], _mm256_loadu_ps(Kb + (2 * k2 + 1) * E + 8 * c), a1);
                 pair[k2] = _mm256_hadd_ps(a0, a1);
             }
             const __m256 s0123 = _mm256_hadd_ps(pair[0], pair[1]);
@@ -216,7 +230,12 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
         const int64_t nc = nv - c0 < 8 ? nv - c0 : 8;
         float held[GQ][64]; /* each head's running sums between key blocks (stored and reloaded: exact) */
         for (int g = 0; g < ng; g++) memset(held[g], 0, sizeof held[g]);
+        float vbuf[16 * 64] __attribute__((aligned(32))); /* bf16 cache, several queries: rows t0.. widened once */
         for (int64_t t0 = 0; t0 < nmax; t0 += 16) {
+            const int64_t tb = t0 + 16 < nmax ? t0 + 16 : nmax;
+            if (bf && ng > 1)
+                for (int64_t t = t0; t < tb; t++)
+                    for (int64_t c = 0; c < nc; c++) _mm256_store_ps(vbuf + (t - t0) * 64 + 8 * c, kv8(Vc, t * E + 8 * (c0 + c), 1));
             for (int g = 0; g < ng; g++) {
                 const int64_t t1 = t0 + 16 < n[g] ? t0 + 16 : n[g];
                 if (t0 >= t1) continue;
@@ -224,10 +243,19 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
                 const int32_t *ig = idx + g * ss;
                 __m256 o[8];
                 for (int64_t c = 0; c < nc; c++) o[c] = _mm256_loadu_ps(held[g] + 8 * c);
-                for (int64_t t = t0; t < t1; t++) {
-                    const __m256 pj = _mm256_set1_ps(sg[t]);
-                    const float *vr = Vc + (int64_t)ig[t] * E + 8 * c0;
-                    for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + 8 * c), o[c]);
+                /* the widened block serves a query whose keys here are rows t0..t1 themselves (ig is
+                 * increasing: its ends decide); a tree row's own keys past them read the cache */
+                if (bf && ng > 1 && ig[t0] == t0 && ig[t1 - 1] == t1 - 1) {
+                    for (int64_t t = t0; t < t1; t++) {
+                        const __m256 pj = _mm256_set1_ps(sg[t]);
+                        for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, _mm256_load_ps(vbuf + (t - t0) * 64 + 8 * c), o[c]);
+                    }
+                } else {
+                    for (int64_t t = t0; t < t1; t++) {
+                        const __m256 pj = _mm256_set1_ps(sg[t]);
+                        const int64_t vr = (int64_t)ig[t] * E + 8 * c0;
+                        for (int64_t c = 0; c < nc; c++) o[c] = _mm256_fmadd_ps(pj, kv8(Vc, vr + 8 * c, bf), o[c]);
+                    }
                 }
                 for (int64_t c = 0; c < nc; c++) _mm256_storeu_ps(held[g] + 8 * c, o[c]);
             }
@@ -243,11 +271,14 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
 /* E / 8 a compile-time constant for the common head sizes (SmolLM2: 64): the feature loops unroll
  * into registers instead of a chain of runtime bound checks and stack spills (the scores' loop
  * spent a third of its time there, perf, 8-row pass). Same operations in the same order. */
-static void attend_group(const float *const *q, int ng, const float *Kc, const float *Vc, const uint8_t *const *mrow, int64_t end,
-                         int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
-    if (E == 64) attend_group_nv(8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
-    else if (E == 128) attend_group_nv(16, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
-    else attend_group_nv(E / 8, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out);
+static void attend_group(const float *const *q, int ng, const void *Kc, const void *Vc, int bf, const uint8_t *const *mrow,
+                         int64_t end, int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
+#define AG(NV, BF) attend_group_nv(NV, BF, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out)
+    if (E == 64) { if (bf) AG(8, 1); else AG(8, 0); }
+    else if (E == 128) { if (bf) AG(16, 1); else AG(16, 0); }
+    else if (bf) AG(E / 8, 1);
+    else AG(E / 8, 0);
+#undef AG
 }
 #endif
 
@@ -258,14 +289,16 @@ static void attend_group(const float *const *q, int ng, const float *Kc, const f
  * ride in the pass or where its keys sit: the scores are eight-lane dot products reduced in a
  * fixed tree, the keys it sees are compacted in order before the lane sums of e^(s - max), and the
  * value sum runs over them in order. */
-static void attend_row(const float *q, const float *Kc, const float *Vc, const uint8_t *mrow, int64_t end, int64_t E,
+static void attend_row(const float *q, const void *Kv, const void *Vv, int bf, const uint8_t *mrow, int64_t end, int64_t E,
                        float scale, float *s, float *out) {
 #ifdef LR_VEC
     if (E % 8 == 0 && E <= 128) { /* attend_group's code for one head: the same operations */
-        attend_group(&q, 1, Kc, Vc, &mrow, end, E, scale, s, (int32_t *)(s + end + 8), end + 8, &out);
+        attend_group(&q, 1, Kv, Vv, bf, &mrow, end, E, scale, s, (int32_t *)(s + end + 8), end + 8, &out);
         return;
     }
 #endif
+    (void)bf; /* a bf16 cache only with the vector path (llama_rows_f32 checks) */
+    const float *Kc = (const float *)Kv, *Vc = (const float *)Vv;
     float mx = -INFINITY;
     for (int64_t j = 0; j < end; j++) {
         if (mrow && !mrow[j]) continue;
@@ -313,7 +346,9 @@ static float *pass_buffer(size_t n) {
 }
 
 typedef struct {
-    const float *qkv, *kc, *vc;
+    const float *qkv;
+    const void *kc, *vc; /* this layer's cache, fp32 or bf16 (kv16) */
+    int kv16;
     const uint8_t *mask;
     float *o;
     int64_t ldm, T, H, G, E, QKV, P, end;
@@ -352,27 +387,52 @@ static void att_part(void *ctx, pool_region *region) {
                     ms[ng] = A->mask ? A->mask + t * A->ldm : NULL;
                     os[ng] = A->o + t * A->H * A->E + hd * A->E;
                 }
-            attend_group(qs, ng, A->kc + k * A->P * A->E, A->vc + k * A->P * A->E, ms, A->end, A->E, A->scale, s,
+            const int64_t at = k * A->P * A->E * (A->kv16 ? 2 : 4);
+            attend_group(qs, ng, (const char *)A->kc + at, (const char *)A->vc + at, A->kv16, ms, A->end, A->E, A->scale, s,
                          (int32_t *)(s + ng * ss), ss, os);
             continue;
         }
 #endif
         const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
-        attend_row(A->qkv + t * A->QKV + hd * A->E, A->kc + k * A->P * A->E, A->vc + k * A->P * A->E,
+        const int64_t at = k * A->P * A->E * (A->kv16 ? 2 : 4);
+        attend_row(A->qkv + t * A->QKV + hd * A->E, (const char *)A->kc + at, (const char *)A->vc + at, A->kv16,
                    A->mask ? A->mask + t * A->ldm : NULL, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
     } while (pool_claim(region, &a0, &a1));
     free(s);
 }
 
+/* fp32 -> bf16, round to nearest even (torch's .to(torch.bfloat16) for every finite value; NaN
+ * stays a NaN) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* 1 where llama_rows_f32 takes a bf16 cache (kv16): the vector attention, head sizes % 8 == 0, <= 128 */
+int llama_rows_kv16_ok(int64_t E) {
+#ifdef LR_VEC
+    return E % 8 == 0 && E <= 128;
+#else
+    (void)E;
+    return 0;
+#endif
+}
+
 /* x (T, D) the residual stream, updated in place. cos/sin (T, R). mask (T, start + T) with row
  * stride ldm, nonzero = may attend, or NULL (every row sees rows [0, start + T)). The caches
- * kbase / vbase are (nlayers, KV, P, E), contiguous. Returns 0, 1 if a buffer could not be allocated, or the failing linear's
- * code. */
+ * kbase / vbase are (nlayers, KV, P, E), contiguous, fp32, or bf16 where kv16 (the q8 compute
+ * type's cache: half the bytes a decode step reads, the new rows rounded to nearest even).
+ * Returns 0, 1 if a buffer could not be allocated, 3 for a kv16 this build or E cannot take, or
+ * the failing linear's code. */
 int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_t E, int64_t F, int64_t R,
-                   const int64_t *layers, int64_t nlayers, float *kbase, float *vbase, int64_t P, int64_t start,
+                   const int64_t *layers, int64_t nlayers, void *kbase, void *vbase, int64_t P, int64_t start,
                    const float *cos, const float *sin,
-                   const uint8_t *mask, int64_t ldm, float eps, float scale, int nthreads) {
+                   const uint8_t *mask, int64_t ldm, float eps, float scale, int nthreads, int kv16) {
     const int64_t G = H / KV, QKV = (H + 2 * KV) * E, end = start + T;
+    if (kv16 && !llama_rows_kv16_ok(E)) return 3;
+    const int64_t es = kv16 ? 2 : 4; /* bytes a cached feature */
     if (nthreads < 1) nthreads = 1;
     const size_t n = (size_t)T * (size_t)(D + QKV + H * E + 2 * F + F + D);
     /* the pass's activations live in a per-thread buffer kept between calls: a fresh one past
@@ -385,15 +445,24 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
     for (int64_t l = 0; l < nlayers && !rc; l++) {
         const int64_t *L = layers + l * S_NSLOTS;
         const float *ln1 = (const float *)(intptr_t)L[S_LN1], *ln2 = (const float *)(intptr_t)L[S_LN2];
-        float *kc = kbase + l * KV * P * E, *vc = vbase + l * KV * P * E;
+        char *kc = (char *)kbase + l * KV * P * E * es, *vc = (char *)vbase + l * KV * P * E * es;
         for (int64_t t = 0; t < T; t++) rms_row(x + t * D, ln1, D, eps, h + t * D);
         if ((rc = proj(h, T, D, L, S_WQKV, S_QQKV, S_BQKV, QKV, qkv, nthreads))) break;
         for (int64_t t = 0; t < T; t++) {
             float *row = qkv + t * QKV;
             for (int64_t hh = 0; hh < H + KV; hh++) rope_head(row + hh * E, cos + t * R, sin + t * R, R);
             for (int64_t k = 0; k < KV; k++) {
-                memcpy(kc + (k * P + start + t) * E, row + (H + k) * E, sizeof(float) * (size_t)E);
-                memcpy(vc + (k * P + start + t) * E, row + (H + KV + k) * E, sizeof(float) * (size_t)E);
+                const int64_t at = (k * P + start + t) * E;
+                if (kv16) {
+                    uint16_t *kd = (uint16_t *)kc + at, *vd = (uint16_t *)vc + at;
+                    for (int64_t e = 0; e < E; e++) {
+                        kd[e] = to_bf16(row[(H + k) * E + e]);
+                        vd[e] = to_bf16(row[(H + KV + k) * E + e]);
+                    }
+                } else {
+                    memcpy((float *)kc + at, row + (H + k) * E, sizeof(float) * (size_t)E);
+                    memcpy((float *)vc + at, row + (H + KV + k) * E, sizeof(float) * (size_t)E);
+                }
             }
         }
         /* the query heads that share a KV head, of as many rows as still leaves two items a thread,
@@ -409,7 +478,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
             if (chunks > T) chunks = T;
         }
 #endif
-        att_job A = {qkv, kc, vc, mask, o, ldm, T, H, G, E, QKV, P, end, chunks, scale, 0};
+        att_job A = {qkv, kc, vc, kv16, mask, o, ldm, T, H, G, E, QKV, P, end, chunks, scale, 0};
         const int64_t items = chunks ? KV * chunks : T * H;
         pool_run(T * H * end * E > 32768 ? nthreads : 1, items, items >= 8 * nthreads ? 2 : 1, att_part, &A);
         const int failed = atomic_load(&A.failed);
