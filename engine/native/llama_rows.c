@@ -466,12 +466,15 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
             }
         }
         /* the query heads that share a KV head, of as many rows as still leaves two items a thread,
-         * go together (attend_group: the K and V blocks read once for all of them); a 1-row step
-         * keeps one head an item (SmolLM2: 9 items, not 3, for 2 threads). Fewest row ranges:
-         * an 8-row SmolLM2 verify runs 2 x 3 items of 4 rows x 3 heads. */
+         * go together (attend_group: the K and V blocks read once for all of them). Fewest row
+         * ranges: an 8-row SmolLM2 verify runs 2 x 3 items of 4 rows x 3 heads. A 1-row step
+         * groups too when every thread still gets an item (SmolLM2: 3 items for 2 threads): one
+         * head an item read each KV head's cache once a head, which at long contexts cost more
+         * than the uneven split (bench/ab_native.py --rows 1, 2-core AVX2 EPYC, bf16 cache:
+         * 2,000 tokens of context 12.38 -> 10.77 ms, 600: 7.95 -> 7.58). */
         int64_t chunks = 0;
 #ifdef LR_VEC
-        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= 2 * nthreads) {
+        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= nthreads) {
             chunks = (2 * nthreads + KV - 1) / KV;
             const int64_t most = GQ / G; /* rows an item can hold */
             if (chunks < (T + most - 1) / most) chunks = (T + most - 1) / most;
