@@ -200,7 +200,8 @@ def test_download_offline_is_one_line_and_exit_2(tmp_path):
 
 def test_bench_compares_strategy_variants_in_one_run(tmp_path, smollm2_gguf_path, capsys):
     """`bench --strategies` with NAME:PARAM variants: one row per strategy and prompt plus an ALL
-    row each; greedy rows are checked against our own ar; ar is added when missing."""
+    row (over all tokens) and a MEDIAN row (of the prompts' figures) each; greedy rows are checked
+    against our own ar; ar is added when missing."""
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}, {"name": "b", "text": "Count to five."}]))
     path = str(smollm2_gguf_path)
@@ -208,7 +209,11 @@ def test_bench_compares_strategy_variants_in_one_run(tmp_path, smollm2_gguf_path
                    "tree:2-1,sd:2,mab,optimal:4", "--max-new-tokens", "6", "--warmup", "0", "--json")
     names = ["ar", "tree:2-1", "sd:2", "mab", "optimal:4"]
     assert [r["strategy"] for r in res["rows"] if r["prompt"] == "ALL"] == names
-    assert {(r["strategy"], r["prompt"]) for r in res["rows"]} == {(s, p) for s in names for p in ("a", "b", "ALL")}
+    assert {(r["strategy"], r["prompt"]) for r in res["rows"]} == {(s, p) for s in names for p in ("a", "b", "ALL", "MEDIAN")}
+    for s in names:  # two prompts: the median is their mean
+        a, b, med = ({r["prompt"]: r for r in res["rows"] if r["strategy"] == s}[p] for p in ("a", "b", "MEDIAN"))
+        assert med["speedup"] == pytest.approx((a["speedup"] + b["speedup"]) / 2, abs=2e-3)
+        assert med["mean_accepted"] == pytest.approx((a["mean_accepted"] + b["mean_accepted"]) / 2, abs=2e-3)
     assert all(r["identical_to_ar"] for r in res["rows"])
     assert all(r["mean_accepted"] >= 1 for r in res["rows"] if r["strategy"] != "ar")
     assert main(["bench", "--target", path, "--prompts", str(prompts), "--strategies", "ar:3", "--warmup", "0"]) == 2
@@ -243,7 +248,7 @@ def test_bench_compare_llama_cpp_runs_the_same_gguf(tmp_path, smollm2_gguf_path,
     res = run_json(capsys, "bench", "--target", str(smollm2_gguf_path), "--prompts", str(prompts), "--strategies", "ar",
                    "--max-new-tokens", "8", "--warmup", "0", "--compare", "llama.cpp", "--json")
     rows = [r for r in res["rows"] if r["engine"] == "llama.cpp"]
-    assert {r["prompt"] for r in rows} == {"a", "b", "ALL"}
+    assert {r["prompt"] for r in rows} == {"a", "b", "ALL", "MEDIAN"}
     assert all(r["tokens_per_s"] > 0 and r["new_tokens"] >= 2 for r in rows)
 
 
