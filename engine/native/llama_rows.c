@@ -358,6 +358,11 @@ typedef struct {
     atomic_int failed;
 } att_job;
 
+/* KV head k's rows of this layer's cache (base: A->kc or A->vc) */
+static inline const void *kv_head(const att_job *A, const void *base, int64_t k) {
+    return (const char *)base + k * A->P * A->E * (A->kv16 ? 2 : 4);
+}
+
 /* one thread's part of a layer's attention items, claimed in chunks (engine/native/pool.c) */
 static void att_part(void *ctx, pool_region *region) {
     att_job *A = (att_job *)ctx;
@@ -387,15 +392,13 @@ static void att_part(void *ctx, pool_region *region) {
                     ms[ng] = A->mask ? A->mask + t * A->ldm : NULL;
                     os[ng] = A->o + t * A->H * A->E + hd * A->E;
                 }
-            const int64_t at = k * A->P * A->E * (A->kv16 ? 2 : 4);
-            attend_group(qs, ng, (const char *)A->kc + at, (const char *)A->vc + at, A->kv16, ms, A->end, A->E, A->scale, s,
+            attend_group(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16, ms, A->end, A->E, A->scale, s,
                          (int32_t *)(s + ng * ss), ss, os);
             continue;
         }
 #endif
         const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
-        const int64_t at = k * A->P * A->E * (A->kv16 ? 2 : 4);
-        attend_row(A->qkv + t * A->QKV + hd * A->E, (const char *)A->kc + at, (const char *)A->vc + at, A->kv16,
+        attend_row(A->qkv + t * A->QKV + hd * A->E, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16,
                    A->mask ? A->mask + t * A->ldm : NULL, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
     } while (pool_claim(region, &a0, &a1));
     free(s);

@@ -302,27 +302,31 @@ static inline __attribute__((always_inline)) void rows_avx2_g(const int G, const
         for (int h = 0; h < NH; h++) _mm256_storeu_ps(acc + r * JB + 8 * (half0 + h), a[r][h]);
 }
 
-#define A8_AVX2_FN(G, NH) \
-    static void avx2_q4_g##G##_##NH(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int h0, int pf, float *acc) { \
-        rows_avx2_g(G, NH, QT_Q4_1A8, X, r0, K, rec, rb, h0, pf, acc); } \
+#define A8_AVX2_Q4(G) \
+    static void avx2_q4_g##G(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int h0, int pf, float *acc) { \
+        rows_avx2_g(G, 1, QT_Q4_1A8, X, r0, K, rec, rb, h0, pf, acc); }
+#define A8_AVX2_Q8(G, NH) \
     static void avx2_q8_g##G##_##NH(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, int h0, int pf, float *acc) { \
         rows_avx2_g(G, NH, QT_Q8_0A8, X, r0, K, rec, rb, h0, pf, acc); }
-A8_AVX2_FN(1, 1) A8_AVX2_FN(2, 1) A8_AVX2_FN(3, 1) A8_AVX2_FN(4, 1) A8_AVX2_FN(5, 1) A8_AVX2_FN(6, 1) A8_AVX2_FN(7, 1)
-A8_AVX2_FN(8, 1) A8_AVX2_FN(1, 2) A8_AVX2_FN(2, 2)
+A8_AVX2_Q4(1) A8_AVX2_Q4(2) A8_AVX2_Q4(3) A8_AVX2_Q4(4) A8_AVX2_Q4(5) A8_AVX2_Q4(6) A8_AVX2_Q4(7) A8_AVX2_Q4(8)
+A8_AVX2_Q8(1, 1) A8_AVX2_Q8(2, 1) A8_AVX2_Q8(3, 1) A8_AVX2_Q8(4, 1) A8_AVX2_Q8(5, 1) A8_AVX2_Q8(6, 1) A8_AVX2_Q8(7, 1)
+A8_AVX2_Q8(8, 1) A8_AVX2_Q8(1, 2) A8_AVX2_Q8(2, 2)
 typedef void (*a8_avx2_fn)(const a8_rows *, int64_t, int64_t, const uint8_t *, int64_t, int, int, float *);
-static const a8_avx2_fn AVX2Q4[2][9] = {{NULL, avx2_q4_g1_1, avx2_q4_g2_1, avx2_q4_g3_1, avx2_q4_g4_1, avx2_q4_g5_1, avx2_q4_g6_1, avx2_q4_g7_1, avx2_q4_g8_1},
-                                        {NULL, avx2_q4_g1_2, avx2_q4_g2_2}};
-static const a8_avx2_fn AVX2Q8[2][9] = {{NULL, avx2_q8_g1_1, avx2_q8_g2_1, avx2_q8_g3_1, avx2_q8_g4_1, avx2_q8_g5_1, avx2_q8_g6_1, avx2_q8_g7_1, avx2_q8_g8_1},
-                                        {NULL, avx2_q8_g1_2, avx2_q8_g2_2}};
+static const a8_avx2_fn AVX2Q4[GMAX + 1] = {NULL, avx2_q4_g1, avx2_q4_g2, avx2_q4_g3, avx2_q4_g4, avx2_q4_g5, avx2_q4_g6, avx2_q4_g7, avx2_q4_g8};
+static const a8_avx2_fn AVX2Q8[GMAX + 1] = {NULL, avx2_q8_g1_1, avx2_q8_g2_1, avx2_q8_g3_1, avx2_q8_g4_1, avx2_q8_g5_1, avx2_q8_g6_1, avx2_q8_g7_1, avx2_q8_g8_1};
+static const a8_avx2_fn AVX2Q8_BOTH[3] = {NULL, avx2_q8_g1_2, avx2_q8_g2_2}; /* both halves in one sweep */
 
 /* nr (<= GMAX = 8) rows as one group, each half of the column block swept on its own (Q4_1: eight
  * rows' int16 sums, the nibbles and the broadcasts fit the 16 registers; groups of at most 4 rows
  * measured ~5% slower at 8 and 16 rows on a 2-core AVX2 EPYC, one thread, interleaved builds), or
  * both halves in one sweep for Q8_0 at 1-2 rows, which read each record once. */
 static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64_t K, const uint8_t *rec, int64_t rb, float *acc) {
-    const int both = qtype == QT_Q8_0A8 && nr <= 2;
-    for (int half = 0; half < 2; half += both ? 2 : 1)
-        (qtype == QT_Q4_1A8 ? AVX2Q4 : AVX2Q8)[both][nr](X, r0, K, rec, rb, half, nr <= 4 && half == 0, acc);
+    if (qtype == QT_Q8_0A8 && nr <= 2) {
+        AVX2Q8_BOTH[nr](X, r0, K, rec, rb, 0, 1, acc);
+        return;
+    }
+    for (int half = 0; half < 2; half++)
+        (qtype == QT_Q4_1A8 ? AVX2Q4 : AVX2Q8)[nr](X, r0, K, rec, rb, half, nr <= 4 && half == 0, acc);
 }
 #endif
 
