@@ -9,6 +9,7 @@ knows the torch-free contracts in engine.events, engine.strategy and engine.sess
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,22 @@ def load_chat_session(target: str, drafter: str, models_file: str | None = None)
 
 
 TERMINAL_CHECK_S = 1.0  # how often the app checks that its terminal is still there
+
+
+def freeze_heap() -> None:
+    """Move every object alive now (the loaded engine: ~200k objects for SmolLM2 with its tokenizer)
+    out of the garbage collector's reach, once a session is loaded (and again after a switch:
+    unfreeze first, so the previous session's objects can still be collected).
+
+    Textual allocates enough while a reply streams to set off a full collection every few seconds;
+    each one walked the whole engine with the GIL held: 155-218 ms a collection, 57-60 ms frozen
+    (`bench/app_stream.py --strategy ar --prompts 6`, 2-core AVX2 EPYC; results in
+    bench/results/2026-11-26-app-frames/). Frozen objects are still freed by reference counting;
+    those in reference cycles wait for the next switch's unfreeze.
+    """
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
 
 
 def terminal_fd() -> int | None:
@@ -147,6 +164,7 @@ class SpecChatApp(App[None]):
         self.session, self.load_error = session, None
         self.switching_to = None
         self.chat.attach_session(session)
+        freeze_heap()
         self.measure_baseline()
 
     # ---- the plain-decoding baseline of the dashboard's speedup ---------------------------------------

@@ -34,7 +34,9 @@ async def _wait(pilot, cond, timeout: float) -> None:
     while not cond():
         if time.monotonic() > end:
             raise TimeoutError("the app did not get there in time")
-        await pilot.pause(0.02)
+        # Not pilot.pause: it waits for every widget to go idle, UI-thread work of its own that
+        # took up to half the app's rate in a long chat (bench/results/2026-11-26-app-frames/).
+        await asyncio.sleep(0.05)
 
 
 async def run_app(session, prompts: list[str], strategy, max_new: int, profile: str | None, one_chat: bool = False) -> list[dict]:
@@ -127,9 +129,24 @@ def main() -> int:
     from engine.strategy import from_spec
 
     prompts = [p["text"] for p in json.loads((REPO / "assets/prompts/bench.json").read_text())][: a.prompts]
+    import gc
+
+    gc_stats = {"t": [0.0] * 3, "n": [0] * 3, "t0": 0.0}
+
+    def _gc_cb(phase: str, info: dict) -> None:  # time in each generation's collections, any thread
+        if phase == "start":
+            gc_stats["t0"] = time.perf_counter()
+        else:
+            g = info["generation"]
+            gc_stats["t"][g] += time.perf_counter() - gc_stats["t0"]
+            gc_stats["n"][g] += 1
     strategy = from_spec(a.strategy)
     session = ChatSession.load(strategy=strategy, dtype=a.dtype)  # as `specchat chat` loads it (--dtype auto)
+    gc.callbacks.append(_gc_cb)
     app_rows = asyncio.run(run_app(session, prompts, strategy, a.max_new_tokens, a.profile, a.one_chat))
+    gc.callbacks.remove(_gc_cb)
+    print("garbage collections while the app ran: " + "  ".join(
+        f"gen{g} {gc_stats['n'][g]} x {1000 * gc_stats['t'][g] / max(gc_stats['n'][g], 1):.1f} ms" for g in range(3)))
     session.strategy = strategy
     head_rows = run_headless(session, prompts, a.max_new_tokens, a.one_chat)
     if a.one_chat:

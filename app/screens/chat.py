@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from rich.text import Text
@@ -25,15 +24,15 @@ from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLi
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
 
-DRAIN_INTERVAL_S = 1 / 10  # the UI takes the engine's events at most 10 times a second
-# The streamed reply's Markdown is written at most 4 times a second: each write re-lays-out the
-# message column and each frame re-renders it (~20 ms of the UI thread apiece, on cores the decode
-# threads share). Measured in q8 (`bench/app_stream.py --strategy pld:auto --prompts 4`, 2-core
-# Zen 4, alternating): with drains at 20/s, Markdown at 8/s and dashboard repaints at 10/s the app
-# streamed at 0.52-0.57x the engine's rate without a UI (191-217 tok/s); at 10/s, 4/s and 4/s,
-# 0.74-0.76x (254-271 tok/s). The status line keeps the drain's rate; the finished reply shows the
-# whole text.
-MARKDOWN_INTERVAL_S = 1 / 4
+# While a reply streams, the UI does all its work in one frame every FRAME_INTERVAL_S: take the
+# engine's events, write the new text to the reply's Markdown, refresh the status line and repaint
+# the dashboard, so Textual lays out and renders the screen once a frame (it had three timers of
+# their own: drains at 10/s, Markdown at 4/s, dashboard at 4/s). The UI thread shares the cores with
+# the decode threads; a frame costs ~40-70 ms of UI CPU on the 2-core EPYC, and 1/8 s frames took
+# ~1.3x the UI CPU of 1/4 s ones, 1/2 s ~0.7x (`bench/app_ui_cost.py`,
+# bench/results/2026-11-26-app-frames/). Slower frames would show the text in 30+ token chunks.
+FRAME_INTERVAL_S = 1 / 4
+MARKDOWN_INTERVAL_S = FRAME_INTERVAL_S  # the reply's text is written once a frame at most
 AR_BASELINE_MIN_TOKENS = 32  # a plain-decoding reply this long becomes the speedup's reference (_ar_baseline)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
@@ -108,8 +107,6 @@ class ChatScreen(Screen[None]):
         self._stream: MarkdownStream | None = None
         self._timer: Timer | None = None
         self._finishing = False
-        self._md_pending = ""  # streamed text not yet written to the reply's Markdown
-        self._md_written = 0.0  # time.monotonic() of the last write
         self._reply_saved = False
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
@@ -421,12 +418,11 @@ class ChatScreen(Screen[None]):
         self.refresh_bindings()
         self._reply = await self.query_one(MessageList).add_message("assistant")
         self._stream = ChatMessage.get_stream(self._reply)
-        self._md_pending, self._md_written = "", 0.0
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state("generating…")
         self.dashboard.start_reply()
-        self._timer = self.set_interval(DRAIN_INTERVAL_S, self._drain)
+        self._timer = self.set_interval(FRAME_INTERVAL_S, self._drain)
         self._generate(session, run)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
@@ -437,16 +433,17 @@ class ChatScreen(Screen[None]):
 
     # ---- streaming -------------------------------------------------------------------------------
     async def _drain(self) -> None:
-        """UI thread, on the timer: one Markdown write and one status refresh per drain."""
+        """UI thread, once a frame: the engine's new events and text, shown all at once (one
+        Markdown write, one status refresh, one dashboard repaint: one layout and render)."""
         run = self._run
         if run is None or self._stream is None:
             return
         new_text = run.drain()
         if run.new_events:
             self.dashboard.add_events(run.new_events)
-        self._md_pending += new_text
-        if time.monotonic() - self._md_written >= MARKDOWN_INTERVAL_S:
-            await self._write_markdown(self._stream)
+            self.dashboard.frame()
+        if new_text:
+            await self._stream.write(new_text)
         if run.last_event is not None:
             self.status_line.status.last_event = run.last_event
             self.status_line.refresh()
@@ -467,12 +464,6 @@ class ChatScreen(Screen[None]):
         if failed or not run.only_ar or n < AR_BASELINE_MIN_TOKENS or run.summary.tokens_per_s <= 0:
             return
         self.dashboard.set_baseline(BaselineInfo(run.summary.tokens_per_s, f"ar in the app, last such reply, {n} tokens"))
-
-    async def _write_markdown(self, stream: MarkdownStream) -> None:
-        """Write the streamed text held back so far (MARKDOWN_INTERVAL_S) to the reply."""
-        if self._md_pending:
-            text, self._md_pending, self._md_written = self._md_pending, "", time.monotonic()
-            await stream.write(text)
 
     async def _finish(self, run: ReplyRun) -> None:
         """The engine is done: save the reply, flush the stream, show the final text.
@@ -507,7 +498,6 @@ class ChatScreen(Screen[None]):
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:
-                await self._write_markdown(stream)  # what the rate limit held back
                 await stream.stop()
             if nothing_back:
                 await self.query_one(MessageList).remove_last(2)

@@ -2,8 +2,10 @@
 the coloured step view and the draft tree.
 
 The chat screen hands it each drain's StepEvents with :meth:`Dashboard.add_events` (cheap: folds
-numbers). Widgets are repainted by the dashboard's own timer, at most :data:`REPAINT_HZ` times a
-second and only when something changed; :meth:`flush` repaints at once (end of a reply).
+numbers). While a reply streams the chat repaints it once a frame with :meth:`Dashboard.frame`, in
+the same layout and render as the reply's new text; otherwise its own timer repaints it, at most
+:data:`REPAINT_HZ` times a second and only when something changed; :meth:`flush` repaints at once
+(end of a reply).
 """
 
 from __future__ import annotations
@@ -211,10 +213,15 @@ class Dashboard(VerticalScroll, can_focus=False):
         if self._dirty:
             self._paint()
 
-    # ---- painting --------------------------------------------------------------------------------
-    def _tick(self) -> None:
+    def frame(self) -> None:
+        """The chat's streaming frame: repaint now, if shown and anything changed, so the panel
+        is laid out and rendered with the reply's new text rather than on a timer of its own."""
         if self._dirty and self.display:
             self._paint()
+
+    # ---- painting --------------------------------------------------------------------------------
+    def _tick(self) -> None:
+        self.frame()
 
     def _paint(self) -> None:
         self._dirty = False

@@ -432,3 +432,37 @@ async def test_the_app_quits_when_its_terminal_goes_away(monkeypatch) -> None:
         alive["tty"] = False
         await wait_for(pilot, lambda: not app.is_running)
     assert engine.released.wait(2), "the engine never saw the stop flag after the terminal went away"
+
+
+class _Cycle:
+    """An object in a reference cycle: only the garbage collector frees it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+async def test_a_loaded_session_is_frozen_out_of_the_collector_and_a_switch_unfreezes_it() -> None:
+    """The loaded engine is moved out of the collector's full collections (app.main.freeze_heap);
+    the next freeze (a model switch) unfreezes first, so cyclic garbage of the previous session
+    is still collected."""
+    import gc
+    import weakref
+
+    from app.main import freeze_heap
+
+    try:
+        app = make_app(FakeEngine(["ok"]))
+        async with app.run_test(size=SIZE) as pilot:
+            await ready(pilot)
+            await pilot.pause()
+            assert gc.get_freeze_count() > 0
+        old = _Cycle()
+        ref = weakref.ref(old)
+        freeze_heap()  # `old` is alive: frozen with the rest
+        del old
+        gc.collect()
+        assert ref() is not None, "a frozen cycle is out of the collector's reach"
+        freeze_heap()  # the next session's freeze: unfreeze, collect, freeze
+        assert ref() is None, "the previous session's cyclic garbage was never collected"
+    finally:
+        gc.unfreeze()
