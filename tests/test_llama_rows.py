@@ -137,3 +137,44 @@ def test_long_prefill_takes_the_torch_pass_and_decoding_stays_lossless(root, nat
         evs, _ = run_generation(dec, prompt, s, 24)
         assert [t for e in evs for t in e.emitted] == want, s.label()
     assert max(calls) > 1  # verify passes ran in C
+
+
+@pytest.mark.parametrize("start, T, kv16", [(0, 150, False), (37, 130, False), (64, 64, True), (5, 200, True)])
+def test_prefill_attention_equals_the_masked_attention(start, T, kv16):
+    """common.prefill_attention (long fp32 prefill chunks: the mask as a bias folded into the score
+    GEMM, rows in blocks over their own keys only) writes the same cache rows and gives the same
+    outputs as cached_attention's explicit mask, to fp32 rounding; rows need not fill a block."""
+    g = torch.Generator().manual_seed(start * 1000 + T)
+    K, G, E = 2, 3, 16
+    q, kn, vn = (torch.randn(n, T, E, generator=g) for n in (K * G, K, K))
+    dtype = torch.bfloat16 if kv16 else torch.float32
+    caches = [torch.randn(K, start + T + 9, E, generator=g).to(dtype) for _ in range(2)]
+    mask = torch.ones(T, start + T, dtype=torch.bool)
+    mask[:, start:] = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    k1, v1 = caches[0].clone(), caches[1].clone()
+    k2, v2 = caches[0].clone(), caches[1].clone()
+    want = common.cached_attention(q, kn, vn, k1, v1, start, mask, 0.25)
+    got = common.prefill_attention(q, kn, vn, k2, v2, start, common.prefill_bias(mask, G), 0.25)
+    assert torch.equal(k1, k2) and torch.equal(v1, v2)
+    assert got.shape == want.shape == (T, K * G * E)
+    assert (got - want).abs().max().item() <= 1e-5
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["llama", "llama_hd64"])
+def test_a_long_prefill_chunk_matches_transformers(kind, root, native_linear_on):
+    """A 119-row prefill chunk (common.prefill_attention) leaves a cache whose next step's logits
+    are transformers' for that position."""
+    from transformers import AutoModelForCausalLM
+
+    import engine.models.llama as llama_mod
+
+    ids = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(6)).tolist()
+    assert len(ids) - 1 > llama_mod.NATIVE_PREFILL_ROWS
+    m = _load(kind, root)
+    m.allocate()
+    m.prefill(ids[:-1])
+    out = m.verify(ids[-1:], [-1])[0]
+    with torch.no_grad():
+        ref = AutoModelForCausalLM.from_pretrained(saved(kind, root)).eval()(torch.tensor([ids])).logits[0, -1]
+    assert (ref - out).abs().max().item() <= 2e-4  # fp32 rounding (the same with the masked attention)

@@ -226,6 +226,60 @@ def cached_attention(
     return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
 
 
+PREFILL_ROW_BLOCK = 64  # prefill_attention's rows per score GEMM
+
+
+def prefill_bias(mask: torch.Tensor, G: int) -> torch.Tensor:
+    """The additive form of ``mask`` (T, L) bool for :func:`prefill_attention`: 0 where a row sees
+    a key, -inf elsewhere, repeated for the G query heads of a KV head: (G*T, L) fp32, made once
+    per pass and shared by its layers."""
+    bias = torch.zeros(mask.shape, dtype=torch.float32)
+    bias.masked_fill_(~mask, float("-inf"))
+    return bias.repeat(G, 1)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    start: int,
+    bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """:func:`cached_attention` for a long fp32 prefill chunk (the q8 and fp32 compute types), with
+    the scale and the mask folded into the score GEMM (``baddbmm(bias, q, k^T, alpha=scale)``, bias
+    from :func:`prefill_bias`): no per-layer mask repeat, inversion, fill or scaling pass.
+
+    Its rows' bits may differ from ``cached_attention``'s, so only prefill chunks longer than any
+    verify pass or re-prefilled chain take it (models/llama.py NATIVE_PREFILL_ROWS): it writes the
+    context's K/V, which every strategy then shares.
+    """
+    H, T, E = q.shape
+    K = k_new.shape[0]
+    G = H // K
+    end = start + T
+    k_cache[:, start:end] = k_new
+    v_cache[:, start:end] = v_new
+    k, v = k_cache[:, :end], v_cache[:, :end]
+    if k.dtype != q.dtype:
+        k, v = k.to(q.dtype), v.to(q.dtype)
+    qg = q.reshape(K, G, T, E)
+    kt = k.transpose(1, 2)
+    bias = bias.view(G, T, end)
+    out = torch.empty(K, G, T, E, dtype=q.dtype)
+    # Rows in blocks: block [r0, r1) attends keys [0, start + r1) only, skipping most of the causal
+    # triangle's masked scores (half the work of a first chunk).
+    for r0 in range(0, T, PREFILL_ROW_BLOCK):
+        r1 = min(T, r0 + PREFILL_ROW_BLOCK)
+        L = start + r1
+        scores = torch.baddbmm(bias[:, r0:r1, :L].reshape(G * (r1 - r0), L), qg[:, :, r0:r1].reshape(K, G * (r1 - r0), E),
+                               kt[:, :, :L], alpha=scale)  # (K, G*rows, L)
+        out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, dim=-1), v[:, :L]).view(K, G, r1 - r0, E)
+    return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
+
+
 ATTN_BLOCK = 64  # keys per block of the bf16 attention's fixed reduction order
 
 

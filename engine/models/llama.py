@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from ..cache import KVCache
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, rope_params, rotate_half, tensor_getter
+from .common import (Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, prefill_attention, prefill_bias, require,
+                     rms_norm, rope_params, rotate_half, tensor_getter)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
 
@@ -75,6 +76,7 @@ class LlamaConfig:
 
 
 NATIVE_PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack recompute re-prefills
+PREFILL_ATTENTION = True  # fp32 prefill chunks over NATIVE_PREFILL_ROWS rows: common.prefill_attention (A/Bs switch it)
 
 
 class Llama(CausalLM):
@@ -259,6 +261,9 @@ class Llama(CausalLM):
         # shared by every layer: the rotary tables of these positions and the attention's key plan
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]
         plan = attn_plan(mask, start + T, T, H // K) if self._dtype == torch.bfloat16 else None
+        # a long fp32 prefill chunk: the mask as an additive bias, folded into the score GEMM
+        bias = (prefill_bias(mask, H // K) if PREFILL_ATTENTION and self._prefilling and T > NATIVE_PREFILL_ROWS
+                and mask is not None and self._dtype == torch.float32 else None)
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["ln1"], c.rms_norm_eps)
             qkv = mm(h, L["wqkv"])
@@ -267,7 +272,10 @@ class Llama(CausalLM):
             qk = self.rope.rotate(qkv[:, :(H + K) * E].view(T, H + K, E).transpose(0, 1), cos, sin)  # q and k heads at once
             q, k = qk[:H], qk[H:]  # (H, T, E), (K, T, E)
             v = qkv[:, (H + K) * E:].view(T, K, E).transpose(0, 1)
-            a = mm(cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale, plan), L["wo"])
+            if bias is not None:
+                a = mm(prefill_attention(q, k, v, kc[i], vc[i], start, bias, self.scale), L["wo"])
+            else:
+                a = mm(cached_attention(q, k, v, kc[i], vc[i], start, mask, self.scale, plan), L["wo"])
             if L["bo"] is not None:
                 a = a + L["bo"]
             x = x + a
