@@ -51,9 +51,12 @@ class DashboardStats:
     _recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=NOW_WINDOW))
     _context_sum: float = 0.0  # sum over emitted tokens of the context each was decoded at
     _tokens: int = 0
+    prefill_tokens: int = 0  # the prompt tokens this reply prefilled (its first event says)
 
     def add(self, ev: StepEvent) -> None:
         self.summary.add(ev)
+        if ev.prefill_s or ev.prefill_tokens:
+            self.prefill_tokens = ev.prefill_tokens
         if not ev.emitted:  # bookkeeping event (stopped, context full): no target forward
             return
         self.last = ev
@@ -91,6 +94,10 @@ class DashboardStats:
     @property
     def mean_tokens_per_step(self) -> float:
         return self.summary.mean_accepted
+
+    @property
+    def prefill_s(self) -> float:
+        return self.summary.prefill_s
 
     def acceptance_by_depth(self) -> list[tuple[int, float]]:
         """[(d, fraction of speculative steps whose accepted path reached depth >= d)], d = 1..max."""

@@ -8,14 +8,15 @@ KEYS: list[tuple[tuple[str, ...], str]] = [
     (("shift+enter", "ctrl+j"), "new line in the message"),
     (("escape",), "stop the reply (the partial text is kept)"),
     (("up", "down"), "earlier / later prompts (empty or one-line box)"),
+    (("pageup", "pagedown"), "scroll the conversation"),
     (("ctrl+r",), "regenerate the last reply (current strategy)"),
     (("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
     (("ctrl+n",), "new chat"),
     (("ctrl+l", "f4"), "chat list: Enter open, r rename, Del Del delete"),
     (("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
-    (("ctrl+d", "f3"), "show or hide the dashboard (hidden below 100 columns)"),
-    (("[", "]"), "older / newer draft tree (dashboard tree focused; also ← →, End: latest)"),
-    (("ctrl+o",), "models: pick, download (progress; Esc cancels) and switch"),
+    (("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
+    (("[", "]"), "older / newer draft tree (tree focused; ← →; End)"),
+    (("ctrl+o",), "models: pick, download (Esc cancels), switch"),
     (("f1",), "this help"),
     (("ctrl+p",), "command palette: every knob, live; baseline"),
     (("tab", "shift+tab"), "move the focus"),
@@ -23,7 +24,7 @@ KEYS: list[tuple[tuple[str, ...], str]] = [
     (("ctrl+q",), "quit"),
 ]
 
-_NAMES = {"escape": "Esc", "enter": "Enter", "tab": "Tab"}
+_NAMES = {"escape": "Esc", "enter": "Enter", "tab": "Tab", "pageup": "PgUp", "pagedown": "PgDn"}
 
 
 def key_display(key: str) -> str:

@@ -48,6 +48,8 @@ class StepEvent:
     policy: dict[str, Any] | None = None  # mab / optimal telemetry: arms, counts, means, lambdas, ranks
     bridge: dict[str, Any] | None = None  # vocabulary bridge of a drafter with another vocabulary: name, drafter tokens, proposals
     extra: dict[str, Any] = field(default_factory=dict)
+    prefill_s: float = 0.0  # first event of a chat reply: seconds of the prompt's prefill before it
+    prefill_tokens: int = 0  # and the prompt tokens prefilled (a multi-turn chat reuses the cached prefix)
 
     def to_json(self) -> dict[str, Any]:
         """The per-step record of `generate --json` (CLI contract)."""
@@ -73,6 +75,8 @@ class GenerationSummary:
     finish_reason: str | None = None
 
     def add(self, ev: StepEvent) -> None:
+        if ev.prefill_s:
+            self.prefill_s = ev.prefill_s
         if ev.finished:
             self.finish_reason = ev.finish_reason
         if not ev.emitted:  # a bookkeeping event (stopped / context full): no target forward

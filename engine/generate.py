@@ -28,6 +28,8 @@ from .strategy import HYBRID_NGRAM_LEN, Strategy, StrategyError
 from .tree import TokenTree
 from .verify import accept, sample_next
 
+PREFILL_PIECE = 256  # tokens of prefill between checks of a stop request (Decoder.start): the models' prefill chunk
+
 
 class ContextOverflowError(SpecchatError):
     """The prompt does not fit the model's context window."""
@@ -61,6 +63,7 @@ class Decoder:
     def __post_init__(self) -> None:
         self.target.allocate()
         self.history: list[int] = []  # committed tokens + the pending root
+        self.prefilled = 0  # prompt tokens the last ``start`` ran through the target (not the reused prefix)
         self._pending: list[int] = []  # accepted tokens not yet in the target's state (--backtrack joint)
         self.drafters = {"ngram": NgramDrafter()}
         self.policies: dict[tuple, object] = {}  # tree policies (mab / optimal), per conversation
@@ -107,9 +110,14 @@ class Decoder:
             d.reset()
 
     # ---- prompt --------------------------------------------------------------------------------------------
-    def start(self, prompt_ids: Sequence[int]) -> float:
+    def start(self, prompt_ids: Sequence[int], stop: threading.Event | None = None) -> float:
         """Make ``prompt_ids`` the context; reuse the cached common prefix (multi-turn chat).
-        Returns prefill seconds. The last prompt token stays pending (the first step's root)."""
+        Returns prefill seconds. The last prompt token stays pending (the first step's root).
+
+        ``stop`` is checked before each PREFILL_PIECE tokens of prefill (a long prompt runs ~350
+        tokens a second on a 2-core CPU): once set, the context is the prefix prefilled so far
+        (``prefilled``), which a later ``start`` reuses, and ``steps`` stops at once. The pieces
+        are the model's own prefill chunks, so the cache holds the same bits either way."""
         prompt_ids = [int(t) for t in prompt_ids]
         if not prompt_ids:
             raise SpecchatError("empty prompt: nothing to continue from")
@@ -130,8 +138,16 @@ class Decoder:
             n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
         cache.rollback(n)
         t0 = time.perf_counter()
-        self.target.prefill(prompt_ids[n:-1])
-        self.history = prompt_ids
+        todo = prompt_ids[n:-1]
+        piece = len(todo) if stop is None else PREFILL_PIECE
+        done = 0
+        while done < len(todo):
+            if stop is not None and stop.is_set():
+                break
+            self.target.prefill(todo[done:done + piece])
+            done += min(piece, len(todo) - done)
+        self.history = prompt_ids if done == len(todo) else prompt_ids[:n + done + 1]
+        self.prefilled = done
         return time.perf_counter() - t0
 
     # ---- steps ------------------------------------------------------------------------------------------------

@@ -167,8 +167,12 @@ class ChatSession:
 
     def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
         ids = self.encode_chat(messages)
-        self.decoder.start(ids)
-        yield from self.decoder.steps(lambda: self.strategy, max_new_tokens, stop)
+        prefill_s = self.decoder.start(ids, stop)  # stoppable between prefill pieces (Esc on a long prompt)
+        first = True
+        for ev in self.decoder.steps(lambda: self.strategy, max_new_tokens, stop):
+            if first:  # the first event carries the prompt's prefill (the dashboard shows it)
+                ev.prefill_s, ev.prefill_tokens, first = prefill_s, self.decoder.prefilled, False
+            yield ev
 
     def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None,
                          long_context: int = LONG_BASELINE_CONTEXT) -> "Baseline":

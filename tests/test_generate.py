@@ -120,6 +120,37 @@ def test_stop_event_ends_after_current_step(root):
     assert out[-1].finish_reason == "stopped" and sum(len(e.emitted) for e in out) == 3
 
 
+def test_a_stop_during_prefill_keeps_the_prefix_done_and_the_next_start_reuses_it(root, monkeypatch):
+    """Decoder.start checks ``stop`` between PREFILL_PIECE tokens of prefill: stopped after the first
+    piece, the context is that prefix (the steps stop at once), and the next start prefills only
+    the rest: the reply is still plain greedy's."""
+    import threading
+
+    import engine.generate as gen_mod
+
+    monkeypatch.setattr(gen_mod, "PREFILL_PIECE", 8)
+
+    class StopAfterFirstPiece(threading.Event):
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked = 0
+
+        def is_set(self) -> bool:
+            self.asked += 1
+            return self.asked > 1
+
+    path = saved("llama", root)
+    dec = Decoder(load(str(path)).model)
+    prompt = PROMPTS[2]  # 30 tokens: 29 to prefill, the last one the first step's root
+    stop = StopAfterFirstPiece()
+    dec.start(prompt, stop)
+    assert dec.prefilled == 8 and dec.target.cache.length == 8 and dec.history == prompt[:9]
+    assert [e.finish_reason for e in dec.steps(preset("ar"), 10, stop)] == ["stopped"]
+    dec.start(prompt, threading.Event())
+    assert dec.prefilled == 21 and dec.target.cache.length == 29  # the 8 prefilled tokens were reused
+    assert tokens_of(dec.steps(preset("pld"), 12)) == hf_greedy(path, prompt, 12)
+
+
 def test_invalid_combinations_are_refused():
     with pytest.raises(StrategyError, match="needs a drafter model"):
         preset("mab").validate(has_drafter_model=False)

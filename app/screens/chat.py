@@ -38,6 +38,7 @@ DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden 
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
                   "Press Ctrl+N to start a new chat.")
+STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
 
 # settings keys (values are JSON)
@@ -367,6 +368,10 @@ class ChatScreen(Screen[None]):
         if self.busy:
             self.notify(BUSY_NOTICE, severity="warning")
             return False
+        switching = getattr(self.app, "switching_to", None)
+        if switching is not None:  # the new model would be attached in the middle of the reply
+            self.notify(f"Loading {switching.target}: send when it is ready.", severity="warning")
+            return False
         if self.session is None:
             if self.session_error is None:
                 self.notify("The model is still loading…", severity="warning")
@@ -374,6 +379,18 @@ class ChatScreen(Screen[None]):
                 self.notify(f"No model loaded: {self.session_error}", severity="error")
             return False
         return True
+
+    @on(PromptInput.ScrollConversation)
+    def _scroll_conversation(self, event: PromptInput.ScrollConversation) -> None:
+        """PageUp / PageDown from the prompt: a page of the conversation (scrolling up while a reply
+        streams lets go of the bottom; back at the bottom it follows the reply again)."""
+        messages = self.query_one(MessageList)
+        if event.pages < 0:
+            messages.scroll_page_up(animate=False)
+        elif messages.scroll_y + messages.scrollable_content_region.height >= messages.max_scroll_y:
+            messages.anchor()  # the last page: at the bottom, following the reply again
+        else:
+            messages.scroll_page_down(animate=False)
 
     # ---- sending ---------------------------------------------------------------------------------
     @on(PromptInput.Submitted)
@@ -470,15 +487,17 @@ class ChatScreen(Screen[None]):
 
         The conversation, the store and the status change before the first await, and the screen
         counts as busy until the end, so a message sent meanwhile is refused rather than sent
-        without this reply. A reply that brought nothing back (an error, or a full context) takes
-        the user's message with it: it goes back into an empty prompt to be sent again.
+        without this reply. A reply that brought nothing back (an error, a full context, or Esc
+        before the first token) takes the user's message with it: it goes back into an empty
+        prompt to be sent again (an empty reply would otherwise stay in the chat and be sent to the
+        model as the assistant's turn).
         """
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
         failed = run.error is not None or run.finish_reason == "error"
         reason = "error" if failed else run.finish_reason
-        nothing_back = not run.text and reason in ("error", "context")
+        nothing_back = not run.text and reason in ("error", "context", "stopped")
         unsent = ""
         if nothing_back:
             unsent = self.conversation.pop()["content"]
@@ -494,6 +513,8 @@ class ChatScreen(Screen[None]):
                         severity="error", timeout=8)
         elif reason == "context":
             self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
+        elif nothing_back:
+            self.notify(STOPPED_EMPTY_NOTICE, timeout=5)
         self.dashboard.flush()
         reply, stream = self._reply, self._stream
         try:

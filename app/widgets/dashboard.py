@@ -51,7 +51,8 @@ def depth_bars(rows: list[tuple[int, float]]) -> Text:
 
 def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) -> Text:
     """tok/s now and averaged, speedup against the measured plain-decoding baseline, mean tokens
-    per step, the last step's drafted/accepted."""
+    per step, the prompt's prefill (its new tokens: a chat's cached prefix is reused), the last
+    step's drafted/accepted."""
     out = Text()
     out.append("tok/s ", style="bold")
     out.append(f"now {stats.tokens_per_s_now:.1f} · avg {stats.tokens_per_s_avg:.1f}\n")
@@ -73,6 +74,12 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) ->
         out.append(f"vs ar {ref:.1f} tok/s ({note})\n", style="dim")
     out.append("tok/step ", style="bold")
     out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
+    out.append("prefill ", style="bold")
+    if stats.prefill_s > 0:
+        rate = f", {stats.prefill_tokens / stats.prefill_s:,.0f} tok/s" if stats.prefill_tokens else ""
+        out.append(f"{stats.prefill_tokens:,} new prompt tokens in {stats.prefill_s:.2f} s{rate}\n")
+    else:
+        out.append("—\n", style="dim")
     ev = stats.last
     if ev is None:
         out.append("last step: —", style="dim")

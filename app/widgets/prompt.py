@@ -1,4 +1,5 @@
-"""The message box: Enter sends, Shift+Enter or Ctrl+J inserts a new line, Up/Down recall prompts."""
+"""The message box: Enter sends, Shift+Enter or Ctrl+J inserts a new line, Up/Down recall prompts,
+PageUp/PageDown scroll the conversation."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ class PromptInput(TextArea):
     Ctrl+J fallback (Shift+Enter works in terminals with the Kitty keyboard protocol).
 
     Like a shell, Up and Down walk through :attr:`prompts` (earlier prompts, oldest first) while
-    the box is empty or holds one line, or still holds the multi-line prompt Up just recalled;
-    otherwise they move the cursor. Down past the newest prompt brings back what was being typed.
+    the box is empty or holds one line, or still holds the multi-line prompt Up just recalled, and
+    the cursor is on the box's first (Up) or last (Down) row: in a long line wrapped over several
+    rows they move the cursor between the rows. Down past the newest prompt brings back what was
+    being typed. PageUp and PageDown scroll the conversation (:class:`ScrollConversation`) while the
+    box's own text fits it (the box has the focus all the time, so the messages would otherwise
+    need a mouse to read back).
     """
 
     class Submitted(Message):
@@ -31,6 +36,13 @@ class PromptInput(TextArea):
         @property
         def control(self) -> PromptInput:
             return self.prompt
+
+    class ScrollConversation(Message):
+        """PageUp (``pages`` -1) or PageDown (+1) pressed in a box with nothing to page through."""
+
+        def __init__(self, pages: int) -> None:
+            super().__init__()
+            self.pages = pages
 
     def __init__(self, **kwargs: object) -> None:
         super().__init__(
@@ -57,10 +69,13 @@ class PromptInput(TextArea):
             self.prompts.append(prompt)
         self._recalled = None
 
-    def _can_recall(self) -> bool:
-        if "\n" not in self.text:
-            return True
-        return self._recalled is not None and self.text == self.prompts[self._recalled]
+    def _can_recall(self, key: str) -> bool:
+        if "\n" in self.text:  # only the multi-line prompt Up just recalled walks on
+            return self._recalled is not None and self.text == self.prompts[self._recalled]
+        # one line, maybe wrapped over several rows: only from its first (Up) or last (Down) row
+        wrapped = self.wrapped_document
+        row = wrapped.location_to_offset(self.cursor_location).y
+        return row == 0 if key == "up" else row >= wrapped.height - 1
 
     def recall(self, step: int) -> bool:
         """Show the prompt ``step`` places older (-1) or newer (+1); False if there is none."""
@@ -94,7 +109,12 @@ class PromptInput(TextArea):
             start, end = self.selection
             self._replace_via_keyboard("\n", start, end)
             return
-        if event.key in ("up", "down") and self._can_recall() and self.recall(-1 if event.key == "up" else 1):
+        if event.key in ("pageup", "pagedown") and self.max_scroll_y == 0:
+            event.stop()
+            event.prevent_default()
+            self.post_message(self.ScrollConversation(-1 if event.key == "pageup" else 1))
+            return
+        if event.key in ("up", "down") and self._can_recall(event.key) and self.recall(-1 if event.key == "up" else 1):
             event.stop()
             event.prevent_default()
             return

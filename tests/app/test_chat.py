@@ -222,6 +222,94 @@ async def test_escape_stops_and_keeps_partial_reply() -> None:
         assert app.chat.conversation[-1] == {"role": "assistant", "content": "Partial answer"}
 
 
+async def test_escape_before_the_first_token_puts_the_message_back_in_the_prompt() -> None:
+    """Stopped with nothing back: no empty reply stays in the chat (it would be sent to the model as
+    the assistant's turn next time) and the user's message goes back into the prompt, as when a
+    reply fails; the next send is a clean first turn."""
+    engine = BlockingEngine([])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "a long question")
+        await wait_for(pilot, lambda: engine.blocking.is_set())
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert messages(app) == [] and app.chat.conversation == []
+        assert app.query_one(PromptInput).text == "a long question"
+        assert ("Stopped before the first token: your message is back in the prompt.", "information") in notices(app)
+        assert "stopped" in status(app).splitlines()[1]
+        chat_id = app.chat.chat_id
+        assert chat_id is None or app.chat.store.messages(chat_id) == []
+        await pilot.press("enter")  # sent again as it was
+        await wait_for(pilot, lambda: len(engine.calls) == 2)
+        assert engine.calls[-1] == [{"role": "user", "content": "a long question"}]
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+
+async def test_page_keys_scroll_the_conversation_from_the_prompt() -> None:
+    """The prompt keeps the focus, so PageUp/PageDown scroll the messages: up lets go of a
+    streaming reply's bottom (new text no longer moves the view), down back to the bottom follows
+    it again; the prompt keeps the focus and its text."""
+    from app.widgets import MessageList
+
+    gate = threading.Semaphore(0)
+    engine = FakeEngine([f"line {i}\n\n" for i in range(60)], gate=gate, step_delay_s=0.0)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "many lines please")
+        gate.release(40)
+        await wait_for(pilot, lambda: "line 39" in messages(app)[-1].source)
+        await pilot.pause(0.3)
+        column = app.chat.query_one(MessageList)
+        assert column.max_scroll_y > 0 and column.scroll_y == column.max_scroll_y
+        box = app.query_one(PromptInput)
+        box.text = "draft"
+        await pilot.press("pageup")
+        await pilot.pause()
+        held = column.scroll_y
+        assert held < column.max_scroll_y and app.focused is box and box.text == "draft"
+        gate.release(10)
+        await wait_for(pilot, lambda: "line 49" in messages(app)[-1].source)
+        await pilot.pause(0.3)
+        assert column.scroll_y == held  # the user is reading: the reply does not pull the view down
+        for _ in range(40):
+            await pilot.press("pagedown")
+        await pilot.pause()
+        assert column.scroll_y == column.max_scroll_y
+        gate.release(10)
+        await reply_done(pilot)
+        await pilot.pause(0.3)
+        assert column.scroll_y == column.max_scroll_y  # following the reply again
+
+
+async def test_up_in_a_wrapped_line_moves_the_cursor_not_the_history() -> None:
+    """A one-line message wrapped over several rows: Up from a lower row moves up a row (the text
+    stays); from the first row it recalls the previous prompt. Down likewise from the last row."""
+    engine = FakeEngine(["ok"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "an earlier prompt")
+        await reply_done(pilot)
+        box = app.query_one(PromptInput)
+        long = "word " * 40  # ~200 characters: 3+ rows at 80 columns
+        box.text = long
+        box.move_cursor(box.document.end)
+        await pilot.pause()
+        assert box.wrapped_document.height >= 3
+        await pilot.press("up")
+        assert box.text == long and box.wrapped_document.location_to_offset(box.cursor_location).y >= 1
+        while box.wrapped_document.location_to_offset(box.cursor_location).y > 0:
+            await pilot.press("up")
+        assert box.text == long
+        await pilot.press("up")
+        assert box.text == "an earlier prompt"
+        await pilot.press("down")
+        assert box.text == long  # back to what was being typed
+
+
 async def test_quitting_mid_reply_stops_the_engine_thread() -> None:
     engine = BlockingEngine(["..."])
     app = make_app(engine)

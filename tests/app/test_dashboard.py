@@ -230,6 +230,38 @@ def test_speedup_is_against_the_measured_baseline_and_says_so() -> None:
     assert "×2.00" in text and f"vs ar {avg / 2:.1f} tok/s (measured at start, 48 tokens)" in text
 
 
+def test_the_prompts_prefill_shows_from_the_first_event() -> None:
+    """The first event of a chat reply carries the prompt's prefill (ChatSession.stream_chat):
+    the speed panel shows its new tokens, seconds and rate; before any, a dash."""
+    from app.widgets.dashboard import speed_text
+
+    stats = DashboardStats()
+    assert "prefill —" in speed_text(stats).plain
+    events = script()
+    events[0].prefill_s, events[0].prefill_tokens = 0.5, 200
+    for ev in events:
+        stats.add(ev)
+    assert stats.summary.prefill_s == 0.5
+    assert "prefill 200 new prompt tokens in 0.50 s, 400 tok/s" in speed_text(stats).plain
+
+
+def test_a_chat_replys_first_event_carries_its_prefill(smollm2_gguf_path) -> None:
+    """ChatSession.stream_chat: the first event has the prefill's seconds and the tokens run (a
+    second turn only its new ones: the cached prefix is reused); the later events none."""
+    from engine.session import ChatSession
+
+    s = ChatSession.load(target=str(smollm2_gguf_path), strategy="ar")
+    turn = [{"role": "user", "content": "Name a colour."}]
+    events = list(s.stream_chat(turn, 4, threading.Event()))
+    n = len(s.encode_chat(turn))
+    assert events[0].prefill_s > 0 and events[0].prefill_tokens == n - 1
+    assert all(e.prefill_s == 0 and e.prefill_tokens == 0 for e in events[1:])
+    reply = "".join(e.text for e in events)
+    turn2 = turn + [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
+    first = next(iter(s.stream_chat(turn2, 2, threading.Event())))
+    assert 0 < first.prefill_tokens < len(s.encode_chat(turn2)) - n
+
+
 def test_baseline_fit_gives_plain_decoding_speed_at_a_context() -> None:
     from engine.session import Baseline
 

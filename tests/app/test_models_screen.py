@@ -6,6 +6,7 @@ Downloads go to a local fake Hub (tests/fakehub.py) and a cache in tmp_path; ses
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -272,6 +273,42 @@ async def test_picking_an_available_model_switches_without_downloading(fake: Fak
         await wait_for(pilot, lambda: app.session is not None and "cached-model" in app.session.description)
         assert loader.calls == [("cached-model", "none")]  # not paired with the current drafter: none
         assert fake.file_requests() == []
+
+
+class GatedLoader(Loader):
+    """A Loader that waits for ``release`` before returning (a model still loading)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def __call__(self, target: str, drafter: str) -> FakeEngine:
+        self.release.wait(10)
+        return super().__call__(target, drafter)
+
+
+async def test_no_message_is_sent_while_a_picked_model_loads(fake: FakeHub, models_file: Path) -> None:
+    """A reply started during a switch would get the new model attached in the middle of it (and
+    be saved under its name): sends are refused, the text kept, until the new model is ready."""
+    loader = GatedLoader()
+    first = engine_named("local-model")
+    app = make_app(models_file, loader, first)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot)
+        await pick(pilot, screen, "cached-model")
+        await wait_for(pilot, lambda: app.switching_to is not None and isinstance(app.screen, ChatScreen))
+        prompt = app.query_one(PromptInput)
+        prompt.focus()
+        prompt.text = "are you there?"
+        await pilot.press("enter")
+        await pilot.pause()
+        assert first.calls == [] and not app.chat.busy and prompt.text == "are you there?"
+        assert any("Loading cached-model" in m and sev == "warning" for m, sev in notices(app))
+        loader.release.set()
+        await wait_for(pilot, lambda: app.switching_to is None and "cached-model" in app.session.description)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.session.calls and not app.chat.busy)
+        assert first.calls == [] and app.session.calls[-1][-1] == {"role": "user", "content": "are you there?"}
 
 
 async def test_a_free_hub_id_downloads_and_loads(fake: FakeHub, models_file: Path) -> None:
