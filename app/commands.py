@@ -1,4 +1,5 @@
-"""Command palette (ctrl+p) entries for every live toggle of the decode loop.
+"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and two actions:
+re-measure the speedup's baseline, export the chat as Markdown).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
 and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
@@ -23,6 +24,8 @@ DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
 TEMPERATURES = (0.0, 0.7, 1.0)
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"
+EXPORT = "Export this chat as Markdown"
+EXPORT_HELP = "to exports/ beside the chat database"
 
 
 @dataclass(frozen=True)
@@ -130,16 +133,25 @@ class StrategyCommands(Provider):
             measure()
             self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
 
+    def _export(self) -> None:
+        export = getattr(getattr(self.app, "chat", None), "action_export_chat", None)
+        if export is not None:
+            export()
+
     async def discover(self) -> Hits:
         for toggle, text, help_text in self._entries():
             yield DiscoveryHit(text, lambda t=toggle: self._apply(t), help=help_text)
         yield DiscoveryHit(MEASURE, self._measure, help="re-measure the speedup's reference on this machine")
+        yield DiscoveryHit(EXPORT, self._export, help=EXPORT_HELP)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
         score = matcher.match(MEASURE)
         if score > 0:
             yield Hit(score, matcher.highlight(MEASURE), self._measure, help="re-measure the speedup's reference on this machine")
+        score = matcher.match(EXPORT)
+        if score > 0:
+            yield Hit(score, matcher.highlight(EXPORT), self._export, help=EXPORT_HELP)
         for toggle, text, help_text in self._entries():
             score = matcher.match(toggle.label)
             if score > 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rich.text import Text
@@ -334,6 +335,7 @@ class ChatScreen(Screen[None]):
         if session is not None and self.restore_strategy:
             self._apply_saved_strategy(session)
         status = self.status_line.status
+        self.dashboard.context_length = getattr(session, "context_length", None)
         if session is not None:
             status.model, status.state = session.description, "ready"
             status.strategy = session.strategy.label()
@@ -531,6 +533,23 @@ class ChatScreen(Screen[None]):
             self._run = self._reply = self._stream = None
             self._finishing = False
             self.refresh_bindings()
+
+    def action_export_chat(self) -> None:
+        """Ctrl+P "Export this chat as Markdown": to ``exports/`` beside the chat database (the
+        current directory when the chats are in memory); the toast says where."""
+        from ..export import export_chat
+
+        if not self.conversation:
+            self.notify("Nothing to export yet: send a message first.", timeout=4)
+            return
+        folder = self.store.path.parent / "exports" if self.store.path is not None else Path.cwd()
+        model = self.session.description if self.session is not None else ""
+        try:
+            path = export_chat(folder, self.chat_title, self.conversation, model)
+        except OSError as exc:
+            self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8)
+            return
+        self.notify(f"Exported {len(self.conversation)} messages to {path}", timeout=8)
 
     # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:

@@ -49,10 +49,11 @@ def depth_bars(rows: list[tuple[int, float]]) -> Text:
     return out
 
 
-def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) -> Text:
+def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, context_length: int | None = None) -> Text:
     """tok/s now and averaged, speedup against the measured plain-decoding baseline, mean tokens
-    per step, the prompt's prefill (its new tokens: a chat's cached prefix is reused), the last
-    step's drafted/accepted."""
+    per step, the prompt's prefill (its new tokens: a chat's cached prefix is reused), how full the
+    model's context is (``context_length``: yellow from CONTEXT_WARN on), the last step's
+    drafted/accepted."""
     out = Text()
     out.append("tok/s ", style="bold")
     out.append(f"now {stats.tokens_per_s_now:.1f} · avg {stats.tokens_per_s_avg:.1f}\n")
@@ -81,6 +82,11 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) ->
     else:
         out.append("—\n", style="dim")
     ev = stats.last
+    if ev is not None and ev.position and context_length:
+        used = ev.position / context_length
+        out.append("context ", style="bold")
+        out.append(f"{ev.position:,} / {context_length:,} tokens ({100 * used:.0f}%)\n",
+                   style="bold yellow" if used >= CONTEXT_WARN else "")
     if ev is None:
         out.append("last step: —", style="dim")
     else:
@@ -89,6 +95,7 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None) ->
     return out
 
 
+CONTEXT_WARN = 0.8  # the context line turns yellow when the conversation fills this much of the window
 FIT_FROM = 2.0  # a reply decoded at this many times the short measure's context uses the fit
 
 
@@ -171,6 +178,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         self.baseline: BaselineInfo | None = None
         self.monitor = monitor
         self.repaints = 0  # how many times the widgets were redrawn (tests bound it)
+        self.context_length: int | None = None  # the session's context window (tokens), for the context line
         self._dirty = False
 
     def compose(self) -> ComposeResult:
@@ -234,7 +242,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         self._dirty = False
         self.repaints += 1
         stats = self.stats
-        self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline))
+        self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline, self.context_length))
         last = stats.last
         self.query_one("#dash-policy", Static).update(policy_text(last.policy if last else None, getattr(last, "bridge", None) if last else None))
         self.query_one("#dash-spark", Sparkline).data = list(stats.per_step)

@@ -465,3 +465,39 @@ async def test_new_keys_are_documented_and_do_not_collide(data_dir: Path) -> Non
         assert "specchat.db" in text  # where the chats are, under the keys (the full path may wrap)
         store_line = app.screen.query_one("#help-store", Static).render()
         assert str(data_dir / DB_NAME) in str(store_line)
+
+
+# ---- export -------------------------------------------------------------------------------------
+def test_chat_markdown_and_export_file(tmp_path: Path) -> None:
+    from datetime import datetime
+
+    from app.export import chat_markdown, export_chat, slug
+
+    conv = [{"role": "user", "content": "What is 2+2?"}, {"role": "assistant", "content": "4.\n\n```py\nprint(4)\n```\n"}]
+    md = chat_markdown("Sums / arithmetic!", conv, "SmolLM2 (q8)")
+    assert md.startswith("# Sums / arithmetic!\n\n*SmolLM2 (q8)*\n\n## You\n\nWhat is 2+2?\n\n## Assistant\n\n4.")
+    assert "```py\nprint(4)\n```" in md
+    assert slug("Sums / arithmetic!") == "sums-arithmetic" and slug("???") == "chat"
+    path = export_chat(tmp_path / "out", "Sums", conv, now=datetime(2026, 11, 26, 10, 0, 0))
+    assert path == tmp_path / "out" / "sums-20261126-100000.md"
+    assert path.read_text() == chat_markdown("Sums", conv) and (path.stat().st_mode & 0o777) == 0o600
+
+
+async def test_the_palette_exports_the_chat_beside_the_database(data_dir: Path) -> None:
+    app = make_app(FakeEngine(["Four", "."]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        app.chat.action_export_chat()
+        await pilot.pause()
+        assert any("Nothing to export yet" in m for m, _ in notices(app))
+        await chat(pilot, "What is 2+2?")
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Export")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        files = list((data_dir / "exports").glob("*.md"))
+        assert len(files) == 1 and files[0].name.startswith("what-is-2-2-")
+        assert "## You\n\nWhat is 2+2?\n\n## Assistant\n\nFour." in files[0].read_text()
+        assert any(f"Exported 2 messages to {files[0]}" == m for m, _ in notices(app))

@@ -245,6 +245,21 @@ def test_the_prompts_prefill_shows_from_the_first_event() -> None:
     assert "prefill 200 new prompt tokens in 0.50 s, 400 tok/s" in speed_text(stats).plain
 
 
+def test_the_context_line_shows_how_full_the_window_is() -> None:
+    from app.widgets.dashboard import speed_text
+
+    stats = DashboardStats()
+    for ev in script():
+        stats.add(ev)
+    stats.last.position = 1700
+    text = speed_text(stats, None, 2048)
+    assert "context 1,700 / 2,048 tokens (83%)" in text.plain
+    assert any("yellow" in str(span.style) for span in text.spans)  # past CONTEXT_WARN
+    stats.last.position = 300
+    assert "context 300 / 2,048 tokens (15%)" in speed_text(stats, None, 2048).plain
+    assert "context" not in speed_text(stats).plain  # no window known: no line
+
+
 def test_a_chat_replys_first_event_carries_its_prefill(smollm2_gguf_path) -> None:
     """ChatSession.stream_chat: the first event has the prefill's seconds and the tokens run (a
     second turn only its new ones: the cached prefix is reused); the later events none."""
