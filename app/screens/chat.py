@@ -39,6 +39,7 @@ DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden 
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
                   "Press Ctrl+N to start a new chat.")
+REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
 
@@ -110,6 +111,7 @@ class ChatScreen(Screen[None]):
         self._timer: Timer | None = None
         self._finishing = False
         self._reply_saved = False
+        self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
         self._wide: bool | None = None
@@ -421,7 +423,9 @@ class ChatScreen(Screen[None]):
         if not self._ready_to_generate():
             return
         if self.conversation[-1]["role"] == "assistant":
-            self.conversation.pop()
+            saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
+            stats = saved[-1].stats if saved and saved[-1].role == "assistant" else None
+            self._replaced = (self.conversation.pop()["content"], stats)
             self._drop_messages_from(len(self.conversation))
             await self.query_one(MessageList).remove_last()
         assert self.session is not None
@@ -492,7 +496,8 @@ class ChatScreen(Screen[None]):
         without this reply. A reply that brought nothing back (an error, a full context, or Esc
         before the first token) takes the user's message with it: it goes back into an empty
         prompt to be sent again (an empty reply would otherwise stay in the chat and be sent to the
-        model as the assistant's turn).
+        model as the assistant's turn). A regenerated reply that brought nothing back leaves the
+        reply it was to replace in place instead (text, stats, finish mark): nothing is lost.
         """
         if self._timer is not None:
             self._timer.stop()
@@ -500,8 +505,14 @@ class ChatScreen(Screen[None]):
         failed = run.error is not None or run.finish_reason == "error"
         reason = "error" if failed else run.finish_reason
         nothing_back = not run.text and reason in ("error", "context", "stopped")
+        replaced, self._replaced = self._replaced, None
+        restore = nothing_back and replaced is not None  # a regenerate that brought nothing: the old reply stays
         unsent = ""
-        if nothing_back:
+        if restore:
+            assert replaced is not None
+            self.conversation.append({"role": "assistant", "content": replaced[0]})
+            self._save_message("assistant", replaced[0], replaced[1])
+        elif nothing_back:
             unsent = self.conversation.pop()["content"]
             self._drop_messages_from(len(self.conversation))
         else:
@@ -516,13 +527,18 @@ class ChatScreen(Screen[None]):
         elif reason == "context":
             self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
         elif nothing_back:
-            self.notify(STOPPED_EMPTY_NOTICE, timeout=5)
+            self.notify(REGENERATE_EMPTY_NOTICE if restore else STOPPED_EMPTY_NOTICE, timeout=5)
         self.dashboard.flush()
         reply, stream = self._reply, self._stream
         try:
             if stream is not None:
                 await stream.stop()
-            if nothing_back:
+            if restore:
+                assert replaced is not None
+                column = self.query_one(MessageList)
+                await column.remove_last(1)
+                await column.add_message("assistant", replaced[0], (replaced[1] or {}).get("finish_reason"))
+            elif nothing_back:
                 await self.query_one(MessageList).remove_last(2)
                 if not self.prompt.text.strip():
                     self.prompt.text = unsent
@@ -569,7 +585,8 @@ class ChatScreen(Screen[None]):
                     "if it does not paste, your terminal does not allow OSC 52.", timeout=5)
 
     def on_unmount(self) -> None:
-        """Quitting mid-reply: stop the engine, save what came so far as a stopped reply, close the store."""
+        """Quitting mid-reply: stop the engine, save what came so far as a stopped reply (or, in a
+        regenerate with nothing yet, the reply it was replacing), close the store."""
         run = self._run
         if run is not None:
             run.stop.set()
@@ -578,4 +595,6 @@ class ChatScreen(Screen[None]):
                 if run.text:
                     self._reply_saved = True
                     self._save_message("assistant", run.text, reply_stats(run, "stopped"))
+                elif self._replaced is not None:  # quit during a regenerate with nothing yet: keep the old reply
+                    self._save_message("assistant", *self._replaced)
         self.store.close()

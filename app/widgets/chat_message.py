@@ -53,8 +53,8 @@ class ChatMessage(Markdown):
 class MessageList(VerticalScroll, can_focus=False):
     """The message column. Anchored to the bottom while a reply streams, until the user scrolls."""
 
-    async def add_message(self, role: str, content: str = "") -> ChatMessage:
-        message = ChatMessage(role, content)
+    async def add_message(self, role: str, content: str = "", finish_reason: str | None = None) -> ChatMessage:
+        message = ChatMessage(role, content, finish_reason)
         await self.mount(message)
         self.anchor()
         return message

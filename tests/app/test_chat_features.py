@@ -125,6 +125,35 @@ async def test_ctrl_r_replaces_the_last_reply(data_dir: Path) -> None:
         assert store.messages(record.id)[-1].stats["strategy"].startswith("tree")  # type: ignore[index]
 
 
+async def test_a_regenerate_that_brings_nothing_back_keeps_the_old_reply(data_dir: Path) -> None:
+    """Ctrl+R, then Esc before the new reply's first token: the reply it was to replace comes back
+    (text, finish mark, saved stats), the user's message stays, nothing goes into the prompt."""
+    engine = BlockingEngine(["First", " try."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: engine.blocking.is_set() and "try." in messages(app)[-1].source)
+        await pilot.press("escape")
+        await reply_done(pilot)
+        before = saved(data_dir).messages(saved(data_dir).chats()[0].id)[-1]
+        assert (before.role, before.content, before.finish_reason) == ("assistant", "First try.", "stopped")
+        engine.script, engine.blocking = [], type(engine.blocking)()
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert shown(app) == [("user", "hello"), ("assistant", "First try.\n\n*(stopped)*")]
+        assert messages(app)[-1].has_class("-stopped")
+        assert app.chat.conversation == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "First try."}]
+        assert prompt(app).text == ""
+        assert ("The new reply brought nothing back: the previous reply is kept.", "information") in notices(app)
+        store = saved(data_dir)
+        after = store.messages(store.chats()[0].id)
+        assert [(m.role, m.content) for m in after] == [("user", "hello"), ("assistant", "First try.")]
+        assert after[-1].stats == before.stats
+
+
 async def test_ctrl_r_needs_a_reply_and_waits_for_the_running_one() -> None:
     engine = BlockingEngine(["..."])
     app = make_app(engine)
