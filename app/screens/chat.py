@@ -35,6 +35,7 @@ from ..widgets.status import FINISH_TEXT
 FRAME_INTERVAL_S = 1 / 4
 MARKDOWN_INTERVAL_S = FRAME_INTERVAL_S  # the reply's text is written once a frame at most
 AR_BASELINE_MIN_TOKENS = 32  # a plain-decoding reply this long becomes the speedup's reference (_ar_baseline)
+CHAT_MIN_WIDTH = 40  # the message column's fewest columns with the chat list open (else the dashboard makes way)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
@@ -115,6 +116,7 @@ class ChatScreen(Screen[None]):
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
         self._wide: bool | None = None
+        self._dashboard_for_list = False  # the dashboard was hidden while the chat list is open
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="body"):
@@ -250,6 +252,11 @@ class ChatScreen(Screen[None]):
             self._hide_chats()
             return
         self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        if self.dashboard.display:
+            column = self.query_one("#chat-column").outer_size.width
+            if column - self.chat_list.styles.width.value < CHAT_MIN_WIDTH:  # type: ignore[union-attr]
+                self._show_dashboard(False)  # the list and the dashboard would crush the messages
+                self._dashboard_for_list = True
         self.chat_list.display = True
         self.chat_list.focus_list()
 
@@ -257,6 +264,9 @@ class ChatScreen(Screen[None]):
         if self.chat_list.display:
             self.chat_list.display = False
             self.prompt.focus()
+            if self._dashboard_for_list:  # hidden to make room for the list: back
+                self._dashboard_for_list = False
+                self._show_dashboard(True)
 
     @on(ChatList.Opened)
     async def _chat_opened(self, event: ChatList.Opened) -> None:
@@ -315,6 +325,7 @@ class ChatScreen(Screen[None]):
 
     def action_toggle_dashboard(self) -> None:
         """Ctrl+D / F3: show or hide the dashboard (whatever the terminal width); remembered."""
+        self._dashboard_for_list = False
         self._dashboard_choice = not self.dashboard.display
         self._show_dashboard(self._dashboard_choice)
         self._save(self.store.set_setting, SETTING_DASHBOARD, self._dashboard_choice)

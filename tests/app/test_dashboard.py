@@ -180,6 +180,31 @@ async def test_toggle_key_hides_and_shows_and_narrow_terminals_start_hidden() ->
     assert isinstance(app.chat, ChatScreen)
 
 
+async def test_the_chat_list_never_crushes_the_messages_between_it_and_the_dashboard() -> None:
+    """Opening the chat list where it and the dashboard would leave the messages under
+    CHAT_MIN_WIDTH columns hides the dashboard until the list closes; with room, both stay."""
+    from app.screens.chat import CHAT_MIN_WIDTH
+
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        panel = dashboard(app)
+        assert panel.display
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.chat.chat_list.display and not panel.display
+        assert app.chat.query_one("#chat-column").size.width >= CHAT_MIN_WIDTH
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert not app.chat.chat_list.display and panel.display
+        await pilot.resize_terminal(140, 40)
+        await pilot.pause()
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.chat.chat_list.display and panel.display  # room for all three
+        assert app.chat.query_one("#chat-column").size.width >= CHAT_MIN_WIDTH
+
+
 async def test_dashboard_repaints_are_bounded_during_a_fast_reply() -> None:
     steps = 200
     events = [tree_step(i, ["x", "y"], [-1, 0], [0], "z", ms=1.0) for i in range(1, steps + 1)]
