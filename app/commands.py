@@ -1,5 +1,5 @@
-"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and two actions:
-re-measure the speedup's baseline, export the chat as Markdown).
+"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and three actions:
+re-measure the speedup's baseline, export the chat as Markdown, edit the last message).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
 and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
@@ -25,6 +25,8 @@ TEMPERATURES = (0.0, 0.7, 1.0)
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"
 EXPORT = "Export this chat as Markdown"
+EDIT = "Edit the last message"
+EDIT_HELP = "into the prompt; Enter replaces it and its reply, Esc cancels"
 EXPORT_HELP = "to exports/ beside the chat database"
 
 
@@ -133,25 +135,31 @@ class StrategyCommands(Provider):
             measure()
             self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
 
-    def _export(self) -> None:
-        export = getattr(getattr(self.app, "chat", None), "action_export_chat", None)
-        if export is not None:
-            export()
+    def _chat_action(self, name: str) -> Callable[[], None]:
+        def run() -> None:
+            action = getattr(getattr(self.app, "chat", None), name, None)
+            if action is not None:
+                action()
+        return run
+
+    def _actions(self) -> list[tuple[str, Callable[[], None], str]]:
+        """The palette's actions besides the toggles: (label, callback, help)."""
+        return [(MEASURE, self._measure, "re-measure the speedup's reference on this machine"),
+                (EXPORT, self._chat_action("action_export_chat"), EXPORT_HELP),
+                (EDIT, self._chat_action("action_edit_last"), EDIT_HELP)]
 
     async def discover(self) -> Hits:
         for toggle, text, help_text in self._entries():
             yield DiscoveryHit(text, lambda t=toggle: self._apply(t), help=help_text)
-        yield DiscoveryHit(MEASURE, self._measure, help="re-measure the speedup's reference on this machine")
-        yield DiscoveryHit(EXPORT, self._export, help=EXPORT_HELP)
+        for label, run, help_text in self._actions():
+            yield DiscoveryHit(label, run, help=help_text)
 
     async def search(self, query: str) -> Hits:
         matcher = self.matcher(query)
-        score = matcher.match(MEASURE)
-        if score > 0:
-            yield Hit(score, matcher.highlight(MEASURE), self._measure, help="re-measure the speedup's reference on this machine")
-        score = matcher.match(EXPORT)
-        if score > 0:
-            yield Hit(score, matcher.highlight(EXPORT), self._export, help=EXPORT_HELP)
+        for label, run, help_text in self._actions():
+            score = matcher.match(label)
+            if score > 0:
+                yield Hit(score, matcher.highlight(label), run, help=help_text)
         for toggle, text, help_text in self._entries():
             score = matcher.match(toggle.label)
             if score > 0:

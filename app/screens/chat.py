@@ -40,6 +40,7 @@ DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden 
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
                   "Press Ctrl+N to start a new chat.")
+EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
@@ -112,6 +113,7 @@ class ChatScreen(Screen[None]):
         self._timer: Timer | None = None
         self._finishing = False
         self._reply_saved = False
+        self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
@@ -211,6 +213,7 @@ class ChatScreen(Screen[None]):
         if record is None:
             chat_id, records = None, []
         self.chat_id = chat_id
+        self._editing = None
         self.chat_title = record.title if record is not None else ""
         self.conversation = [{"role": m.role, "content": m.content} for m in records]
         await self.query_one(MessageList).show((m.role, m.content, m.finish_reason) for m in records)
@@ -337,9 +340,9 @@ class ChatScreen(Screen[None]):
         return self._run is not None
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
-        """Esc is shown dimmed in the footer while no reply is running."""
+        """Esc is shown dimmed in the footer while no reply is running (and no edit is open)."""
         if action == "stop":
-            return True if self.busy else None
+            return True if self.busy or self._editing is not None else None
         return True
 
     def attach_session(self, session: ChatEngine | None, error: str | None = None) -> None:
@@ -418,6 +421,12 @@ class ChatScreen(Screen[None]):
             return
         event.prompt.clear()
         event.prompt.remember(text)
+        if self._editing is not None:  # replaces the last message and everything after it (its reply)
+            keep, self._editing = self._editing, None
+            shown = len(self.conversation)
+            del self.conversation[keep:]
+            self._drop_messages_from(keep)
+            await self.query_one(MessageList).remove_last(shown - keep)
         self.conversation.append({"role": "user", "content": text})
         self._save_message("user", text)
         await self.query_one(MessageList).add_message("user", text)
@@ -580,10 +589,32 @@ class ChatScreen(Screen[None]):
 
     # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:
-        """Esc: ask the engine to stop after its current step; the partial reply stays."""
+        """Esc: ask the engine to stop after its current step; the partial reply stays. With no
+        reply running, Esc leaves an edit of the last message (the prompt is emptied)."""
         if self._run is not None and not self._finishing and not self._run.stop.is_set():
             self._run.stop.set()
             self._set_state("stopping…")
+        elif self._run is None and self._editing is not None:
+            self._editing = None
+            self.prompt.clear()
+            self._set_state("ready")
+            self.notify("Edit cancelled.", timeout=3)
+
+    def action_edit_last(self) -> None:
+        """Ctrl+P "Edit the last message": the last message you sent goes into the prompt; sending
+        it replaces that message and its reply (from the chat and the saved history); Esc cancels."""
+        if not self._ready_to_generate():
+            return
+        users = [i for i, m in enumerate(self.conversation) if m["role"] == "user"]
+        if not users:
+            self.notify("Nothing to edit yet: send a message first.", timeout=4)
+            return
+        self._editing = users[-1]
+        self._hide_chats()
+        self.prompt.text = self.conversation[users[-1]]["content"]
+        self.prompt.move_cursor(self.prompt.document.end)
+        self.prompt.focus()
+        self._set_state(EDITING_STATE)
 
     def action_copy_reply(self) -> None:
         """Ctrl+Y: the last finished reply to the clipboard (OSC 52, as Textual copies)."""

@@ -154,6 +154,34 @@ async def test_a_regenerate_that_brings_nothing_back_keeps_the_old_reply(data_di
         assert after[-1].stats == before.stats
 
 
+async def test_edit_the_last_message_replaces_it_and_its_reply(data_dir: Path) -> None:
+    """Palette "Edit the last message": the last user message goes into the prompt; Enter replaces
+    it and its reply in the chat, the model's input and the saved history; Esc cancels."""
+    engine = FakeEngine(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "hello", "tell me more")
+        app.chat.action_edit_last()
+        await pilot.pause()
+        assert prompt(app).text == "tell me more" and "editing your last message" in status(app)
+        await pilot.press("escape")  # cancel: nothing changes
+        await pilot.pause()
+        assert prompt(app).text == "" and len(app.chat.conversation) == 4 and "editing" not in status(app)
+        app.chat.action_edit_last()
+        await pilot.pause()
+        prompt(app).text = "tell me less"
+        await pilot.press("enter")
+        await reply_done(pilot)
+        assert engine.calls[-1] == [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "Sure."},
+                                    {"role": "user", "content": "tell me less"}]
+        assert shown(app) == [("user", "hello"), ("assistant", "Sure."), ("user", "tell me less"), ("assistant", "Sure.")]
+        store = saved(data_dir)
+        assert [m.content for m in store.messages(store.chats()[0].id)] == ["hello", "Sure.", "tell me less", "Sure."]
+        await chat(pilot, "and then?")  # no edit pending: a new turn
+        assert len(app.chat.conversation) == 6
+
+
 async def test_ctrl_r_needs_a_reply_and_waits_for_the_running_one() -> None:
     engine = BlockingEngine(["..."])
     app = make_app(engine)
