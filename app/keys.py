@@ -12,7 +12,7 @@ KEYS: list[tuple[tuple[str, ...], str]] = [
     (("ctrl+r",), "regenerate the last reply (current strategy)"),
     (("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
     (("ctrl+n",), "new chat"),
-    (("ctrl+l", "f4"), "chat list: Enter open, r rename, Del Del delete"),
+    (("ctrl+l", "f4"), "chats: Enter, / search, r rename, Del Del delete"),
     (("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
     (("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
     (("[", "]"), "older / newer draft tree (tree focused; ← →; End)"),

@@ -259,12 +259,19 @@ class ChatStore:
                 (title, stamp, stamp, model, _json(strategy)))
             return int(cur.lastrowid or 0)
 
-    def chats(self) -> list[ChatRecord]:
-        """Every chat, the most recently updated first."""
+    def chats(self, search: str = "") -> list[ChatRecord]:
+        """Every chat, the most recently updated first; with ``search``, those whose title or any
+        message contains it (case-insensitive for ASCII letters, as SQLite's LIKE)."""
+        where, args = "", ()
+        if search:
+            pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            where = (" WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
+                     " WHERE m.chat_id = c.id AND m.content LIKE ? ESCAPE '\\')")
+            args = (pattern, pattern)
         rows = self._read(
             "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"
             " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)"
-            " FROM chats c ORDER BY c.updated DESC, c.id DESC")
+            " FROM chats c" + where + " ORDER BY c.updated DESC, c.id DESC", args)
         return [ChatRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5]), r[6]) for r in rows]
 
     def chat(self, chat_id: int) -> ChatRecord | None:

@@ -254,7 +254,7 @@ class ChatScreen(Screen[None]):
         if self.chat_list.display:
             self._hide_chats()
             return
-        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id)
         if self.dashboard.display:
             column = self.query_one("#chat-column").outer_size.width
             if column - self.chat_list.styles.width.value < CHAT_MIN_WIDTH:  # type: ignore[union-attr]
@@ -266,6 +266,7 @@ class ChatScreen(Screen[None]):
     def _hide_chats(self) -> None:
         if self.chat_list.display:
             self.chat_list.display = False
+            self.chat_list.reset_search()
             self.prompt.focus()
             if self._dashboard_for_list:  # hidden to make room for the list: back
                 self._dashboard_for_list = False
@@ -285,13 +286,17 @@ class ChatScreen(Screen[None]):
     def _chats_closed(self) -> None:
         self._hide_chats()
 
+    @on(ChatList.Searched)
+    def _chats_searched(self, event: ChatList.Searched) -> None:
+        self.chat_list.show_chats(self._load(self.store.chats, [], event.query), self.chat_id)
+
     @on(ChatList.Renamed)
     def _chat_renamed(self, event: ChatList.Renamed) -> None:
         self._save(self.store.rename_chat, event.chat_id, event.title)
         if event.chat_id == self.chat_id:
             self.chat_title = event.title
             self._show_title()
-        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id)
         self.chat_list.focus_list()
 
     @on(ChatList.Deleted)
@@ -303,7 +308,7 @@ class ChatScreen(Screen[None]):
         if current:
             await self._show_chat(None)
         self.prompt.set_history(self._load(self.store.prompt_history, []))
-        self.chat_list.show_chats(self._load(self.store.chats, []), self.chat_id)
+        self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id)
         self.chat_list.focus_list()
         self.notify("Chat deleted.", timeout=3)
 

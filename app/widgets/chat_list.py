@@ -1,7 +1,8 @@
 """The chat list: a sidebar of saved chats (Ctrl+L / F4), newest first.
 
 Enter opens the highlighted chat (or starts a new one from the first row), ``r`` renames it,
-Delete pressed twice deletes it, Esc closes the list. The list only posts messages; the chat
+Delete pressed twice deletes it, ``/`` searches (titles and messages, as you type; Enter goes to
+the list, Esc clears the search), Esc closes the list. The list only posts messages; the chat
 screen owns the store and acts on them.
 """
 
@@ -58,6 +59,7 @@ class ChatList(Vertical):
         Binding("escape", "close", "Close", id="close_chats"),
         Binding("r", "rename", "Rename", id="rename_chat"),
         Binding("delete", "delete", "Delete", id="delete_chat"),
+        Binding("slash", "search", "Search", id="search_chats", show=False),  # in the subtitle: the footer is full at 80 columns
     ]
 
     class Opened(Message):
@@ -83,6 +85,13 @@ class ChatList(Vertical):
     class Closed(Message):
         """Esc: the screen hides the list and gives the focus back to the prompt."""
 
+    class Searched(Message):
+        """The search text changed (empty: every chat): the screen lists the chats that match."""
+
+        def __init__(self, query: str) -> None:
+            super().__init__()
+            self.query = query
+
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.chats: list[ChatRecord] = []
@@ -90,13 +99,25 @@ class ChatList(Vertical):
         self._renaming: int | None = None
 
     def compose(self) -> ComposeResult:
+        yield Input(id="chat-search", placeholder="Search (Enter: list, Esc: clear)")
         yield OptionList(id="chat-options")
         yield Input(id="chat-rename", placeholder="New title (Enter saves, Esc cancels)")
 
     def on_mount(self) -> None:
         self.border_title = "Chats"
-        self.border_subtitle = "r rename · Del delete"
+        self.border_subtitle = "/ search · r rename · Del delete"
         self.query_one("#chat-rename", Input).display = False
+        self.query_one("#chat-search", Input).display = False
+
+    @property
+    def search(self) -> str:
+        """The search in force ("" when the search box is closed)."""
+        box = self.query_one("#chat-search", Input)
+        return box.value.strip() if box.display else ""
+
+    def reset_search(self) -> None:
+        box = self.query_one("#chat-search", Input)
+        box.value, box.display = "", False
 
     @property
     def options(self) -> OptionList:
@@ -133,6 +154,16 @@ class ChatList(Vertical):
         event.stop()
         self._armed = None
 
+    @on(Input.Changed, "#chat-search")
+    def _search_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self.post_message(self.Searched(event.value.strip()))
+
+    @on(Input.Submitted, "#chat-search")
+    def _search_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.options.focus()
+
     @on(Input.Submitted, "#chat-rename")
     def _rename_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -145,8 +176,17 @@ class ChatList(Vertical):
     def action_close(self) -> None:
         if self._renaming is not None:
             self._end_rename()
+        elif self.query_one("#chat-search", Input).display:  # Esc first clears a search
+            self.reset_search()
+            self.post_message(self.Searched(""))
+            self.options.focus()
         else:
             self.post_message(self.Closed())
+
+    def action_search(self) -> None:
+        box = self.query_one("#chat-search", Input)
+        box.display = True
+        box.focus()
 
     def action_rename(self) -> None:
         chat = self.highlighted_chat()

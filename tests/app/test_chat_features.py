@@ -511,7 +511,7 @@ async def test_new_keys_are_documented_and_do_not_collide(data_dir: Path) -> Non
     chat_list_help = next(what for k, what in KEYS if "ctrl+l" in k)
     assert "r rename" in chat_list_help and "Del" in chat_list_help
     list_keys = {b.key for b in ChatList.BINDINGS}  # type: ignore[union-attr]
-    assert list_keys == {"escape", "r", "delete"}
+    assert list_keys == {"escape", "r", "delete", "slash"}
     app = make_app(FakeEngine())
     async with app.run_test(size=(80, 40)) as pilot:
         await ready(pilot)
@@ -558,3 +558,47 @@ async def test_the_palette_exports_the_chat_beside_the_database(data_dir: Path) 
         assert len(files) == 1 and files[0].name.startswith("what-is-2-2-")
         assert "## You\n\nWhat is 2+2?\n\n## Assistant\n\nFour." in files[0].read_text()
         assert any(f"Exported 2 messages to {files[0]}" == m for m, _ in notices(app))
+
+
+# ---- chat search --------------------------------------------------------------------------------
+def test_store_search_matches_titles_and_messages(tmp_path: Path) -> None:
+    store = ChatStore.open(tmp_path / "s.db")
+    a = store.new_chat("Fruit talk")
+    store.add_message(a, "user", "are bananas yellow?")
+    b = store.new_chat("Code")
+    store.add_message(b, "user", "100% of 5_000?")
+    store.new_chat("Empty")
+    assert [c.title for c in store.chats("BANANA")] == ["Fruit talk"]  # in a message, any case
+    assert [c.title for c in store.chats("fruit")] == ["Fruit talk"]  # in the title
+    assert [c.title for c in store.chats("0% of 5_")] == ["Code"]  # % and _ are literal
+    assert store.chats("_") == [c for c in store.chats() if c.title == "Code"]
+    assert len(store.chats("")) == 3 and store.chats("nothing like it") == []
+
+
+async def test_slash_in_the_chat_list_searches_as_you_type() -> None:
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        for text in ("apples are red", "bananas are yellow", "cherries are dark"):
+            await pilot.press("ctrl+n")
+            await chat(pilot, text)
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert chat_list(app).options.option_count == 4  # "new chat" + 3
+        await pilot.press("slash", *"banana")
+        await pilot.pause()
+        assert chat_list(app).options.option_count == 2
+        assert [c.title for c in chat_list(app).chats] == ["bananas are yellow"]
+        await pilot.press("enter")  # to the list: the match is highlighted below "new chat"
+        await pilot.press("down", "enter")
+        await pilot.pause()
+        assert app.chat.conversation[0]["content"] == "bananas are yellow" and not chat_list(app).display
+        await pilot.press("ctrl+l", "slash", *"zzz")
+        await pilot.pause()
+        assert chat_list(app).options.option_count == 1
+        await pilot.press("escape")  # clears the search: every chat again
+        await pilot.pause()
+        assert chat_list(app).options.option_count == 4 and chat_list(app).display
+        await pilot.press("escape")
+        await pilot.pause()
+        assert not chat_list(app).display
