@@ -40,6 +40,7 @@ DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden 
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
                   "Press Ctrl+N to start a new chat.")
+READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
@@ -468,7 +469,7 @@ class ChatScreen(Screen[None]):
         self._stream = ChatMessage.get_stream(self._reply)
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
-        self._set_state("generating…")
+        self._set_state(READING_STATE)  # until the first step: the prompt's prefill (seconds for a long one)
         self.dashboard.start_reply()
         self._timer = self.set_interval(FRAME_INTERVAL_S, self._drain)
         self._generate(session, run)
@@ -493,7 +494,10 @@ class ChatScreen(Screen[None]):
         if new_text:
             await self._stream.write(new_text)
         if run.last_event is not None:
-            self.status_line.status.last_event = run.last_event
+            status = self.status_line.status
+            status.last_event = run.last_event
+            if status.state == READING_STATE:
+                status.state = "generating…"
             self.status_line.refresh()
         if run.finished and not self._finishing:
             # Finish on the screen's message loop: _finish stops this timer, which must not

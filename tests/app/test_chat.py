@@ -247,6 +247,24 @@ async def test_escape_before_the_first_token_puts_the_message_back_in_the_prompt
         await reply_done(pilot)
 
 
+async def test_the_status_says_the_prompt_is_being_read_until_the_first_step() -> None:
+    """From Enter until the first step arrives (the prompt's prefill: seconds for a long one) the
+    status says so; then it says generating."""
+    gate = threading.Semaphore(0)
+    engine = FakeEngine(["one", " two"], gate=gate, step_delay_s=0.0)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await pilot.pause(0.4)
+        assert "reading the prompt" in status(app) and messages(app)[-1].source == ""
+        gate.release(1)
+        await wait_for(pilot, lambda: "generating" in status(app))
+        gate.release(1)
+        await reply_done(pilot)
+        assert "done" in status(app)
+
+
 async def test_page_keys_scroll_the_conversation_from_the_prompt() -> None:
     """The prompt keeps the focus, so PageUp/PageDown scroll the messages: up lets go of a
     streaming reply's bottom (new text no longer moves the view), down back to the bottom follows
