@@ -213,10 +213,7 @@ def cached_attention(
         out = blockwise_attention(qg, k_cache, v_cache, plan, scale)
         return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
     qg = q.reshape(K, G * T, E)
-    k = k_cache[:, :end]
-    v = v_cache[:, :end]
-    if k.dtype != q.dtype:  # fp32 rows over a bf16 cache (the q8 compute type): attend on the widened values
-        k, v = k.to(q.dtype), v.to(q.dtype)
+    k, v = _widened_kv(k_cache, v_cache, end, q.dtype)
     # Explicit softmax attention: at these sizes (T <= a few hundred rows, L <= a few thousand)
     # torch's CPU SDPA kernel costs ~0.3-7 ms of fixed overhead per call vs ~30 us for this.
     scores = torch.matmul(qg, k.transpose(1, 2)).float() * scale  # (K, G*T, L)
@@ -229,13 +226,22 @@ def cached_attention(
 PREFILL_ROW_BLOCK = 64  # prefill_attention's rows per score GEMM
 
 
-def prefill_bias(mask: torch.Tensor, G: int) -> torch.Tensor:
-    """The additive form of ``mask`` (T, L) bool for :func:`prefill_attention`: 0 where a row sees
-    a key, -inf elsewhere, repeated for the G query heads of a KV head: (G*T, L) fp32, made once
-    per pass and shared by its layers."""
-    bias = torch.zeros(mask.shape, dtype=torch.float32)
-    bias.masked_fill_(~mask, float("-inf"))
-    return bias.repeat(G, 1)
+def prefill_bias(mask: torch.Tensor, G: int) -> list[torch.Tensor]:
+    """The additive form of ``mask`` (T, L) bool for :func:`prefill_attention`, made once per pass
+    and shared by its layers: per block of PREFILL_ROW_BLOCK rows [r0, r1), the (G*rows, L - T + r1)
+    fp32 bias of those rows over the keys they can see (0 where a row sees a key, -inf elsewhere),
+    repeated for the G query heads of a KV head, laid out as the score GEMM takes it."""
+    T, L = mask.shape
+    bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+    return [bias[r0:min(T, r0 + PREFILL_ROW_BLOCK), :L - T + min(T, r0 + PREFILL_ROW_BLOCK)].repeat(G, 1)
+            for r0 in range(0, T, PREFILL_ROW_BLOCK)]
+
+
+def _widened_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, end: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cache rows [0, end) in ``dtype``: fp32 rows over a bf16 cache (the q8 compute type) attend on
+    the widened values."""
+    k, v = k_cache[:, :end], v_cache[:, :end]
+    return (k.to(dtype), v.to(dtype)) if k.dtype != dtype else (k, v)
 
 
 def prefill_attention(
@@ -245,12 +251,14 @@ def prefill_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     start: int,
-    bias: torch.Tensor,
+    bias: list[torch.Tensor],
     scale: float,
 ) -> torch.Tensor:
     """:func:`cached_attention` for a long fp32 prefill chunk (the q8 and fp32 compute types), with
-    the scale and the mask folded into the score GEMM (``baddbmm(bias, q, k^T, alpha=scale)``, bias
-    from :func:`prefill_bias`): no per-layer mask repeat, inversion, fill or scaling pass.
+    the scale and the mask folded into the score GEMM (``baddbmm(bias, q, k^T, alpha=scale)``, the
+    row blocks' biases from :func:`prefill_bias`): no per-layer mask repeat, inversion, fill or
+    scaling pass. Rows in blocks: block [r0, r1) attends keys [0, start + r1) only, skipping most
+    of the causal triangle's masked scores (half the work of a first chunk).
 
     Its rows' bits may differ from ``cached_attention``'s, so only prefill chunks longer than any
     verify pass or re-prefilled chain take it (models/llama.py NATIVE_PREFILL_ROWS): it writes the
@@ -259,23 +267,15 @@ def prefill_attention(
     H, T, E = q.shape
     K = k_new.shape[0]
     G = H // K
-    end = start + T
-    k_cache[:, start:end] = k_new
-    v_cache[:, start:end] = v_new
-    k, v = k_cache[:, :end], v_cache[:, :end]
-    if k.dtype != q.dtype:
-        k, v = k.to(q.dtype), v.to(q.dtype)
+    k_cache[:, start:start + T] = k_new
+    v_cache[:, start:start + T] = v_new
+    k, v = _widened_kv(k_cache, v_cache, start + T, q.dtype)
     qg = q.reshape(K, G, T, E)
     kt = k.transpose(1, 2)
-    bias = bias.view(G, T, end)
     out = torch.empty(K, G, T, E, dtype=q.dtype)
-    # Rows in blocks: block [r0, r1) attends keys [0, start + r1) only, skipping most of the causal
-    # triangle's masked scores (half the work of a first chunk).
-    for r0 in range(0, T, PREFILL_ROW_BLOCK):
-        r1 = min(T, r0 + PREFILL_ROW_BLOCK)
-        L = start + r1
-        scores = torch.baddbmm(bias[:, r0:r1, :L].reshape(G * (r1 - r0), L), qg[:, :, r0:r1].reshape(K, G * (r1 - r0), E),
-                               kt[:, :, :L], alpha=scale)  # (K, G*rows, L)
+    for r0, b in zip(range(0, T, PREFILL_ROW_BLOCK), bias):
+        r1, L = min(T, r0 + PREFILL_ROW_BLOCK), b.shape[1]
+        scores = torch.baddbmm(b, qg[:, :, r0:r1].reshape(K, G * (r1 - r0), E), kt[:, :, :L], alpha=scale)  # (K, G*rows, L)
         out[:, :, r0:r1] = torch.matmul(torch.softmax(scores, dim=-1), v[:, :L]).view(K, G, r1 - r0, E)
     return out.reshape(H, T, E).transpose(0, 1).reshape(T, H * E)
 
