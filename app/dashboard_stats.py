@@ -52,11 +52,14 @@ class DashboardStats:
     _context_sum: float = 0.0  # sum over emitted tokens of the context each was decoded at
     _tokens: int = 0
     prefill_tokens: int = 0  # the prompt tokens this reply prefilled (its first event says)
+    dropped_messages: int = 0  # the conversation's oldest messages left out to fit the context (first event)
 
     def add(self, ev: StepEvent) -> None:
         self.summary.add(ev)
         if ev.prefill_s or ev.prefill_tokens:
             self.prefill_tokens = ev.prefill_tokens
+        if ev.dropped_messages:
+            self.dropped_messages = ev.dropped_messages
         if not ev.emitted:  # bookkeeping event (stopped, context full): no target forward
             return
         self.last = ev

@@ -38,6 +38,7 @@ class ReplyRun:
         self.error: str | None = None
         self.finished = False
         self.only_ar = True  # every step so far was plain decoding (the dashboard's in-app baseline)
+        self.dropped_messages = 0  # the oldest messages the engine left out to fit the context (first event)
         self._queue: SimpleQueue[object] = SimpleQueue()
 
     # ---- engine thread ---------------------------------------------------------------------------
@@ -70,6 +71,7 @@ class ReplyRun:
                 self.finish_reason = "error"
             elif isinstance(item, StepEvent):
                 self.summary.add(item)
+                self.dropped_messages = max(self.dropped_messages, getattr(item, "dropped_messages", 0))
                 self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
                 self.last_event = item
                 self.new_events.append(item)

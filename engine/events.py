@@ -50,6 +50,7 @@ class StepEvent:
     extra: dict[str, Any] = field(default_factory=dict)
     prefill_s: float = 0.0  # first event of a chat reply: seconds of the prompt's prefill before it
     prefill_tokens: int = 0  # and the prompt tokens prefilled (a multi-turn chat reuses the cached prefix)
+    dropped_messages: int = 0  # and the conversation's oldest messages left out to fit the context
 
     def to_json(self) -> dict[str, Any]:
         """The per-step record of `generate --json` (CLI contract)."""

@@ -8,8 +8,10 @@ Contract used by the UI (app/ never imports torch; it imports this module inside
         ...                                                         # engine.events.StepEvent
 
 ``messages`` is a list of {"role": "system"|"user"|"assistant", "content": str}; the model's chat
-template renders them. ``stop.set()`` ends the reply after the current step (finish_reason
-"stopped"); the partial reply stays valid.
+template renders them; where they no longer fit the context with room for the reply, the oldest
+turns are left out (``fit_to_context``; the first event's ``dropped_messages`` says how many).
+``stop.set()`` ends the reply after the current step (finish_reason "stopped"); the partial reply
+stays valid.
 """
 
 from __future__ import annotations
@@ -165,13 +167,24 @@ class ChatSession:
             raise SpecchatError(f"{self.target.name} has no tokenizer: chat needs one (use `generate --prompt-ids`)")
         return chat_ids(self.tokenizer, messages)
 
+    def fit_chat(self, messages: list[dict[str, str]], max_new_tokens: int) -> tuple[list[int], int]:
+        """The prompt ids of ``messages``, the oldest turns left out where the whole conversation
+        would leave less than a reply's room in the context (:func:`fit_to_context`), and how
+        many messages were left out."""
+        if self.tokenizer is None:
+            return self.encode_chat(messages), 0
+        tok = self.tokenizer
+        return fit_to_context(messages, self.encode_chat, lambda text: len(tok.encode(text)),
+                             self.context_length, reply_reserve(max_new_tokens, self.context_length))
+
     def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
-        ids = self.encode_chat(messages)
+        ids, dropped = self.fit_chat(messages, max_new_tokens)
         prefill_s = self.decoder.start(ids, stop)  # stoppable between prefill pieces (Esc on a long prompt)
         first = True
         for ev in self.decoder.steps(lambda: self.strategy, max_new_tokens, stop):
             if first:  # the first event carries the prompt's prefill (the dashboard shows it)
                 ev.prefill_s, ev.prefill_tokens, first = prefill_s, self.decoder.prefilled, False
+                ev.dropped_messages = dropped
             yield ev
 
     def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None,
@@ -246,6 +259,54 @@ def _stream_decoder(tok):
     from .tokenizer import StreamDecoder
 
     return StreamDecoder(tok)
+
+
+DROP_FRACTION = 3  # a full context leaves out the oldest turns a third of the context at a time
+MESSAGE_OVERHEAD = 4  # template tokens a message adds to its text (role header, end mark): cut choice only
+
+
+def reply_reserve(max_new_tokens: int, context_length: int) -> int:
+    """The room a prompt leaves for the reply: ``max_new_tokens``, at most a quarter of the context."""
+    return max(1, min(max_new_tokens, context_length // 4))
+
+
+def fit_to_context(messages: list[dict[str, str]], encode, count, context_length: int,
+                   reserve: int) -> tuple[list[int], int]:
+    """A conversation that no longer fits: the prompt ids without its oldest turns (a rolling window).
+
+    ``encode(messages) -> ids`` renders a conversation (the chat template); ``count(text) -> int``
+    counts a message's tokens (to choose where to cut). While ``messages`` encode to more than
+    ``context_length - reserve`` tokens, the window's start moves to a later user turn, at least
+    ``context_length // DROP_FRACTION`` tokens of messages at a time; the leading system messages
+    and the last user turn always stay. Returns (ids, messages left out); the ids may still not fit
+    (one message longer than the context: ``Decoder.start`` says so).
+
+    The cuts depend only on the messages before them, never on the conversation's end: the next
+    turn's longer conversation passes the same cuts and stops at the same one while it fits, so
+    its prompt starts with the previous one and the cached prefix is reused (a cut re-prefills the
+    window once, then turns go on as before for about a third of a context).
+    """
+    ids = encode(messages)
+    if len(ids) + reserve <= context_length:
+        return ids, 0
+    n_head = 0
+    while n_head < len(messages) and messages[n_head].get("role") == "system":
+        n_head += 1
+    head, body = messages[:n_head], messages[n_head:]
+    starts = [i for i in range(1, len(body)) if body[i].get("role") == "user"]
+    if not starts:
+        return ids, 0
+    sizes = [count(str(m.get("content", ""))) + MESSAGE_OVERHEAD for m in body]
+    chunk = max(1, context_length // DROP_FRACTION)
+    start = 0
+    for s in starts:
+        if sum(sizes[start:s]) < chunk and s != starts[-1]:
+            continue
+        start = s
+        ids = encode(head + body[start:])
+        if len(ids) + reserve <= context_length:
+            break
+    return ids, start
 
 
 def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:

@@ -38,8 +38,10 @@ AR_BASELINE_MIN_TOKENS = 32  # a plain-decoding reply this long becomes the spee
 CHAT_MIN_WIDTH = 40  # the message column's fewest columns with the chat list open (else the dashboard makes way)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
-CONTEXT_NOTICE = ("Context full: this chat no longer fits the model's context window. "
-                  "Press Ctrl+N to start a new chat.")
+CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's context window. "
+                  "Send another message to go on (the oldest turns are left out), or Ctrl+N for a new chat.")
+WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
+                 "messages are left out of what the model reads (they stay in the chat).")
 READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
@@ -116,6 +118,7 @@ class ChatScreen(Screen[None]):
         self._reply_saved = False
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
+        self._window_shown: tuple[int | None, int] | None = None  # (chat, messages left out) last told
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
         self._wide: bool | None = None
@@ -499,6 +502,10 @@ class ChatScreen(Screen[None]):
             if status.state == READING_STATE:
                 status.state = "generating…"
             self.status_line.refresh()
+        if run.dropped_messages and self._window_shown != (self.chat_id, run.dropped_messages):
+            self._window_shown = (self.chat_id, run.dropped_messages)  # once a cut, not every turn
+            context = getattr(self.session, "context_length", 0) or 0
+            self.notify(WINDOW_NOTICE.format(context=context, n=run.dropped_messages), timeout=8)
         if run.finished and not self._finishing:
             # Finish on the screen's message loop: _finish stops this timer, which must not
             # cancel the task it is running in.

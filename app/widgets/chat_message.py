@@ -11,8 +11,8 @@ from textual.widgets import Markdown
 FINISH_MARKS = {
     "stopped": "\n\n*(stopped)*",
     "error": "\n\n*(error)*",
-    "context": "\n\n**Context full:** this chat no longer fits the model's context window; "
-               "press **Ctrl+N** for a new chat.",
+    "context": "\n\n**Context full:** the reply reached the end of the model's context window; "
+               "the next message leaves the oldest turns out (or **Ctrl+N** for a new chat).",
 }
 FINISH_CLASSES = {"stopped": "-stopped", "error": "-error", "context": "-context"}
 

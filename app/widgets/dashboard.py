@@ -85,8 +85,11 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
     if ev is not None and ev.position and context_length:
         used = ev.position / context_length
         out.append("context ", style="bold")
-        out.append(f"{ev.position:,} / {context_length:,} tokens ({100 * used:.0f}%)\n",
+        out.append(f"{ev.position:,} / {context_length:,} tokens ({100 * used:.0f}%)",
                    style="bold yellow" if used >= CONTEXT_WARN else "")
+        if stats.dropped_messages:
+            out.append(f"\n  {stats.dropped_messages} oldest messages left out to fit", style="dim")
+        out.append("\n")
     if ev is None:
         out.append("last step: —", style="dim")
     else:

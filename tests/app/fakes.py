@@ -44,6 +44,7 @@ class FakeEngine:
         self.seen_strategies: list[str] = []
         self.steps_done = 0
         self.threads: list[str] = []  # the thread each stream_chat call ran on
+        self.dropped_messages = 0  # the first event of each reply says this many messages were left out
 
     def _event(self, i: int, text: str, strategy: Strategy, finished: bool, reason: str | None) -> StepEvent:
         drafted = 0 if strategy.name == "ar" else 5
@@ -67,8 +68,11 @@ class FakeEngine:
             time.sleep(self.step_delay_s)
             last = i == len(self.script)
             stopped = stop.is_set() and not last
-            yield self._event(i, chunk, strategy, last or stopped,
-                              self.finish_reason if last else "stopped" if stopped else None)
+            ev = self._event(i, chunk, strategy, last or stopped,
+                             self.finish_reason if last else "stopped" if stopped else None)
+            if i == 1:
+                ev.dropped_messages = self.dropped_messages
+            yield ev
             self.steps_done = i
             if stopped:
                 return

@@ -13,7 +13,7 @@ from textual.widgets import Static
 from app.keys import KEYS, documented_keys
 from app.main import SpecChatApp
 from app.screens import ChatScreen, HelpScreen
-from app.screens.chat import CONTEXT_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME
+from app.screens.chat import CONTEXT_NOTICE, WINDOW_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME
 from app.store import DB_NAME, ChatStore
 from app.widgets import Dashboard, PromptInput
 from app.widgets.chat_list import ChatList, when
@@ -398,7 +398,7 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
         assert "Context full" in reply.source and "Ctrl+N" in reply.source
         assert (CONTEXT_NOTICE, "warning") in notices(app)
         assert "Ctrl+N" in CONTEXT_NOTICE and "context full" in status(app)
-        assert "Context full: this chat no longer fits" in screen_text(app)
+        assert "Context full: the reply" in screen_text(app)
 
         engine.script = [""]  # the next turn does not fit at all: nothing comes back
         await send(pilot, "one more")
@@ -415,6 +415,30 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
     async with app.run_test(size=SIZE) as pilot:  # the mark comes back with the chat
         await ready(pilot)
         assert messages(app)[-1].has_class("-context")
+
+
+async def test_left_out_turns_are_told_once_and_shown_on_the_dashboard(data_dir: Path) -> None:
+    """The engine left the oldest messages out to fit the context: a notice the first time (not
+    every turn of the same window), the dashboard's context line says how many; the chat keeps
+    every message and sends them all (the engine chooses the window)."""
+    engine = FakeEngine(["It is"])
+    app = make_app(engine)
+    async with app.run_test(size=(140, 45), notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "first")
+        assert not any("left out" in m for m, _ in notices(app))
+        engine.dropped_messages = 2
+        await chat(pilot, "second")
+        told = WINDOW_NOTICE.format(context=engine.context_length, n=2)
+        assert notices(app).count((told, "information")) == 1
+        assert "2 oldest messages left out" in screen_text(app)
+        await chat(pilot, "third")  # the same window: not told again
+        assert notices(app).count((told, "information")) == 1
+        engine.dropped_messages = 4
+        await chat(pilot, "fourth")
+        assert (WINDOW_NOTICE.format(context=engine.context_length, n=4), "information") in notices(app)
+        assert [m["content"] for m in engine.calls[-1] if m["role"] == "user"] == ["first", "second", "third", "fourth"]
+        assert len(messages(app)) == 8
 
 
 async def test_a_failed_first_message_is_not_saved_and_returns_to_the_prompt(data_dir: Path) -> None:

@@ -1,0 +1,129 @@
+"""A chat longer than the model's context: the oldest turns are left out (engine.session.fit_to_context).
+
+The window's cuts must (1) fit the prompt and a reply's room, (2) keep the system messages and the
+last user turn, (3) start at a user turn, and (4) move only when the conversation no longer fits,
+so consecutive turns share their prompt's prefix (the cached prefix is reused, no re-prefill).
+The end-to-end test chats past SmolLM2's (shortened) context and checks every reply is what plain
+greedy decoding writes for the windowed prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+
+from engine.session import DROP_FRACTION, MESSAGE_OVERHEAD, fit_to_context, reply_reserve
+
+
+def encode(messages: list[dict[str, str]]) -> list[int]:
+    """A stand-in chat template: a header token per message, its words, an end token; then the reply's header."""
+    ids: list[int] = []
+    for m in messages:
+        ids += [{"system": 1, "user": 2, "assistant": 3}[m["role"]]] + [10 + len(w) for w in m["content"].split()] + [4]
+    return ids + [3]
+
+
+def count(text: str) -> int:
+    return len(text.split())
+
+
+def msg(role: str, words: int) -> dict[str, str]:
+    return {"role": role, "content": " ".join(["w"] * words)}
+
+
+def starts_with(ids: list[int], prefix: list[int]) -> bool:
+    return ids[: len(prefix)] == prefix
+
+
+def test_a_conversation_that_fits_is_untouched() -> None:
+    convo = [msg("system", 5), msg("user", 10), msg("assistant", 20), msg("user", 3)]
+    ids, dropped = fit_to_context(convo, encode, count, 100, 30)
+    assert (ids, dropped) == (encode(convo), 0)
+
+
+def test_the_oldest_turns_go_first_and_the_system_message_stays() -> None:
+    convo = [msg("system", 5)]
+    for _ in range(6):
+        convo += [msg("user", 10), msg("assistant", 30)]
+    convo.append(msg("user", 8))
+    context, reserve = 120, 30
+    ids, dropped = fit_to_context(convo, encode, count, context, reserve)
+    assert dropped > 0 and dropped % 2 == 0  # whole turns: the window starts at a user message
+    window = [convo[0]] + convo[1 + dropped:]
+    assert ids == encode(window) and len(ids) + reserve <= context
+    assert window[1]["role"] == "user" and window[-1] is convo[-1]
+    # at least a third of the context's tokens go at each cut, not one turn at a time
+    gone = sum(count(m["content"]) + MESSAGE_OVERHEAD for m in convo[1:1 + dropped])
+    assert gone >= context // DROP_FRACTION
+
+
+def test_no_system_message_and_a_last_turn_too_long_for_any_window() -> None:
+    convo = [msg("user", 10), msg("assistant", 10), msg("user", 500)]
+    ids, dropped = fit_to_context(convo, encode, count, 100, 20)
+    assert dropped == 2 and ids == encode(convo[2:])  # everything else left out; still too long
+    assert len(ids) > 100  # Decoder.start refuses it with its one-line context error
+    only = [msg("user", 500)]
+    assert fit_to_context(only, encode, count, 100, 20) == (encode(only), 0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_a_growing_chat_keeps_its_prefix_between_cuts(seed: int) -> None:
+    """Forty turns of random lengths through a 400-token context: every prompt fits with the reply's
+    room; the window only moves forward; between cuts each prompt extends the previous one (the
+    decoder reuses its cache); there are only as many cuts as the tokens dropped allow."""
+    rng = random.Random(seed)
+    context = 400
+    reserve = reply_reserve(60, context)
+    convo = [msg("system", 12)]
+    prev_ids: list[int] = []
+    prev_dropped, cuts, total = 0, 0, 0
+    for _ in range(40):
+        convo.append(msg("user", rng.randint(3, 40)))
+        ids, dropped = fit_to_context(convo, encode, count, context, reserve)
+        assert len(ids) + reserve <= context
+        assert dropped >= prev_dropped and dropped % 2 == 0
+        if dropped == prev_dropped:
+            assert starts_with(ids, prev_ids[:-1])  # the previous prompt (less its reply header) is a prefix
+        else:
+            cuts += 1
+            assert starts_with(ids, encode(convo[:1])[:-1])  # only the system message is shared
+        reply = rng.randint(5, 60)
+        total += reply + count(convo[-1]["content"]) + 2 * MESSAGE_OVERHEAD
+        convo.append(msg("assistant", reply))
+        prev_ids, prev_dropped = ids, dropped
+    assert cuts >= 2 and cuts <= total // (context // DROP_FRACTION) + 1
+
+
+def test_a_chat_past_the_context_goes_on_and_stays_lossless(smollm2_gguf_path) -> None:
+    """SmolLM2 with a 320-token context: a chat of short turns passes it; the engine leaves the
+    oldest turns out (the first event says how many), every reply is plain greedy decoding's for
+    the windowed prompt, and a turn after a cut prefills only its new tokens."""
+    from engine.generate import Decoder, run_generation
+    from engine.session import ChatSession
+    from engine.strategy import preset
+
+    s = ChatSession.load(dtype="fp32", max_context=320, drafter="none")
+    assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
+    ref = Decoder(s.target.model.with_own_cache(), eos_ids=set(s.tokenizer.eos_ids))
+    questions = [f"Describe {x} in two sentences." for x in ("a colour", "a fruit", "an animal", "a city",
+                                                              "a tree", "a sport", "a tool", "a river")]
+    convo = [{"role": "system", "content": "You are a helpful assistant."}]
+    seen_dropped, reused_after_cut = [], False
+    for q in questions:
+        convo.append({"role": "user", "content": q})
+        ids, dropped = s.fit_chat(convo, 40)
+        assert len(ids) + reply_reserve(40, 320) <= 320
+        events = list(s.stream_chat(convo, 40, threading.Event()))
+        assert events[0].dropped_messages == dropped
+        assert events[-1].finish_reason in ("eos", "length")
+        got = [t for e in events for t in e.emitted]
+        want = [t for e in run_generation(ref, ids, preset("ar"), 40)[0] for t in e.emitted]
+        assert got == want, q
+        if seen_dropped and dropped == seen_dropped[-1] > 0:
+            reused_after_cut = reused_after_cut or events[0].prefill_tokens < len(ids) // 2
+        seen_dropped.append(dropped)
+        convo.append({"role": "assistant", "content": "".join(e.text for e in events)})
+    assert seen_dropped[0] == 0 and max(seen_dropped) > 0, seen_dropped
+    assert reused_after_cut, seen_dropped
