@@ -1,5 +1,6 @@
-"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and three actions:
-re-measure the speedup's baseline, export the chat as Markdown, edit the last message).
+"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and four actions:
+re-measure the speedup's baseline, export the chat as Markdown, edit the last message, the system
+prompt).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
 and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
@@ -27,6 +28,8 @@ MEASURE = "Measure plain-decoding baseline (speedup reference)"
 EXPORT = "Export this chat as Markdown"
 EDIT = "Edit the last message"
 EDIT_HELP = "into the prompt; Enter replaces it and its reply, Esc cancels"
+SYSTEM = "System prompt…"
+SYSTEM_HELP = "what the model reads before this chat (and, ticked, new chats)"
 EXPORT_HELP = "to exports/ beside the chat database"
 
 
@@ -146,7 +149,8 @@ class StrategyCommands(Provider):
         """The palette's actions besides the toggles: (label, callback, help)."""
         return [(MEASURE, self._measure, "re-measure the speedup's reference on this machine"),
                 (EXPORT, self._chat_action("action_export_chat"), EXPORT_HELP),
-                (EDIT, self._chat_action("action_edit_last"), EDIT_HELP)]
+                (EDIT, self._chat_action("action_edit_last"), EDIT_HELP),
+                (SYSTEM, self._chat_action("action_system_prompt"), SYSTEM_HELP)]
 
     async def discover(self) -> Hits:
         for toggle, text, help_text in self._entries():

@@ -14,7 +14,7 @@ def chat_markdown(title: str, conversation: list[dict[str, str]], model: str = "
     if model:
         out += [f"*{model}*", ""]
     for message in conversation:
-        who = "You" if message["role"] == "user" else "Assistant"
+        who = {"user": "You", "system": "System prompt"}.get(message["role"], "Assistant")
         out += [f"## {who}", "", message["content"].rstrip(), ""]
     return "\n".join(out)
 

@@ -88,6 +88,7 @@ class SpecChatApp(App[None]):
     max_new_tokens    per reply
     model_loader      builds the session for a model picked with Ctrl+O (default: ChatSession.load)
     models_file       the models.toml the picker lists (default: $SPECCHAT_MODELS or the shipped one)
+    system_prompt     new chats' system prompt this run (None: the one saved in the settings, if any)
     """
 
     CSS_PATH = "app.tcss"
@@ -107,6 +108,7 @@ class SpecChatApp(App[None]):
         max_new_tokens: int = 512,
         model_loader: ModelLoader | None = None,
         models_file: str | None = None,
+        system_prompt: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -122,7 +124,7 @@ class SpecChatApp(App[None]):
         # chats and settings (app.store): the file in the data dir, or in memory if it cannot be used
         self.store, store_error = open_store()
         self.chat = ChatScreen(max_new_tokens=max_new_tokens, store=self.store, store_error=store_error,
-                               restore_strategy=initial_strategy is None, id="chat")
+                               restore_strategy=initial_strategy is None, system_prompt=system_prompt, id="chat")
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat

@@ -141,7 +141,7 @@ def migrate(db: sqlite3.Connection, path: object, target: int | None = None) -> 
 # ---- records ------------------------------------------------------------------------------------
 @dataclass
 class ChatRecord:
-    """A row of ``chats`` (``messages``: how many messages it holds, for the chat list)."""
+    """A row of ``chats`` (``messages``: how many user and assistant messages it holds, for the chat list)."""
 
     id: int
     title: str
@@ -270,7 +270,7 @@ class ChatStore:
             args = (pattern, pattern)
         rows = self._read(
             "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"
-            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id)"
+            " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id AND m.role != 'system')"
             " FROM chats c" + where + " ORDER BY c.updated DESC, c.id DESC", args)
         return [ChatRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5]), r[6]) for r in rows]
 
@@ -308,6 +308,25 @@ class ChatStore:
             if strategy is not None:
                 db.execute("UPDATE chats SET strategy = ? WHERE id = ?", (_json(strategy), chat_id))
         return idx
+
+    def set_system(self, chat_id: int, text: str) -> None:
+        """The chat's system prompt, its message 0 with the role "system": set (the other messages
+        move one on, in order), replaced, or removed with ``text`` "" (they move back)."""
+        with self._write() as db:
+            first = db.execute("SELECT role FROM messages WHERE chat_id = ? AND idx = 0", (chat_id,)).fetchone()
+            has = first is not None and first[0] == "system"
+            # two passes through negative indices: (chat_id, idx) stays unique row by row
+            if text and has:
+                db.execute("UPDATE messages SET content = ? WHERE chat_id = ? AND idx = 0", (text, chat_id))
+            elif text:
+                db.execute("UPDATE messages SET idx = -idx - 1 WHERE chat_id = ?", (chat_id,))
+                db.execute("UPDATE messages SET idx = -idx WHERE chat_id = ? AND idx < 0", (chat_id,))
+                db.execute("INSERT INTO messages (chat_id, idx, role, content, created, stats) VALUES (?, 0, 'system', ?, ?, NULL)",
+                           (chat_id, text, now()))
+            elif has:
+                db.execute("DELETE FROM messages WHERE chat_id = ? AND idx = 0", (chat_id,))
+                db.execute("UPDATE messages SET idx = -idx WHERE chat_id = ? AND idx > 0", (chat_id,))
+                db.execute("UPDATE messages SET idx = -idx - 1 WHERE chat_id = ? AND idx < 0", (chat_id,))
 
     def messages(self, chat_id: int) -> list[MessageRecord]:
         """The chat's messages in order."""

@@ -81,6 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_opts(chat)
     chat.add_argument("--strategy", default=None)
     chat.add_argument("--max-new-tokens", type=int, default=512)
+    chat.add_argument("--system", default=None, metavar="TEXT",
+                      help="system prompt of the chats started in this run (default: the one set in the app, if any)")
 
     gen = sub.add_parser("generate", help="stream a completion to stdout")
     _add_model_opts(gen)
@@ -370,7 +372,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return ChatSession.load(target=target, drafter=drafter, models_file=args.models, dtype=args.dtype,
                                 max_context=args.max_context)
 
-    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models)
+    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models,
+            system_prompt=args.system)
     return 0
 
 

@@ -24,6 +24,7 @@ from ..store import ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
+from .system_prompt import SystemPromptScreen
 
 # While a reply streams, the UI does all its work in one frame every FRAME_INTERVAL_S: take the
 # engine's events, write the new text to the reply's Markdown, refresh the status line and repaint
@@ -52,6 +53,7 @@ BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
 SETTING_STRATEGY = "strategy"  # Strategy.to_dict() of the last strategy picked with Ctrl+S / F2
 SETTING_DASHBOARD = "dashboard_visible"  # the last Ctrl+D / F3 choice
 SETTING_THEME = "theme"  # App.theme, saved whenever it changes (command palette: "Change theme")
+SETTING_SYSTEM = "system_prompt"  # the system prompt of new chats ("" or missing: the model's default)
 
 
 def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
@@ -95,9 +97,12 @@ class ChatScreen(Screen[None]):
         store: ChatStore | None = None,
         store_error: str | None = None,
         restore_strategy: bool = True,
+        system_prompt: str | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
+        self._system_override = system_prompt  # `specchat chat --system`: new chats' prompt this run
+        self.default_system = ""  # the system prompt a new chat starts with (settings, or the override)
         self.max_new_tokens = max_new_tokens
         self.store = store if store is not None else ChatStore.open(None)
         self.store_error = store_error
@@ -176,17 +181,32 @@ class ChatScreen(Screen[None]):
             self.chat_id = self._save(self.store.new_chat, model=model or "", strategy=strategy)
             if self.chat_id is None:
                 return
+            for m in self.conversation[: self._n_system]:  # the new chat's system prompt comes first
+                self._save(self.store.add_message, self.chat_id, "system", m["content"])
         if role == "user" and not self.chat_title:
             self.chat_title = title_from(content)
             self._show_title()
         self._save(self.store.add_message, self.chat_id, role, content, stats, model=model, strategy=strategy)
 
+    @property
+    def _n_system(self) -> int:
+        """How many system messages open the conversation (0 or 1)."""
+        n = 0
+        while n < len(self.conversation) and self.conversation[n]["role"] == "system":
+            n += 1
+        return n
+
+    @property
+    def _has_user_message(self) -> bool:
+        return any(m["role"] == "user" for m in self.conversation)
+
     def _drop_messages_from(self, keep: int) -> None:
-        """Forget the saved messages from conversation index ``keep`` on (an empty chat goes too)."""
+        """Forget the saved messages from conversation index ``keep`` on (a chat left with no
+        message but its system prompt goes too)."""
         if self.chat_id is None:
             return
         self._save(self.store.truncate, self.chat_id, keep)
-        if keep == 0:
+        if keep <= self._n_system:
             self._save(self.store.delete_chat, self.chat_id)
             self.chat_id, self.chat_title = None, ""
             self._show_title()
@@ -201,6 +221,9 @@ class ChatScreen(Screen[None]):
                 self.notify(f"The saved theme {theme!r} is not available; using {self.app.theme!r}.",
                             severity="warning", timeout=6)
         self.watch(self.app, "theme", self._theme_changed, init=False)
+        saved = self._load(self.store.get_setting, "", SETTING_SYSTEM)
+        self.default_system = self._system_override if self._system_override is not None else (
+            saved if isinstance(saved, str) else "")
         visible = self._load(self.store.get_setting, None, SETTING_DASHBOARD)
         if isinstance(visible, bool):
             self._dashboard_choice = visible
@@ -220,7 +243,11 @@ class ChatScreen(Screen[None]):
         self._editing = None
         self.chat_title = record.title if record is not None else ""
         self.conversation = [{"role": m.role, "content": m.content} for m in records]
-        await self.query_one(MessageList).show((m.role, m.content, m.finish_reason) for m in records)
+        shown = [(m.role, m.content, m.finish_reason) for m in records]
+        if chat_id is None and self.default_system:  # a new chat starts with the default system prompt
+            self.conversation = [{"role": "system", "content": self.default_system}]
+            shown = [("system", self.default_system, None)]
+        await self.query_one(MessageList).show(shown)
         self._show_title()
         if self.conversation and self.conversation[-1]["role"] == "user":
             self.notify("The last message has no reply (the app closed while it was being written): "
@@ -248,7 +275,7 @@ class ChatScreen(Screen[None]):
         if self._refuse_while_busy("starting a new chat"):
             return
         self._hide_chats()
-        if self.chat_id is None and not self.conversation:
+        if self.chat_id is None and not self._has_user_message:
             self.notify("This is already a new chat.", timeout=3)
             return
         await self._show_chat(None)
@@ -446,7 +473,7 @@ class ChatScreen(Screen[None]):
 
         A chat whose last message has no reply (the app was killed mid-reply) is simply answered.
         """
-        if not self.conversation:
+        if not self._has_user_message:
             self.notify("Nothing to regenerate yet: send a message first.", timeout=4)
             return
         if not self._ready_to_generate():
@@ -591,7 +618,7 @@ class ChatScreen(Screen[None]):
         current directory when the chats are in memory); the toast says where."""
         from ..export import export_chat
 
-        if not self.conversation:
+        if not self._has_user_message:
             self.notify("Nothing to export yet: send a message first.", timeout=4)
             return
         folder = self.store.path.parent / "exports" if self.store.path is not None else Path.cwd()
@@ -631,6 +658,40 @@ class ChatScreen(Screen[None]):
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()
         self._set_state(EDITING_STATE)
+
+    def action_system_prompt(self) -> None:
+        """Ctrl+P "System prompt…": edit this chat's system prompt (and, ticked, new chats')."""
+        if self._refuse_while_busy("changing the system prompt"):
+            return
+        current = self.conversation[0]["content"] if self._n_system else ""
+        # ticked for a new chat, or a chat that uses the default one (a change then goes on to new chats)
+        for_new = not self._has_user_message or (bool(current) and current == self.default_system)
+        self.app.push_screen(SystemPromptScreen(current, for_new), self._system_chosen)
+
+    async def _system_chosen(self, result: tuple[str, bool] | None) -> None:
+        if result is None or self._refuse_while_busy("changing the system prompt"):
+            return
+        text, for_new = result
+        if for_new and text != self.default_system:
+            self.default_system = text
+            self._save(self.store.set_setting, SETTING_SYSTEM, text)
+        current = self.conversation[0]["content"] if self._n_system else ""
+        if text != current:
+            if self.chat_id is not None:
+                try:
+                    self.store.set_system(self.chat_id, text)
+                except StoreError as exc:
+                    self.notify(str(exc), title="System prompt not changed", severity="error", timeout=10)
+                    return
+            del self.conversation[: self._n_system]
+            if text:
+                self.conversation.insert(0, {"role": "system", "content": text})
+            if self.chat_id is not None:
+                await self._show_chat(self.chat_id)  # from the store: the messages keep their finish marks
+            else:
+                await self.query_one(MessageList).show((m["role"], m["content"], None) for m in self.conversation)
+        where = "this chat and new chats" if for_new else "this chat"
+        self.notify(f"System prompt {'set' if text else 'cleared'} for {where}.", timeout=4)
 
     def action_copy_reply(self) -> None:
         """Ctrl+Y: the last finished reply to the clipboard (OSC 52, as Textual copies)."""

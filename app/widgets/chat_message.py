@@ -22,20 +22,26 @@ def user_markdown(text: str) -> str:
     return text.replace("\n", "  \n")
 
 
+def system_markdown(text: str) -> str:
+    """A system prompt as shown at the top of its chat."""
+    return "*System prompt:* " + user_markdown(text)
+
+
 def reply_markdown(text: str, finish_reason: str | None) -> str:
     """A reply's text with the mark of how it ended (none for eos / length)."""
     return text + FINISH_MARKS.get(finish_reason or "", "")
 
 
 class ChatMessage(Markdown):
-    """One message rendered as Markdown; ``role`` is "user" or "assistant" (CSS class ``-role``).
+    """One message rendered as Markdown; ``role`` is "user", "assistant" or "system" (CSS class ``-role``).
 
     ``source`` is what is displayed (user text with hard line breaks, a reply with its marks);
     the conversation sent to the engine is kept by the chat screen, not read back from here.
     """
 
     def __init__(self, role: str, content: str = "", finish_reason: str | None = None, **kwargs: object) -> None:
-        shown = user_markdown(content) if role == "user" else reply_markdown(content, finish_reason)
+        shown = (user_markdown(content) if role == "user" else system_markdown(content) if role == "system"
+                 else reply_markdown(content, finish_reason))
         super().__init__(shown, classes=f"-{role}", **kwargs)  # type: ignore[arg-type]
         self.role = role
         self._mark_finish(finish_reason)
