@@ -261,12 +261,12 @@ class ChatStore:
 
     def chats(self, search: str = "") -> list[ChatRecord]:
         """Every chat, the most recently updated first; with ``search``, those whose title or any
-        message contains it (case-insensitive for ASCII letters, as SQLite's LIKE)."""
+        user or assistant message contains it (case-insensitive for ASCII letters, as SQLite's LIKE)."""
         where, args = "", ()
         if search:
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             where = (" WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
-                     " WHERE m.chat_id = c.id AND m.content LIKE ? ESCAPE '\\')")
+                     " WHERE m.chat_id = c.id AND m.role != 'system' AND m.content LIKE ? ESCAPE '\\')")
             args = (pattern, pattern)
         rows = self._read(
             "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"

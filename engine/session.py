@@ -263,6 +263,7 @@ def _stream_decoder(tok):
 
 DROP_FRACTION = 3  # a full context leaves out the oldest turns a third of the context at a time
 MESSAGE_OVERHEAD = 4  # template tokens a message adds to its text (role header, end mark): cut choice only
+HEAD_TOKENS = 32  # and the template's own (a default system prompt, a date line): cut choice only
 
 
 def reply_reserve(max_new_tokens: int, context_length: int) -> int:
@@ -275,16 +276,18 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
     """A conversation that no longer fits: the prompt ids without its oldest turns (a rolling window).
 
     ``encode(messages) -> ids`` renders a conversation (the chat template); ``count(text) -> int``
-    counts a message's tokens (to choose where to cut). While ``messages`` encode to more than
-    ``context_length - reserve`` tokens, the window's start moves to a later user turn, at least
-    ``context_length // DROP_FRACTION`` tokens of messages at a time; the leading system messages
-    and the last user turn always stay. Returns (ids, messages left out); the ids may still not fit
-    (one message longer than the context: ``Decoder.start`` says so).
+    counts a message's tokens (to choose where to cut). The leading system messages and the last
+    user turn always stay, and a window starts at a user turn. Returns (ids, messages left out);
+    the ids may still not fit (one message longer than the context: ``Decoder.start`` says so).
 
-    The cuts depend only on the messages before them, never on the conversation's end: the next
-    turn's longer conversation passes the same cuts and stops at the same one while it fits, so
-    its prompt starts with the previous one and the cached prefix is reused (a cut re-prefills the
-    window once, then turns go on as before for about a third of a context).
+    The window's start is replayed turn by turn from the message sizes: a turn whose window (with
+    ``reserve`` tokens for its reply) no longer fits moves the start to the earliest user turn that
+    leaves a third of the context free (``DROP_FRACTION``), or to that turn itself when none does
+    (a long pasted document stays in view for the questions after it). The replay depends only on
+    the messages, so the next turn passes the same starts: its prompt begins with the previous one
+    and the cached prefix is reused; a move re-prefills the window once, then the turns go on from
+    the cache for about a third of a context. Where the sizes' estimate was short, the start moves
+    on to the next user turn until the real ids fit.
     """
     ids = encode(messages)
     if len(ids) + reserve <= context_length:
@@ -293,19 +296,24 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
     while n_head < len(messages) and messages[n_head].get("role") == "system":
         n_head += 1
     head, body = messages[:n_head], messages[n_head:]
-    starts = [i for i in range(1, len(body)) if body[i].get("role") == "user"]
-    if not starts:
+    users = [i for i, m in enumerate(body) if m.get("role") == "user"]
+    if not users or users[-1] == 0:
         return ids, 0
-    sizes = [count(str(m.get("content", ""))) + MESSAGE_OVERHEAD for m in body]
-    chunk = max(1, context_length // DROP_FRACTION)
+    ends = [0]  # ends[i]: the estimated tokens of body[:i]
+    for m in body:
+        ends.append(ends[-1] + count(str(m.get("content", ""))) + MESSAGE_OVERHEAD)
+    fixed = sum(count(str(m.get("content", ""))) + MESSAGE_OVERHEAD for m in head) + HEAD_TOKENS + reserve
+    free = context_length - context_length // DROP_FRACTION
     start = 0
-    for s in starts:
-        if sum(sizes[start:s]) < chunk and s != starts[-1]:
+    for u in users:  # the turns in order: where each one's window started
+        if fixed + ends[u + 1] - ends[start] <= context_length:
             continue
-        start = s
+        start = next((s for s in users if start < s <= u and fixed + ends[u + 1] - ends[s] <= free), u)
+    later = [s for s in users if s > start]
+    ids = encode(head + body[start:]) if start else ids
+    while len(ids) + reserve > context_length and later:
+        start = later.pop(0)
         ids = encode(head + body[start:])
-        if len(ids) + reserve <= context_length:
-            break
     return ids, start
 
 

@@ -68,19 +68,41 @@ def test_no_system_message_and_a_last_turn_too_long_for_any_window() -> None:
     assert fit_to_context(only, encode, count, 100, 20) == (encode(only), 0)
 
 
+def test_a_long_pasted_message_stays_in_view_for_the_questions_after_it() -> None:
+    """Short turns, then a document of most of a context, then follow-ups: the window keeps the
+    document while it fits (it does not jump past it to the last question), and the follow-ups
+    share their prefix."""
+    context, reserve = 400, 40
+    convo = [msg("system", 5)]
+    for _ in range(4):
+        convo += [msg("user", 20), msg("assistant", 20)]
+    convo.append(msg("user", 200))  # the document
+    ids, dropped = fit_to_context(convo, encode, count, context, reserve)
+    assert dropped == 8 and len(ids) + reserve <= context  # the turns before it could not stay beside it
+    doc = convo[-1]
+    prev = ids
+    for _ in range(3):
+        convo += [msg("assistant", 10), msg("user", 5)]
+        ids, dropped = fit_to_context(convo, encode, count, context, reserve)
+        window = convo[1 + dropped:]
+        assert any(m is doc for m in window), dropped  # still in view
+        assert len(ids) + reserve <= context and starts_with(ids, prev[:-1])
+        prev = ids
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_growing_chat_keeps_its_prefix_between_cuts(seed: int) -> None:
     """Forty turns of random lengths through a 400-token context: every prompt fits with the reply's
     room; the window only moves forward; between cuts each prompt extends the previous one (the
     decoder reuses its cache); there are only as many cuts as the tokens dropped allow."""
-    rng = random.Random(seed)
+    rng = random.Random(seed)  # now and then a message of half a context
     context = 400
     reserve = reply_reserve(60, context)
     convo = [msg("system", 12)]
     prev_ids: list[int] = []
     prev_dropped, cuts, total = 0, 0, 0
     for _ in range(40):
-        convo.append(msg("user", rng.randint(3, 40)))
+        convo.append(msg("user", rng.choice([rng.randint(3, 40)] * 5 + [rng.randint(100, 200)])))
         ids, dropped = fit_to_context(convo, encode, count, context, reserve)
         assert len(ids) + reserve <= context
         assert dropped >= prev_dropped and dropped % 2 == 0

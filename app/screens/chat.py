@@ -42,12 +42,19 @@ NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's context window. "
                   "Send another message to go on (the oldest turns are left out), or Ctrl+N for a new chat.")
 WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
-                 "messages are left out of what the model reads (they stay in the chat).")
+                 "message{s} left out of what the model reads (the chat keeps {them}).")
+TOO_LONG_NOTICE = "This message does not fit the model's context window: shorten it, or start a new chat (Ctrl+N)."
 READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
+
+
+def window_notice(context: int, n: int) -> str:
+    """What the app says when the engine leaves the chat's ``n`` oldest messages out."""
+    return WINDOW_NOTICE.format(context=context, n=n, s=" is" if n == 1 else "s are", them="it" if n == 1 else "them")
+
 
 # settings keys (values are JSON)
 SETTING_STRATEGY = "strategy"  # Strategy.to_dict() of the last strategy picked with Ctrl+S / F2
@@ -149,7 +156,8 @@ class ChatScreen(Screen[None]):
         self._restore_settings()
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         chats = self._load(self.store.chats, [])
-        await self._show_chat(chats[0].id if chats else None)
+        # `--system`: a new chat with it (an old chat keeps the system prompt it was held with)
+        await self._show_chat(chats[0].id if chats and self._system_override is None else None)
 
     @property
     def prompt(self) -> PromptInput:
@@ -532,7 +540,7 @@ class ChatScreen(Screen[None]):
         if run.dropped_messages and self._window_shown != (self.chat_id, run.dropped_messages):
             self._window_shown = (self.chat_id, run.dropped_messages)  # once a cut, not every turn
             context = getattr(self.session, "context_length", 0) or 0
-            self.notify(WINDOW_NOTICE.format(context=context, n=run.dropped_messages), timeout=8)
+            self.notify(window_notice(context, run.dropped_messages), timeout=8)
         if run.finished and not self._finishing:
             # Finish on the screen's message loop: _finish stops this timer, which must not
             # cancel the task it is running in.
@@ -588,7 +596,7 @@ class ChatScreen(Screen[None]):
             self.notify(f"Generation failed: {run.error or 'the engine reported an error'}",
                         severity="error", timeout=8)
         elif reason == "context":
-            self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
+            self.notify(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE, severity="warning", timeout=12)
         elif nothing_back:
             self.notify(REGENERATE_EMPTY_NOTICE if restore else STOPPED_EMPTY_NOTICE, timeout=5)
         self.dashboard.flush()
@@ -628,7 +636,8 @@ class ChatScreen(Screen[None]):
         except OSError as exc:
             self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8)
             return
-        self.notify(f"Exported {len(self.conversation)} messages to {path}", timeout=8)
+        count = sum(m["role"] != "system" for m in self.conversation)
+        self.notify(f"Exported {count} messages to {path}", timeout=8)
 
     # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -663,6 +672,9 @@ class ChatScreen(Screen[None]):
         """Ctrl+P "System prompt…": edit this chat's system prompt (and, ticked, new chats')."""
         if self._refuse_while_busy("changing the system prompt"):
             return
+        if self._editing is not None:
+            self.notify("Send or cancel (Esc) the edit of your last message first.", severity="warning", timeout=4)
+            return
         current = self.conversation[0]["content"] if self._n_system else ""
         # ticked for a new chat, or a chat that uses the default one (a change then goes on to new chats)
         for_new = not self._has_user_message or (bool(current) and current == self.default_system)
@@ -676,6 +688,9 @@ class ChatScreen(Screen[None]):
             self.default_system = text
             self._save(self.store.set_setting, SETTING_SYSTEM, text)
         current = self.conversation[0]["content"] if self._n_system else ""
+        if text == current and (not for_new or text == self.default_system):
+            self.notify("System prompt unchanged.", timeout=3)
+            return
         if text != current:
             if self.chat_id is not None:
                 try:

@@ -13,7 +13,7 @@ from textual.widgets import Static
 from app.keys import KEYS, documented_keys
 from app.main import SpecChatApp
 from app.screens import ChatScreen, HelpScreen
-from app.screens.chat import CONTEXT_NOTICE, WINDOW_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME
+from app.screens.chat import CONTEXT_NOTICE, TOO_LONG_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME, window_notice
 from app.store import DB_NAME, ChatStore
 from app.widgets import Dashboard, PromptInput
 from app.widgets.chat_list import ChatList, when
@@ -406,7 +406,8 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
         assert shown(app)[-1][0] == "assistant" and len(messages(app)) == 2  # the refused turn is gone
         assert prompt(app).text == "one more"  # back in the prompt, to send in a new chat
         assert app.chat.conversation[-1]["role"] == "assistant"
-        assert notices(app).count((CONTEXT_NOTICE, "warning")) == 2
+        assert notices(app).count((CONTEXT_NOTICE, "warning")) == 1
+        assert (TOO_LONG_NOTICE, "warning") in notices(app)
 
     (record,) = saved(data_dir).chats()
     last = saved(data_dir).messages(record.id)
@@ -429,16 +430,17 @@ async def test_left_out_turns_are_told_once_and_shown_on_the_dashboard(data_dir:
         assert not any("left out" in m for m, _ in notices(app))
         engine.dropped_messages = 2
         await chat(pilot, "second")
-        told = WINDOW_NOTICE.format(context=engine.context_length, n=2)
+        told = window_notice(engine.context_length, 2)
         assert notices(app).count((told, "information")) == 1
         assert "2 oldest messages left out" in screen_text(app)
         await chat(pilot, "third")  # the same window: not told again
         assert notices(app).count((told, "information")) == 1
         engine.dropped_messages = 4
         await chat(pilot, "fourth")
-        assert (WINDOW_NOTICE.format(context=engine.context_length, n=4), "information") in notices(app)
+        assert (window_notice(engine.context_length, 4), "information") in notices(app)
         assert [m["content"] for m in engine.calls[-1] if m["role"] == "user"] == ["first", "second", "third", "fourth"]
         assert len(messages(app)) == 8
+    assert window_notice(8192, 1).endswith("its 1 oldest message is left out of what the model reads (the chat keeps it).")
 
 
 async def test_a_failed_first_message_is_not_saved_and_returns_to_the_prompt(data_dir: Path) -> None:

@@ -134,6 +134,34 @@ async def test_a_failed_first_message_with_a_system_prompt_saves_no_chat(data_di
     assert saved(data_dir).get_setting(SETTING_SYSTEM) is None  # the flag is for this run only
 
 
+async def test_system_prompt_edge_cases(data_dir: Path) -> None:
+    """--system opens a new chat (the last saved one keeps its own); an unchanged prompt says so;
+    the dialog waits while the last message is being edited; chat search skips system prompts."""
+    store = ChatStore.open(data_dir / "specchat.db")
+    old = store.new_chat()
+    store.add_message(old, "user", "an older chat")
+    store.close()
+    engine = FakeEngine(["Ok"])
+    app = make_app(engine, system_prompt="Speak like a pirate.")
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await ready(pilot)
+        assert shown(app) == [("system", "*System prompt:* Speak like a pirate.")] and app.chat.chat_id is None
+        await chat(pilot, "Ahoy")
+        dialog = await open_dialog(pilot, app)
+        await pilot.press("enter")  # the same text, the default unchanged
+        await pilot.pause()
+        assert ("System prompt unchanged.", "information") in notices(app)
+        app.chat.action_edit_last()
+        await pilot.pause()
+        app.chat.action_system_prompt()
+        await pilot.pause()
+        assert not isinstance(app.screen, SystemPromptScreen)
+        assert any("edit of your last message first" in m for m, _ in notices(app))
+    store = saved(data_dir)
+    assert [c.title for c in store.chats("pirate")] == []  # the system prompt is not what a search finds
+    assert [c.title for c in store.chats("Ahoy")] == ["Ahoy"]
+
+
 def test_the_chat_command_takes_a_system_prompt() -> None:
     args = build_parser().parse_args(["chat", "--system", "Be terse."])
     assert args.system == "Be terse."
