@@ -1,6 +1,6 @@
-"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and four actions:
+"""Command palette (ctrl+p) entries for every live toggle of the decode loop (and five actions:
 re-measure the speedup's baseline, export the chat as Markdown, edit the last message, the system
-prompt).
+prompt, continue the last reply).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
 and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
@@ -28,6 +28,8 @@ MEASURE = "Measure plain-decoding baseline (speedup reference)"
 EXPORT = "Export this chat as Markdown"
 EDIT = "Edit the last message"
 EDIT_HELP = "into the prompt; Enter replaces it and its reply, Esc cancels"
+CONTINUE = "Continue the last reply"
+CONTINUE_HELP = "the model goes on from where its last reply stopped (the token limit, or Esc)"
 SYSTEM = "System prompt…"
 SYSTEM_HELP = "what the model reads before this chat (and, ticked, new chats)"
 EXPORT_HELP = "to exports/ beside the chat database"
@@ -138,19 +140,19 @@ class StrategyCommands(Provider):
             measure()
             self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
 
-    def _chat_action(self, name: str) -> Callable[[], None]:
-        def run() -> None:
+    def _chat_action(self, name: str) -> Callable[[], Any]:
+        def run() -> Any:  # the palette awaits what an async action returns (app.call_later)
             action = getattr(getattr(self.app, "chat", None), name, None)
-            if action is not None:
-                action()
+            return action() if action is not None else None
         return run
 
-    def _actions(self) -> list[tuple[str, Callable[[], None], str]]:
+    def _actions(self) -> list[tuple[str, Callable[[], Any], str]]:
         """The palette's actions besides the toggles: (label, callback, help)."""
         return [(MEASURE, self._measure, "re-measure the speedup's reference on this machine"),
                 (EXPORT, self._chat_action("action_export_chat"), EXPORT_HELP),
                 (EDIT, self._chat_action("action_edit_last"), EDIT_HELP),
-                (SYSTEM, self._chat_action("action_system_prompt"), SYSTEM_HELP)]
+                (SYSTEM, self._chat_action("action_system_prompt"), SYSTEM_HELP),
+                (CONTINUE, self._chat_action("action_continue_reply"), CONTINUE_HELP)]
 
     async def discover(self) -> Hits:
         for toggle, text, help_text in self._entries():

@@ -8,8 +8,9 @@ Contract used by the UI (app/ never imports torch; it imports this module inside
         ...                                                         # engine.events.StepEvent
 
 ``messages`` is a list of {"role": "system"|"user"|"assistant", "content": str}; the model's chat
-template renders them; where they no longer fit the context with room for the reply, the oldest
-turns are left out (``fit_to_context``; the first event's ``dropped_messages`` says how many).
+template renders them (a last assistant message is a reply to continue: ``chat_ids``); where they
+no longer fit the context with room for the reply, the oldest turns are left out
+(``fit_to_context``; the first event's ``dropped_messages`` says how many).
 ``stop.set()`` ends the reply after the current step (finish_reason "stopped"); the partial reply
 stays valid.
 """
@@ -318,7 +319,16 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
 
 
 def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply."""
+    """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply.
+
+    A conversation that ends with an assistant message is that reply to be continued (a reply cut
+    by the token limit or stopped): the template up to the reply's own header, then its text,
+    with no end of turn, so the model goes on where it left off."""
+    if messages and messages[-1].get("role") == "assistant" and len(messages) > 1:
+        head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True)
+        # the reply encoded on its own, as it was generated after the header's ids
+        return (tokenizer.encode(head, add_special_tokens=False)
+                + tokenizer.encode(str(messages[-1].get("content", "")), add_special_tokens=False))
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 

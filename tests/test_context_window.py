@@ -149,3 +149,22 @@ def test_a_chat_past_the_context_goes_on_and_stays_lossless(smollm2_gguf_path) -
         convo.append({"role": "assistant", "content": "".join(e.text for e in events)})
     assert seen_dropped[0] == 0 and max(seen_dropped) > 0, seen_dropped
     assert reused_after_cut, seen_dropped
+
+
+def test_a_reply_cut_by_the_token_limit_continues_as_if_never_cut(smollm2_gguf_path) -> None:
+    """A conversation ending with an assistant message continues that reply: 24 tokens, then 24
+    more from the cut text, are the 48 tokens of one uninterrupted greedy reply (pld:auto, fp32)."""
+    from engine.session import ChatSession
+
+    s = ChatSession.load(dtype="fp32", max_context=512, drafter="none")
+    convo = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
+    whole = list(s.stream_chat(convo, 48, threading.Event()))
+    assert whole[-1].finish_reason == "length"
+    first = list(s.stream_chat(convo, 24, threading.Event()))
+    assert first[-1].finish_reason == "length"
+    cut = "".join(e.text for e in first)
+    more = list(s.stream_chat(convo + [{"role": "assistant", "content": cut}], 24, threading.Event()))
+    assert more[0].prefill_tokens < 8  # the cut reply's ids are still cached: no re-reading
+    got = [t for e in first + more for t in e.emitted]
+    assert got == [t for e in whole for t in e.emitted]
+    assert cut + "".join(e.text for e in more) == "".join(e.text for e in whole)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's contex
                   "Send another message to go on (the oldest turns are left out), or Ctrl+N for a new chat.")
 WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
                  "message{s} left out of what the model reads (the chat keeps {them}).")
+LENGTH_NOTICE = "The reply stopped at the {n}-token limit: Ctrl+P \"Continue the last reply\" goes on from there."
 TOO_LONG_NOTICE = "This message does not fit the model's context window: shorten it, or start a new chat (Ctrl+N)."
 READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
@@ -131,6 +134,7 @@ class ChatScreen(Screen[None]):
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
         self._window_shown: tuple[int | None, int] | None = None  # (chat, messages left out) last told
+        self._continuing: tuple[str, dict[str, Any] | None] | None = None  # "Continue": the reply's text and stats before
         self.dashboard = Dashboard(id="dashboard")
         self._dashboard_choice: bool | None = None  # the user's toggle; None: by terminal width
         self._wide: bool | None = None
@@ -503,7 +507,8 @@ class ChatScreen(Screen[None]):
         run = ReplyRun(self.conversation, self.max_new_tokens)
         self._run, self._reply_saved = run, False
         self.refresh_bindings()
-        self._reply = await self.query_one(MessageList).add_message("assistant")
+        before = self._continuing[0] if self._continuing is not None else ""
+        self._reply = await self.query_one(MessageList).add_message("assistant", before)
         self._stream = ChatMessage.get_stream(self._reply)
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
@@ -575,6 +580,9 @@ class ChatScreen(Screen[None]):
             self._timer = None
         failed = run.error is not None or run.finish_reason == "error"
         reason = "error" if failed else run.finish_reason
+        if self._continuing is not None:
+            await self._finish_continued(run, failed, reason)
+            return
         nothing_back = not run.text and reason in ("error", "context", "stopped")
         replaced, self._replaced = self._replaced, None
         restore = nothing_back and replaced is not None  # a regenerate that brought nothing: the old reply stays
@@ -599,11 +607,9 @@ class ChatScreen(Screen[None]):
             self.notify(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE, severity="warning", timeout=12)
         elif nothing_back:
             self.notify(REGENERATE_EMPTY_NOTICE if restore else STOPPED_EMPTY_NOTICE, timeout=5)
-        self.dashboard.flush()
-        reply, stream = self._reply, self._stream
-        try:
-            if stream is not None:
-                await stream.stop()
+        elif reason == "length":
+            self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
+        async with self._closing_reply() as reply:
             if restore:
                 assert replaced is not None
                 column = self.query_one(MessageList)
@@ -616,10 +622,70 @@ class ChatScreen(Screen[None]):
                     self.prompt.move_cursor(self.prompt.document.end)
             elif reply is not None:
                 await reply.finish(run.text, reason)
+
+    @asynccontextmanager
+    async def _closing_reply(self) -> AsyncIterator[ChatMessage | None]:
+        """The end of a reply on screen: the dashboard's last frame, the stream flushed, then the
+        reply's widget to show the final text in; afterwards (whatever happens) the screen is free."""
+        self.dashboard.flush()
+        reply, stream = self._reply, self._stream
+        try:
+            if stream is not None:
+                await stream.stop()
+            yield reply
         finally:
             self._run = self._reply = self._stream = None
             self._finishing = False
             self.refresh_bindings()
+
+    async def action_continue_reply(self) -> None:
+        """Ctrl+P "Continue the last reply": the model goes on from the end of the last reply (cut by
+        the token limit, or stopped), in the same message; the engine reads the reply as its own
+        unfinished turn (``engine.session.chat_ids``), so greedy decoding writes what it would have
+        written uncut. A continuation that brings nothing back leaves the reply as it was."""
+        if not self._ready_to_generate():
+            return
+        if self._editing is not None:
+            self.notify("Send or cancel (Esc) the edit of your last message first.", severity="warning", timeout=4)
+            return
+        last = self.conversation[-1] if self.conversation else None
+        if last is None or last["role"] != "assistant" or not last["content"]:
+            self.notify("No reply to continue: the chat's last message is not a reply.", timeout=4)
+            return
+        saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
+        stats = saved[-1].stats if saved and saved[-1].role == "assistant" else None
+        self._continuing = (last["content"], stats)
+        await self.query_one(MessageList).remove_last()
+        assert self.session is not None
+        self.notify(f"Continuing with {self.session.strategy.label()}.", timeout=3)
+        await self._start_reply()
+
+    async def _finish_continued(self, run: ReplyRun, failed: bool, reason: str | None) -> None:
+        """:meth:`_finish` for a continued reply: the new text joins the reply (conversation, store,
+        screen) with how the continuation ended; nothing new leaves the reply and its mark as they were."""
+        assert self._continuing is not None
+        before, stats = self._continuing
+        self._continuing = None
+        text = before + run.text
+        if run.text:
+            self.conversation[-1]["content"] = text
+            self._drop_messages_from(len(self.conversation) - 1)
+            self._save_message("assistant", text, reply_stats(run, reason))
+        else:
+            reason = (stats or {}).get("finish_reason")
+        self._reply_saved = True
+        self._set_state(FINISH_TEXT.get(reason or "", "done"))
+        if failed:
+            self.notify(f"Generation failed: {run.error or 'the engine reported an error'}", severity="error", timeout=8)
+        elif not run.text:
+            self.notify("The continuation brought nothing back: the reply is as it was.", timeout=5)
+        elif reason == "context":
+            self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
+        elif reason == "length":
+            self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
+        async with self._closing_reply() as reply:
+            if reply is not None:
+                await reply.finish(text, reason)
 
     def action_export_chat(self) -> None:
         """Ctrl+P "Export this chat as Markdown": to ``exports/`` beside the chat database (the
@@ -726,7 +792,12 @@ class ChatScreen(Screen[None]):
             run.stop.set()
             if not self._reply_saved:
                 run.drain()
-                if run.text:
+                if self._continuing is not None:  # quit while continuing a reply: it keeps what came
+                    if run.text:
+                        self._reply_saved = True
+                        self._drop_messages_from(len(self.conversation) - 1)
+                        self._save_message("assistant", self._continuing[0] + run.text, reply_stats(run, "stopped"))
+                elif run.text:
                     self._reply_saved = True
                     self._save_message("assistant", run.text, reply_stats(run, "stopped"))
                 elif self._replaced is not None:  # quit during a regenerate with nothing yet: keep the old reply

@@ -1,0 +1,93 @@
+"""Ctrl+P "Continue the last reply": a reply cut by the token limit (or stopped) goes on in place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.screens.chat import LENGTH_NOTICE
+
+from .fakes import BlockingEngine, FakeEngine
+from .test_chat import SIZE, make_app, messages, notices, ready, reply_done, send, status, wait_for
+from .test_chat_features import chat, saved, shown
+
+
+async def palette(pilot, label: str) -> None:
+    await pilot.press("ctrl+p")
+    await pilot.pause()
+    await pilot.press(*label)
+    await pilot.pause(0.3)
+    await pilot.press("enter")
+    await pilot.pause()
+
+
+async def test_a_reply_cut_at_the_limit_continues_in_the_same_message(data_dir: Path) -> None:
+    engine = FakeEngine(["Once upon", " a time"], finish_reason="length")
+    app = make_app(engine, max_new_tokens=64)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "Tell a story")
+        assert (LENGTH_NOTICE.format(n=64), "information") in notices(app)
+        assert "length" in status(app)
+        engine.script, engine.finish_reason = [" there", " was a fox."], "eos"
+        await palette(pilot, "Continue the last reply")
+        await reply_done(pilot)
+        # the engine got the cut reply as the turn to go on from
+        assert engine.calls[-1] == [{"role": "user", "content": "Tell a story"},
+                                    {"role": "assistant", "content": "Once upon a time"}]
+        assert shown(app) == [("user", "Tell a story"), ("assistant", "Once upon a time there was a fox.")]
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Once upon a time there was a fox."}
+        assert "eos" in status(app)
+    (record,) = saved(data_dir).chats()
+    rows = saved(data_dir).messages(record.id)
+    assert [(m.role, m.content) for m in rows] == [("user", "Tell a story"), ("assistant", "Once upon a time there was a fox.")]
+    assert rows[-1].finish_reason == "eos"
+
+
+async def test_a_continuation_with_nothing_back_leaves_the_reply_and_its_mark(data_dir: Path) -> None:
+    engine = BlockingEngine(["Half"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert messages(app)[-1].source == "Half\n\n*(stopped)*"
+        engine.script = []  # the continuation is stopped before its first token
+        engine.blocking.clear()
+        await app.chat.action_continue_reply()
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("escape")
+        await reply_done(pilot)
+        assert messages(app)[-1].source == "Half\n\n*(stopped)*" and messages(app)[-1].has_class("-stopped")
+        assert app.chat.conversation[-1] == {"role": "assistant", "content": "Half"}
+        assert any("brought nothing back" in m for m, _ in notices(app))
+    (record,) = saved(data_dir).chats()
+    rows = saved(data_dir).messages(record.id)
+    assert [m.content for m in rows] == ["go", "Half"] and rows[-1].finish_reason == "stopped"
+
+
+async def test_quitting_while_continuing_keeps_what_came(data_dir: Path) -> None:
+    engine = FakeEngine(["Start"], finish_reason="length")
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await chat(pilot, "go")
+        blocking = BlockingEngine([" and more"])
+        app.chat.session = blocking
+        await app.chat.action_continue_reply()
+        await wait_for(pilot, blocking.blocking.is_set)
+        await wait_for(pilot, lambda: "more" in messages(app)[-1].source)
+        await pilot.press("ctrl+q")
+    (record,) = saved(data_dir).chats()
+    rows = saved(data_dir).messages(record.id)
+    assert [m.content for m in rows] == ["go", "Start and more"] and rows[-1].finish_reason == "stopped"
+
+
+async def test_nothing_to_continue() -> None:
+    app = make_app(FakeEngine(["Hi"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await app.chat.action_continue_reply()
+        await pilot.pause()
+        assert any("No reply to continue" in m for m, _ in notices(app))
