@@ -118,15 +118,23 @@ def test_a_growing_chat_keeps_its_prefix_between_cuts(seed: int) -> None:
     assert cuts >= 2 and cuts <= total // (context // DROP_FRACTION) + 1
 
 
-def test_a_chat_past_the_context_goes_on_and_stays_lossless(smollm2_gguf_path) -> None:
+@pytest.fixture(scope="module")
+def smollm2(smollm2_gguf_path):
+    """SmolLM2 (fp32, pld:auto with its datastore) with a 320-token context, shared by this module's
+    engine tests (each turn reuses whatever prefix is cached, as the app's turns do)."""
+    from engine.session import ChatSession
+
+    return ChatSession.load(dtype="fp32", max_context=320, drafter="none")
+
+
+def test_a_chat_past_the_context_goes_on_and_stays_lossless(smollm2) -> None:
     """SmolLM2 with a 320-token context: a chat of short turns passes it; the engine leaves the
     oldest turns out (the first event says how many), every reply is plain greedy decoding's for
     the windowed prompt, and a turn after a cut prefills only its new tokens."""
     from engine.generate import Decoder, run_generation
-    from engine.session import ChatSession
     from engine.strategy import preset
 
-    s = ChatSession.load(dtype="fp32", max_context=320, drafter="none")
+    s = smollm2
     assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
     ref = Decoder(s.target.model.with_own_cache(), eos_ids=set(s.tokenizer.eos_ids))
     questions = [f"Describe {x} in two sentences." for x in ("a colour", "a fruit", "an animal", "a city",
@@ -151,12 +159,10 @@ def test_a_chat_past_the_context_goes_on_and_stays_lossless(smollm2_gguf_path) -
     assert reused_after_cut, seen_dropped
 
 
-def test_a_reply_cut_by_the_token_limit_continues_as_if_never_cut(smollm2_gguf_path) -> None:
+def test_a_reply_cut_by_the_token_limit_continues_as_if_never_cut(smollm2) -> None:
     """A conversation ending with an assistant message continues that reply: 24 tokens, then 24
     more from the cut text, are the 48 tokens of one uninterrupted greedy reply (pld:auto, fp32)."""
-    from engine.session import ChatSession
-
-    s = ChatSession.load(dtype="fp32", max_context=512, drafter="none")
+    s = smollm2
     convo = [{"role": "user", "content": "Explain in a few sentences why the sky is blue."}]
     whole = list(s.stream_chat(convo, 48, threading.Event()))
     assert whole[-1].finish_reason == "length"
