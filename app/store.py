@@ -328,6 +328,18 @@ class ChatStore:
                 db.execute("UPDATE messages SET idx = -idx WHERE chat_id = ? AND idx > 0", (chat_id,))
                 db.execute("UPDATE messages SET idx = -idx - 1 WHERE chat_id = ? AND idx < 0", (chat_id,))
 
+    def replace_last(self, chat_id: int, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
+        """The chat's last message, if it has ``role``, takes ``content`` and ``stats`` (a continued
+        reply), in one write; StoreError if the last message has another role."""
+        with self._write() as db:
+            row = db.execute("SELECT idx, role FROM messages WHERE chat_id = ? ORDER BY idx DESC LIMIT 1", (chat_id,)).fetchone()
+            if row is None or row[1] != role:
+                found = "none" if row is None else repr(row[1])
+                raise StoreError(f"the chat's last message is {found}, not {role!r}", path=str(self.path or ":memory:"))
+            db.execute("UPDATE messages SET content = ?, stats = ? WHERE chat_id = ? AND idx = ?",
+                       (content, _json(stats), chat_id, row[0]))
+            db.execute("UPDATE chats SET updated = ? WHERE id = ?", (now(), chat_id))
+
     def messages(self, chat_id: int) -> list[MessageRecord]:
         """The chat's messages in order."""
         rows = self._read("SELECT chat_id, idx, role, content, created, stats FROM messages"

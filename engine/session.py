@@ -8,7 +8,7 @@ Contract used by the UI (app/ never imports torch; it imports this module inside
         ...                                                         # engine.events.StepEvent
 
 ``messages`` is a list of {"role": "system"|"user"|"assistant", "content": str}; the model's chat
-template renders them (a last assistant message is a reply to continue: ``chat_ids``); where they
+template renders them (a last assistant message is a reply to continue: ``continues_reply``); where they
 no longer fit the context with room for the reply, the oldest turns are left out
 (``fit_to_context``; the first event's ``dropped_messages`` says how many).
 ``stop.set()`` ends the reply after the current step (finish_reason "stopped"); the partial reply
@@ -166,7 +166,24 @@ class ChatSession:
 
         if self.tokenizer is None:
             raise SpecchatError(f"{self.target.name} has no tokenizer: chat needs one (use `generate --prompt-ids`)")
+        if continues_reply(messages):
+            return self._continuation_ids(messages)
         return chat_ids(self.tokenizer, messages)
+
+    def _continuation_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """A reply to continue: the header's ids, then the ids the model wrote the reply with where
+        the cache still holds them (encoding its text may split it otherwise: a token split of the
+        model's own, a character cut in two at the end), else its text encoded (``chat_ids``)."""
+        tok = self.tokenizer
+        head = tok.encode(tok.apply_chat_template(messages[:-1], add_generation_prompt=True), add_special_tokens=False)
+        content = reply_to_continue(messages)
+        history = self.decoder.history
+        if history[: len(head)] == head:
+            tail = history[len(head):]
+            for n in range(len(tail), max(0, len(tail) - 8), -1):  # less an end of turn, a cut character
+                if tok.decode(tail[:n]) == content:
+                    return head + tail[:n]
+        return head + tok.encode(content, add_special_tokens=False)
 
     def fit_chat(self, messages: list[dict[str, str]], max_new_tokens: int) -> tuple[list[int], int]:
         """The prompt ids of ``messages``, the oldest turns left out where the whole conversation
@@ -318,17 +335,35 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
     return ids, start
 
 
+def continues_reply(messages: list[dict[str, str]]) -> bool:
+    """``messages`` end with an assistant message: that reply is to be continued (cut by the token
+    limit, or stopped). A SpecchatError if no user message comes before it."""
+    from .errors import SpecchatError
+
+    if not messages or messages[-1].get("role") != "assistant":
+        return False
+    if not any(m.get("role") == "user" for m in messages[:-1]):
+        raise SpecchatError("nothing to continue: the conversation has no user message before the reply")
+    return True
+
+
+def reply_to_continue(messages: list[dict[str, str]]) -> str:
+    """The text of the reply to continue, less a character cut in two at its end (U+FFFD: the
+    model writes that character again)."""
+    return str(messages[-1].get("content", "")).rstrip("\ufffd")
+
+
 def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """The token ids of ``messages`` in the tokenizer's chat template, ready for the reply.
 
-    A conversation that ends with an assistant message is that reply to be continued (a reply cut
-    by the token limit or stopped): the template up to the reply's own header, then its text,
-    with no end of turn, so the model goes on where it left off."""
-    if messages and messages[-1].get("role") == "assistant" and len(messages) > 1:
+    A conversation that ends with an assistant message is that reply to be continued
+    (:func:`continues_reply`): the template up to the reply's own header, then its text encoded on
+    its own (as it was generated after the header's ids), with no end of turn, so the model goes
+    on where it left off."""
+    if continues_reply(messages):
         head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True)
-        # the reply encoded on its own, as it was generated after the header's ids
         return (tokenizer.encode(head, add_special_tokens=False)
-                + tokenizer.encode(str(messages[-1].get("content", "")), add_special_tokens=False))
+                + tokenizer.encode(reply_to_continue(messages), add_special_tokens=False))
     text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     return tokenizer.encode(text, add_special_tokens=False)
 

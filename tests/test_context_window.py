@@ -174,3 +174,26 @@ def test_a_reply_cut_by_the_token_limit_continues_as_if_never_cut(smollm2) -> No
     got = [t for e in first + more for t in e.emitted]
     assert got == [t for e in whole for t in e.emitted]
     assert cut + "".join(e.text for e in more) == "".join(e.text for e in whole)
+
+
+def test_continuing_a_reply_cut_inside_a_character(smollm2) -> None:
+    """A reply cut between the byte tokens of one character ends with U+FFFD: the continuation's
+    prompt stops before that character (the cached ids where they match, else the text encoded),
+    so the model writes the whole character again; a reply with no user message before it is refused."""
+    from engine.errors import SpecchatError
+    from engine.session import chat_ids
+
+    s, tok = smollm2, smollm2.tokenizer
+    user = [{"role": "user", "content": "Say Japan in Japanese."}]
+    head = tok.encode(tok.apply_chat_template(user, add_generation_prompt=True), add_special_tokens=False)
+    word = tok.encode("Japan: 日本語", add_special_tokens=False)  # 語 is three byte tokens
+    cut = max(n for n in range(1, len(word)) if tok.decode(word[:n]).endswith("\ufffd"))
+    shown = tok.decode(word[:cut])  # what the app saved: the cut character as U+FFFD
+    whole = next(n for n in range(cut, 0, -1) if "\ufffd" not in tok.decode(word[:n]))
+    convo = user + [{"role": "assistant", "content": shown}]
+    s.decoder.history = head + word[:cut]  # the cache holds the model's own ids of the cut reply
+    assert s.encode_chat(convo) == head + word[:whole]
+    s.decoder.history = []  # nothing cached: the text, less the cut character, encoded
+    assert s.encode_chat(convo) == chat_ids(tok, convo) == head + tok.encode(shown.rstrip("\ufffd"), add_special_tokens=False)
+    with pytest.raises(SpecchatError, match="nothing to continue"):
+        s.encode_chat([{"role": "system", "content": "x"}, {"role": "assistant", "content": "y"}])

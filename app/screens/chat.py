@@ -507,7 +507,10 @@ class ChatScreen(Screen[None]):
         run = ReplyRun(self.conversation, self.max_new_tokens)
         self._run, self._reply_saved = run, False
         self.refresh_bindings()
-        before = self._continuing[0] if self._continuing is not None else ""
+        before = ""
+        if self._continuing is not None:  # the reply goes on in a fresh widget (without its end mark)
+            before = self._continuing[0]
+            await self.query_one(MessageList).remove_last()
         self._reply = await self.query_one(MessageList).add_message("assistant", before)
         self._stream = ChatMessage.get_stream(self._reply)
         status = self.status_line.status
@@ -641,21 +644,28 @@ class ChatScreen(Screen[None]):
     async def action_continue_reply(self) -> None:
         """Ctrl+P "Continue the last reply": the model goes on from the end of the last reply (cut by
         the token limit, or stopped), in the same message; the engine reads the reply as its own
-        unfinished turn (``engine.session.chat_ids``), so greedy decoding writes what it would have
-        written uncut. A continuation that brings nothing back leaves the reply as it was."""
+        unfinished turn (``engine.session.ChatSession.encode_chat``), so greedy decoding with the same
+        model writes what it would have written uncut. A continuation that brings nothing back leaves
+        the reply as it was."""
         if not self._ready_to_generate():
             return
         if self._editing is not None:
             self.notify("Send or cancel (Esc) the edit of your last message first.", severity="warning", timeout=4)
             return
         last = self.conversation[-1] if self.conversation else None
-        if last is None or last["role"] != "assistant" or not last["content"]:
+        if last is None or last["role"] != "assistant" or not last["content"] or not self._has_user_message:
             self.notify("No reply to continue: the chat's last message is not a reply.", timeout=4)
             return
         saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
         stats = saved[-1].stats if saved and saved[-1].role == "assistant" else None
-        self._continuing = (last["content"], stats)
-        await self.query_one(MessageList).remove_last()
+        shown = list(self.query_one(MessageList).query_children(ChatMessage))
+        if stats is None and shown:  # not saved: how it ended, from its mark on screen
+            stats = {"finish_reason": shown[-1].finish_reason}
+        if (stats or {}).get("finish_reason") == "context":
+            self.notify("That reply filled the model's context window: it cannot go on.", severity="warning", timeout=6)
+            return
+        # a reply cut inside a character ends with U+FFFD: the model writes that character again
+        self._continuing = (last["content"].rstrip("\ufffd"), stats)
         assert self.session is not None
         self.notify(f"Continuing with {self.session.strategy.label()}.", timeout=3)
         await self._start_reply()
@@ -667,14 +677,16 @@ class ChatScreen(Screen[None]):
         before, stats = self._continuing
         self._continuing = None
         text = before + run.text
+        shown_reason = reason
         if run.text:
             self.conversation[-1]["content"] = text
-            self._drop_messages_from(len(self.conversation) - 1)
-            self._save_message("assistant", text, reply_stats(run, reason))
+            self._replace_last_reply(text, reply_stats(run, reason))
+            self._ar_baseline(run, failed)
         else:
-            reason = (stats or {}).get("finish_reason")
+            text = self.conversation[-1]["content"]
+            shown_reason = (stats or {}).get("finish_reason")
         self._reply_saved = True
-        self._set_state(FINISH_TEXT.get(reason or "", "done"))
+        self._set_state(FINISH_TEXT.get(reason if failed or run.text else shown_reason or "", "done"))
         if failed:
             self.notify(f"Generation failed: {run.error or 'the engine reported an error'}", severity="error", timeout=8)
         elif not run.text:
@@ -685,7 +697,12 @@ class ChatScreen(Screen[None]):
             self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
         async with self._closing_reply() as reply:
             if reply is not None:
-                await reply.finish(text, reason)
+                await reply.finish(text, shown_reason)
+
+    def _replace_last_reply(self, text: str, stats: dict[str, Any]) -> None:
+        """The saved last reply becomes ``text`` (a continuation), in one write."""
+        if self.chat_id is not None:
+            self._save(self.store.replace_last, self.chat_id, "assistant", text, stats)
 
     def action_export_chat(self) -> None:
         """Ctrl+P "Export this chat as Markdown": to ``exports/`` beside the chat database (the
@@ -795,8 +812,7 @@ class ChatScreen(Screen[None]):
                 if self._continuing is not None:  # quit while continuing a reply: it keeps what came
                     if run.text:
                         self._reply_saved = True
-                        self._drop_messages_from(len(self.conversation) - 1)
-                        self._save_message("assistant", self._continuing[0] + run.text, reply_stats(run, "stopped"))
+                        self._replace_last_reply(self._continuing[0] + run.text, reply_stats(run, "stopped"))
                 elif run.text:
                     self._reply_saved = True
                     self._save_message("assistant", run.text, reply_stats(run, "stopped"))

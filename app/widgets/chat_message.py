@@ -46,6 +46,11 @@ class ChatMessage(Markdown):
         self.role = role
         self._mark_finish(finish_reason)
 
+    @property
+    def finish_reason(self) -> str | None:
+        """How the reply shown ended, as its mark says (None: normally, or not a reply)."""
+        return next((reason for reason, css in FINISH_CLASSES.items() if self.has_class(css)), None)
+
     def _mark_finish(self, finish_reason: str | None) -> None:
         for reason, css in FINISH_CLASSES.items():
             self.set_class(reason == finish_reason, css)

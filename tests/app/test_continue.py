@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from app.screens.chat import LENGTH_NOTICE
 
 from .fakes import BlockingEngine, FakeEngine
@@ -91,3 +93,38 @@ async def test_nothing_to_continue() -> None:
         await app.chat.action_continue_reply()
         await pilot.pause()
         assert any("No reply to continue" in m for m, _ in notices(app))
+
+
+async def test_a_reply_that_filled_the_context_does_not_continue_and_a_cut_character_is_rewritten(data_dir: Path) -> None:
+    engine = FakeEngine(["Full"], finish_reason="context")
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "go")
+        calls = len(engine.calls)
+        await app.chat.action_continue_reply()
+        await pilot.pause()
+        assert len(engine.calls) == calls and any("cannot go on" in m for m, _ in notices(app))
+        # a reply cut inside a character (U+FFFD at its end): the continuation writes it whole
+        engine.script, engine.finish_reason = ["日本\ufffd"], "length"
+        await chat(pilot, "Japan?")
+        engine.script, engine.finish_reason = ["語です"], "eos"
+        await app.chat.action_continue_reply()
+        await reply_done(pilot)
+        assert app.chat.conversation[-1]["content"] == "日本語です"
+
+
+def test_store_replaces_the_last_reply_in_one_write(tmp_path: Path) -> None:
+    from app.store import ChatStore, StoreError
+
+    store = ChatStore.open(tmp_path / "s.db")
+    c = store.new_chat()
+    store.add_message(c, "user", "hi")
+    store.add_message(c, "assistant", "Hel", {"finish_reason": "length"})
+    store.replace_last(c, "assistant", "Hello there.", {"finish_reason": "eos"})
+    rows = store.messages(c)
+    assert [(m.idx, m.content, m.finish_reason) for m in rows] == [(0, "hi", None), (1, "Hello there.", "eos")]
+    store.add_message(c, "user", "again")
+    with pytest.raises(StoreError, match="last message is 'user', not 'assistant'"):
+        store.replace_last(c, "assistant", "x")
+    assert store.messages(c)[-1].content == "again"
