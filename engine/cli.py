@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt", nargs="?", default=None, help="prompt text (default: stdin)")
     gen.add_argument("--samples", type=int, default=None, metavar="N", help="N independent generations, seeds S..S+N-1")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
+    gen.add_argument("--system", default=None, metavar="TEXT", help="a system prompt before PROMPT (chat template)")
 
     bench = sub.add_parser("bench", help="tokens/s, speedup vs ar, mean accepted, peak memory")
     _add_model_opts(bench)
@@ -269,10 +270,14 @@ def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:
     tok = session.tokenizer
     if tok is None:
         raise SpecchatError(f"{session.target.name} has no tokenizer: pass --prompt-ids")
+    system = getattr(args, "system", None)
     if args.raw:
+        if system:
+            raise SpecchatError("--system needs the chat template: leave out --raw")
         ids = tok.encode(text, add_special_tokens=True)
     else:
-        ids = session.encode_chat([{"role": "user", "content": text}])
+        head = [{"role": "system", "content": system}] if system else []
+        ids = session.encode_chat(head + [{"role": "user", "content": text}])
     return ids
 
 

@@ -335,3 +335,17 @@ def test_llama_cpp_peer_runs_in_its_own_process_at_the_users_wait_policy(monkeyp
     seen["ok"] = False
     with pytest.raises(SpecchatError, match="llama.cpp peer failed: RuntimeError: boom"):
         bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, {})
+
+
+def test_generate_takes_a_system_prompt(smollm2_gguf_path, capsys, monkeypatch):
+    from engine.session import ChatSession
+
+    seen = []
+    encode = ChatSession.encode_chat
+    monkeypatch.setattr(ChatSession, "encode_chat", lambda self, messages: seen.append(messages) or encode(self, messages))
+    assert main(["generate", "Hi", "--system", "Be terse.", "--max-new-tokens", "2", "--drafter", "none",
+                 "--max-context", "256"]) == 0
+    assert seen[-1] == [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
+    capsys.readouterr()
+    assert main(["generate", "Hi", "--raw", "--system", "x", "--max-new-tokens", "2", "--drafter", "none"]) == 2
+    assert "--system needs the chat template" in capsys.readouterr().err
