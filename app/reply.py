@@ -71,7 +71,7 @@ class ReplyRun:
                 self.finish_reason = "error"
             elif isinstance(item, StepEvent):
                 self.summary.add(item)
-                self.dropped_messages = max(self.dropped_messages, getattr(item, "dropped_messages", 0))
+                self.dropped_messages = max(self.dropped_messages, item.dropped_messages)
                 self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
                 self.last_event = item
                 self.new_events.append(item)

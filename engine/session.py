@@ -175,7 +175,7 @@ class ChatSession:
         the cache still holds them (encoding its text may split it otherwise: a token split of the
         model's own, a character cut in two at the end), else its text encoded (``chat_ids``)."""
         tok = self.tokenizer
-        head = tok.encode(tok.apply_chat_template(messages[:-1], add_generation_prompt=True), add_special_tokens=False)
+        head = template_ids(tok, messages[:-1])
         content = reply_to_continue(messages)
         history = self.decoder.history
         if history[: len(head)] == head:
@@ -310,17 +310,19 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
     ids = encode(messages)
     if len(ids) + reserve <= context_length:
         return ids, 0
-    n_head = 0
-    while n_head < len(messages) and messages[n_head].get("role") == "system":
-        n_head += 1
+    n_head = leading_system(messages)
     head, body = messages[:n_head], messages[n_head:]
     users = [i for i, m in enumerate(body) if m.get("role") == "user"]
     if not users or users[-1] == 0:
         return ids, 0
+
+    def size(m: dict[str, str]) -> int:
+        return count(str(m.get("content", ""))) + MESSAGE_OVERHEAD
+
     ends = [0]  # ends[i]: the estimated tokens of body[:i]
     for m in body:
-        ends.append(ends[-1] + count(str(m.get("content", ""))) + MESSAGE_OVERHEAD)
-    fixed = sum(count(str(m.get("content", ""))) + MESSAGE_OVERHEAD for m in head) + HEAD_TOKENS + reserve
+        ends.append(ends[-1] + size(m))
+    fixed = sum(size(m) for m in head) + HEAD_TOKENS + reserve
     free = context_length - context_length // DROP_FRACTION
     start = 0
     for u in users:  # the turns in order: where each one's window started
@@ -333,6 +335,14 @@ def fit_to_context(messages: list[dict[str, str]], encode, count, context_length
         start = later.pop(0)
         ids = encode(head + body[start:])
     return ids, start
+
+
+def leading_system(messages: list[dict[str, str]]) -> int:
+    """How many system messages open ``messages`` (they stay in every context window)."""
+    n = 0
+    while n < len(messages) and messages[n].get("role") == "system":
+        n += 1
+    return n
 
 
 def continues_reply(messages: list[dict[str, str]]) -> bool:
@@ -361,11 +371,13 @@ def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     its own (as it was generated after the header's ids), with no end of turn, so the model goes
     on where it left off."""
     if continues_reply(messages):
-        head = tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True)
-        return (tokenizer.encode(head, add_special_tokens=False)
-                + tokenizer.encode(reply_to_continue(messages), add_special_tokens=False))
-    text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+        return template_ids(tokenizer, messages[:-1]) + tokenizer.encode(reply_to_continue(messages), add_special_tokens=False)
+    return template_ids(tokenizer, messages)
+
+
+def template_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """``messages`` rendered by the chat template with the reply's header, as token ids."""
+    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
 
 
 def default_target_name(reg) -> str:

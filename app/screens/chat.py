@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import get_current_worker
 
-from engine.session import ChatEngine
+from engine.session import ChatEngine, leading_system
 from engine.strategy import StrategyError
 
 from ..reply import ReplyRun
@@ -52,6 +52,11 @@ EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
+EDIT_OPEN_NOTICE = "Send or cancel (Esc) the edit of your last message first."
+
+
+def failure_notice(run: ReplyRun) -> str:
+    return f"Generation failed: {run.error or 'the engine reported an error'}"
 
 
 def window_notice(context: int, n: int) -> str:
@@ -203,10 +208,17 @@ class ChatScreen(Screen[None]):
     @property
     def _n_system(self) -> int:
         """How many system messages open the conversation (0 or 1)."""
-        n = 0
-        while n < len(self.conversation) and self.conversation[n]["role"] == "system":
-            n += 1
-        return n
+        return leading_system(self.conversation)
+
+    @property
+    def _system_text(self) -> str:
+        """This chat's system prompt ("": none)."""
+        return self.conversation[0]["content"] if self._n_system else ""
+
+    def _last_reply_stats(self) -> dict[str, Any] | None:
+        """The saved stats of the chat's last message, if it is a reply."""
+        saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
+        return saved[-1].stats if saved and saved[-1].role == "assistant" else None
 
     @property
     def _has_user_message(self) -> bool:
@@ -491,9 +503,7 @@ class ChatScreen(Screen[None]):
         if not self._ready_to_generate():
             return
         if self.conversation[-1]["role"] == "assistant":
-            saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
-            stats = saved[-1].stats if saved and saved[-1].role == "assistant" else None
-            self._replaced = (self.conversation.pop()["content"], stats)
+            self._replaced = (self.conversation.pop()["content"], self._last_reply_stats())
             self._drop_messages_from(len(self.conversation))
             await self.query_one(MessageList).remove_last()
         assert self.session is not None
@@ -604,8 +614,7 @@ class ChatScreen(Screen[None]):
         self._set_state(FINISH_TEXT.get(reason or "", "done"))
         self._ar_baseline(run, failed)
         if failed:
-            self.notify(f"Generation failed: {run.error or 'the engine reported an error'}",
-                        severity="error", timeout=8)
+            self.notify(failure_notice(run), severity="error", timeout=8)
         elif reason == "context":
             self.notify(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE, severity="warning", timeout=12)
         elif nothing_back:
@@ -650,14 +659,13 @@ class ChatScreen(Screen[None]):
         if not self._ready_to_generate():
             return
         if self._editing is not None:
-            self.notify("Send or cancel (Esc) the edit of your last message first.", severity="warning", timeout=4)
+            self.notify(EDIT_OPEN_NOTICE, severity="warning", timeout=4)
             return
         last = self.conversation[-1] if self.conversation else None
         if last is None or last["role"] != "assistant" or not last["content"] or not self._has_user_message:
             self.notify("No reply to continue: the chat's last message is not a reply.", timeout=4)
             return
-        saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
-        stats = saved[-1].stats if saved and saved[-1].role == "assistant" else None
+        stats = self._last_reply_stats()
         shown = list(self.query_one(MessageList).query_children(ChatMessage))
         if stats is None and shown:  # not saved: how it ended, from its mark on screen
             stats = {"finish_reason": shown[-1].finish_reason}
@@ -688,7 +696,7 @@ class ChatScreen(Screen[None]):
         self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason if failed or run.text else shown_reason or "", "done"))
         if failed:
-            self.notify(f"Generation failed: {run.error or 'the engine reported an error'}", severity="error", timeout=8)
+            self.notify(failure_notice(run), severity="error", timeout=8)
         elif not run.text:
             self.notify("The continuation brought nothing back: the reply is as it was.", timeout=5)
         elif reason == "context":
@@ -756,9 +764,9 @@ class ChatScreen(Screen[None]):
         if self._refuse_while_busy("changing the system prompt"):
             return
         if self._editing is not None:
-            self.notify("Send or cancel (Esc) the edit of your last message first.", severity="warning", timeout=4)
+            self.notify(EDIT_OPEN_NOTICE, severity="warning", timeout=4)
             return
-        current = self.conversation[0]["content"] if self._n_system else ""
+        current = self._system_text
         # ticked for a new chat, or a chat that uses the default one (a change then goes on to new chats)
         for_new = not self._has_user_message or (bool(current) and current == self.default_system)
         self.app.push_screen(SystemPromptScreen(current, for_new), self._system_chosen)
@@ -770,7 +778,7 @@ class ChatScreen(Screen[None]):
         if for_new and text != self.default_system:
             self.default_system = text
             self._save(self.store.set_setting, SETTING_SYSTEM, text)
-        current = self.conversation[0]["content"] if self._n_system else ""
+        current = self._system_text
         if text == current and (not for_new or text == self.default_system):
             self.notify("System prompt unchanged.", timeout=3)
             return
