@@ -105,6 +105,7 @@ def test_models_lists_the_offline_default(smollm2_gguf_path, capsys):
     assert any(not m["available"] for m in res["models"])  # hub-only entries are listed as not downloaded
 
 
+@pytest.mark.slow  # ~30 s alone, three CLI model loads; CI's slow set runs it (the default suite nears 15 min)
 def test_default_is_the_shipped_pairing_with_its_measured_strategy(smollm2_gguf_path, capsys):
     """With no --target / --drafter / --strategy, `generate` decodes SmolLM2 with the shipped
     Mamba-2 drafter and the pairing's strategy (models.toml: pld:auto); --drafter none falls back

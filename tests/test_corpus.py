@@ -197,6 +197,7 @@ def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path
     assert s2.datastore is None and "not an n-gram datastore" in s2.datastore_error
 
 
+@pytest.mark.slow  # ~30 s alone, three CLI model loads; CI's slow set runs it (the default suite nears 15 min)
 def test_distill_ngram_builds_a_datastore_the_cli_loads(tmp_path, smollm2_gguf_path, capsys):
     from engine.cli import main
 
