@@ -404,12 +404,22 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int
                device: torch.device | None = None) -> Loaded:
     from .gguf import load_gguf
 
-    ck = load_gguf(path)
+    ck = load_gguf(path, defer=device is None)
     act8 = dtype == "q8" or (dtype == "auto" and _auto_q8(ck))
     dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
-    model = build(ck.config, _on(ck.state_dict, device), dtype, max_context, str(path))
-    kept = _keep_quantized(model, ck, dtype, act8) if device is None else 0
+    model, kept = None, 0
+    if ck.deferred and _keeps_quantized(ck, dtype):
+        # the kept projections come straight from their blocks (no fp32 copy is ever built); any
+        # placeholder left (a fused group whose matrices are quantised differently) -> the full load
+        model = build(ck.config, ck.state_dict, dtype, max_context, str(path))
+        kept = _keep_quantized(model, ck, dtype, act8)
+        if _holds_meta(model):
+            model, kept = None, 0
+    if model is None:
+        ck.materialize()
+        model = build(ck.config, _on(ck.state_dict, device), dtype, max_context, str(path))
+        kept = _keep_quantized(model, ck, dtype, act8) if device is None else 0
     _check_tokenizer(ck.tokenizer, model, path)
     return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept, act8=act8 and kept > 0)
 
@@ -422,19 +432,42 @@ def _auto_q8(ck: Any) -> bool:
     return bool(ck.blocks) and auto_q8(ck.config.get("model_type"), {q for q, _ in ck.blocks.values()})
 
 
+def _keeps_quantized(ck: Any, dtype: torch.dtype) -> bool:
+    """Whether a CPU model of this checkpoint multiplies its Q4_1 / Q8_0 matrices from their blocks."""
+    from .models import quant
+    from .models.common import native_linear
+
+    return dtype == torch.float32 and bool(ck.blocks) and quant.enabled() and native_linear()
+
+
 def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype, act8: bool = False) -> int:
     """fp32 on CPU with linear.c: keep the GGUF's Q4_1 / Q8_0 matrices in their blocks (bit-identical
     products from ~1/5 of the bytes; engine/models/quant.py). SPECCHAT_QUANT=0 keeps fp32. ``act8``:
     the q8 compute type's records (8-bit activations, quant_a8.c). Returns how many projections
     were kept quantised."""
-    from .models import quant
-    from .models.common import native_linear
-
-    if dtype != torch.float32 or not ck.blocks or not quant.enabled() or not hasattr(model, "keep_quantized"):
-        return 0
-    if not native_linear():
+    if not _keeps_quantized(ck, dtype) or not hasattr(model, "keep_quantized"):
         return 0
     return model.keep_quantized(ck.blocks, act8=act8)
+
+
+def _holds_meta(obj: Any, depth: int = 0) -> bool:
+    """Whether a built model still holds a "meta" placeholder of a deferred GGUF weight anywhere in
+    its attributes (tensors, ``Linear``s, and the lists / dicts / tuples holding them)."""
+    from .models.common import Linear
+
+    if isinstance(obj, torch.Tensor):
+        return obj.is_meta
+    if depth > 4:
+        return False
+    if isinstance(obj, Linear):
+        return any(_holds_meta(getattr(obj, k), depth + 1) for k in ("_blocks", "_dense", "_packed", "_qrec"))
+    if isinstance(obj, dict):
+        return any(_holds_meta(v, depth + 1) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return any(_holds_meta(v, depth + 1) for v in obj)
+    if depth == 0:
+        return any(_holds_meta(v, 1) for v in vars(obj).values())
+    return False
 
 
 def _check_tokenizer(tok: Any, model: CausalLM, path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.errors import ModelLoadError
-from engine.gguf import _llama3_scaling_from_rope_freqs, _unpermute, load_gguf, read_gguf
+from engine.gguf import _llama3_scaling_from_rope_freqs, _unpermute, dequantize_raw, load_gguf, read_gguf
 from tests.conftest import llama_cpp_permute
 
 
@@ -107,6 +107,51 @@ def test_smollm2_qk_are_unpermuted(smollm2, smollm2_gguf_path):
 # ---------------------------------------------------------------------------------------------
 # Tiny files with known tensors
 # ---------------------------------------------------------------------------------------------
+def test_fast_dequantisation_is_gguf_bit_for_bit(smollm2_gguf_path):
+    """engine.gguf.dequantize_raw (chunks of rows) gives gguf.quants' exact bits: every sixth Q4_1 /
+    Q8_0 tensor of SmolLM2 and the embedding, and random blocks across chunk edges."""
+    import gguf
+    from gguf.constants import GGML_QUANT_SIZES
+    from gguf.quants import dequantize, quantize
+
+    with read_gguf(smollm2_gguf_path) as f:
+        names = [n for n, i in f.tensors.items() if i.qtype.name in ("Q4_1", "Q8_0")]
+        assert len(names) > 200
+        for name in names[::6] + ["token_embd.weight"]:
+            info = f.tensors[name]
+            block, size = GGML_QUANT_SIZES[info.qtype]
+            raw = np.frombuffer(f._mm, dtype=np.uint8, count=info.nbytes, offset=info.offset).reshape(info.shape[0], -1)
+            assert dequantize_raw(raw, info.qtype.name).tobytes() == np.asarray(dequantize(raw, info.qtype), np.float32).tobytes(), name
+            del raw
+    rng = np.random.default_rng(2)
+    for qt in ("Q4_1", "Q8_0"):
+        w = (rng.standard_normal((37, 96)) * rng.uniform(0.01, 4, (37, 1))).astype(np.float32)
+        raw = quantize(w, gguf.GGMLQuantizationType[qt])
+        want = np.asarray(dequantize(raw, gguf.GGMLQuantizationType[qt]), np.float32)
+        for chunk in (1, 5, 36, 4096):
+            assert np.array_equal(dequantize_raw(raw, qt, chunk=chunk), want)
+
+
+def test_deferred_load_materializes_to_the_full_state_dict(tmp_path):
+    """load_gguf(defer=True): the matrices kept in blocks are shape-only "meta" placeholders (the
+    tied head too) until ``materialize()``, which gives load_gguf()'s state dict exactly."""
+    from tests.test_quant import _write_quantised_llama
+
+    path = tmp_path / "q.gguf"
+    _write_quantised_llama(path, mixed=True)
+    full = load_gguf(path)
+    ck = load_gguf(path, defer=True)
+    assert ck.config == full.config and set(ck.blocks) == set(full.blocks)
+    assert ck.state_dict["model.embed_tokens.weight"].device.type == "cpu"
+    meta = {k for k, v in ck.state_dict.items() if v.is_meta}
+    assert meta == (set(full.blocks) - {"model.embed_tokens.weight"}) | {"lm_head.weight"}
+    assert "model.layers.0.mlp.down_proj.weight" not in meta  # F16: no blocks kept, read now
+    ck.materialize()
+    assert ck.deferred == {} and set(ck.state_dict) == set(full.state_dict)
+    for k, v in full.state_dict.items():
+        assert torch.equal(ck.state_dict[k], v), k
+
+
 def test_unpermute_inverts_llama_cpp_permute():
     rng = np.random.default_rng(1)
     for heads, head_dim, cols in ((1, 2, 3), (4, 8, 5), (3, 64, 7)):

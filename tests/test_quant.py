@@ -203,3 +203,50 @@ def test_a_drafter_in_q8_0_drafts_close_and_stays_lossless(act8, tmp_path, monke
     for s in (preset("sd", draft_len=4), preset("tree", tree=(2, 2, 1)), preset("sd", adaptive=True)):
         evs, _ = run_generation(dec, prompt, s, 30)
         assert [t for e in evs for t in e.emitted] == want, s.label()
+
+
+@needs_native
+@pytest.mark.parametrize("qtype", ["Q4_1a8", "Q8_0a8"])
+def test_a8_records_packed_in_c_are_numpys_bytes(qtype):
+    """quant_a8.c's ``a8_pack`` (the load-time path) writes exactly ``_pack_a8``'s records, padding
+    included (N not a multiple of 16), for random block bytes."""
+    bs = quant._GGUF_BLOCK[qtype[:4]]
+    rng = np.random.default_rng(11)
+    for N, K in [(1, 32), (15, 64), (16, 96), (17, 32), (100, 576), (576, 1536)]:
+        raw = rng.integers(0, 256, (N, K // 32 * bs), dtype=np.uint8)
+        assert torch.equal(quant.pack(raw, qtype, K), quant.pack(raw, qtype, K, native=False)), (N, K)
+
+
+@needs_native
+@pytest.mark.parametrize("mixed", [False, True])
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_a_deferred_gguf_load_builds_the_same_model(mixed, dtype, tmp_path, monkeypatch):
+    """The CPU load defers the fp32 copies of the matrices kept in their blocks (engine/gguf.py
+    ``defer``): none of them is dequantised, and the model is the fully loaded one's bit for bit.
+    ``mixed`` (k in Q8_0 beside Q4_1 q/v: the fused qkv cannot take the blocks) falls back to the
+    full load, which must give the same model too."""
+    import engine.gguf as gg
+    from engine.loading import load
+
+    path = tmp_path / "q.gguf"
+    _write_quantised_llama(path, mixed=mixed)
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    read, materialized = [], []
+    real_read, real_mat = gg._read_weight, gg.GGUFCheckpoint.materialize
+    monkeypatch.setattr(gg, "_read_weight", lambda f, g, *a: read.append(g) or real_read(f, g, *a))
+    monkeypatch.setattr(gg.GGUFCheckpoint, "materialize", lambda ck: materialized.append(bool(ck.deferred)) or real_mat(ck))
+    fast = load(str(path), dtype=dtype)
+    if mixed:
+        assert materialized == [True]  # the fallback: every deferred matrix read after all
+    else:
+        assert materialized == [] and all(".attn_" not in g and ".ffn_" not in g or "norm" in g for g in read), read
+        assert "token_embd.weight" in read  # looked up in fp32
+    real_load = gg.load_gguf
+    monkeypatch.setattr(gg, "load_gguf", lambda p, defer=False: real_load(p, defer=False))
+    full = load(str(path), dtype=dtype)
+    assert (fast.kept_quantized, fast.act8) == (full.kept_quantized, full.act8) and fast.kept_quantized > 0
+    fm, rm = fast.model, full.model
+    assert [repr(x) for x in [fm.lm_head_t, *[lyr[k] for lyr in fm.layers for k in ("wqkv", "wo", "wgu", "wd")]]] == \
+           [repr(x) for x in [rm.lm_head_t, *[lyr[k] for lyr in rm.layers for k in ("wqkv", "wo", "wgu", "wd")]]]
+    ids = list(range(3, 50))
+    assert torch.equal(fm.full_logits(ids), rm.full_logits(ids))

@@ -79,6 +79,14 @@ NATIVE_PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack re
 PREFILL_ATTENTION = True  # fp32 prefill chunks over NATIVE_PREFILL_ROWS rows: common.prefill_attention (A/Bs switch it)
 
 
+def _fuse(ws: list[torch.Tensor]) -> torch.Tensor:
+    """[out, in] matrices stacked by rows; "meta" placeholders (engine/gguf.py ``defer``) give a
+    placeholder of the stacked shape (torch.cat on meta tensors imports torch._dynamo: seconds)."""
+    if any(w.is_meta for w in ws):
+        return torch.empty(sum(w.shape[0] for w in ws), ws[0].shape[1], device="meta")
+    return torch.cat(ws, 0)
+
+
 class Llama(CausalLM):
     family = "llama"
 
@@ -93,7 +101,9 @@ class Llama(CausalLM):
         self.scale = cfg.head_dim ** -0.5
         get = tensor_getter(sd, "Llama")
         self.embed = get("model.embed_tokens.weight").to(dtype).contiguous()  # (V, D)
-        lm = sd.get("lm_head.weight") if not cfg.tie_word_embeddings else None
+        lm = sd.get("lm_head.weight")
+        if cfg.tie_word_embeddings and not (lm is not None and lm.is_meta):
+            lm = None  # tied: the embedding; a "meta" head is a GGUF loader's placeholder for its blocks (engine/gguf.py)
         if lm is None:
             lm = get("model.embed_tokens.weight")
         self.lm_head_t = as_t(lm, dtype)  # (D, V)
@@ -108,9 +118,9 @@ class Llama(CausalLM):
             layer = {
                 "ln1": get(p + "input_layernorm.weight").to(dtype),
                 "ln2": get(p + "post_attention_layernorm.weight").to(dtype),
-                "wqkv": as_t(torch.cat([q, k, v], 0), dtype),  # (D, (H + 2K) E)
+                "wqkv": as_t(_fuse([q, k, v]), dtype),  # (D, (H + 2K) E)
                 "wo": as_t(get(p + "self_attn.o_proj.weight"), dtype),
-                "wgu": as_t(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")], 0), dtype),
+                "wgu": as_t(_fuse([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]), dtype),
                 "wd": as_t(get(p + "mlp.down_proj.weight"), dtype),
                 "bqkv": None, "bo": None, "bgu": None, "bd": None,
             }

@@ -41,9 +41,10 @@ def enabled() -> bool:
     return os.environ.get("SPECCHAT_QUANT", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
-def pack(raw: np.ndarray, qtype: str, K: int) -> torch.Tensor:
+def pack(raw: np.ndarray, qtype: str, K: int, native: bool = True) -> torch.Tensor:
     """GGUF rows -> the kernel's records. ``raw`` is (N, K / 32 * block bytes) uint8, one output
-    row per line as stored in the file. Returns a flat uint8 tensor of nb * K / 32 records."""
+    row per line as stored in the file. Returns a flat uint8 tensor of nb * K / 32 records.
+    ``native``: the a8 records through quant_a8.c where it is built (numpy otherwise)."""
     if qtype not in _RECORD:
         raise ValueError(f"unsupported quantisation {qtype}")
     if K % 32:
@@ -55,6 +56,16 @@ def pack(raw: np.ndarray, qtype: str, K: int) -> torch.Tensor:
     if raw.shape[1] != nkb * bs:
         raise ValueError(f"{qtype} rows of {raw.shape[1]} bytes, expected {nkb * bs} for K={K}")
     nb = -(-N // 16)
+    if qtype != base and native:
+        from .. import native as _native
+
+        lib = _native.lib()
+        if lib is not None:  # quant_a8.c's a8_pack: the same bytes as _pack_a8, ~30x faster
+            raw = np.ascontiguousarray(raw, dtype=np.uint8)
+            out = torch.empty(nb * nkb * _RECORD[qtype], dtype=torch.uint8)
+            if lib.a8_pack(QTYPES[qtype], raw.ctypes.data, N, K, out.data_ptr()):
+                raise ValueError(f"a8_pack failed for {qtype}, K={K}")
+            return out
     blocks = np.zeros((nb * 16, nkb, bs), dtype=np.uint8)
     blocks[:N] = raw.reshape(N, nkb, bs)
     blocks = blocks.reshape(nb, 16, nkb, bs).transpose(0, 2, 1, 3)  # (nb, nkb, 16 outputs, bs)

@@ -496,3 +496,40 @@ void a8_dequant(int qtype, const uint8_t *rec, float *out) {
         }
     }
 }
+
+/* GGUF rows -> this file's records (quant.py `pack`; the numpy `_pack_a8` is the reference, the
+ * same bytes: tests/test_quant.py). raw: N rows of K / 32 GGUF blocks (Q4_1: fp16 d, fp16 m, 16
+ * bytes with input t in the low nibble of byte t and input t + 16 in the high one; Q8_0: fp16 d,
+ * int8 q[32]); out: ceil(N / 16) * K / 32 records, column block by column block, outputs past N
+ * zero. A load-time layout change (SmolLM2's 121 matrices: ~1 s in numpy). Returns 0, or -1 for
+ * an unknown qtype or K % 32 != 0. */
+int a8_pack(int qtype, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out) {
+    if (K % QK || (qtype != QT_Q4_1A8 && qtype != QT_Q8_0A8)) return -1;
+    const int q4 = qtype == QT_Q4_1A8;
+    const int64_t bs = q4 ? 20 : 34, nkb = K / QK, nb = (N + JB - 1) / JB, rb = a8_record_bytes(qtype);
+    for (int64_t b = 0; b < nb; b++)
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            uint8_t *rec = out + (b * nkb + kb) * rb;
+            memset(rec, 0, (size_t)rb);
+            for (int j = 0; j < JB; j++) {
+                const int64_t n = b * JB + j;
+                if (n >= N) break;
+                const uint8_t *blk = raw + (n * nkb + kb) * bs;
+                memcpy(rec + 2 * j, blk, 2); /* d */
+                if (q4) {
+                    memcpy(rec + 32 + 2 * j, blk + 2, 2); /* m */
+                    uint8_t q[QK];
+                    for (int t = 0; t < 16; t++) {
+                        q[t] = blk[4 + t] & 15;
+                        q[t + 16] = blk[4 + t] >> 4;
+                    }
+                    for (int g = 0; g < 4; g++)
+                        for (int k = 0; k < 4; k++) rec[64 + 64 * g + 4 * j + k] = (uint8_t)(q[8 * g + k] | (q[8 * g + 4 + k] << 4));
+                } else {
+                    for (int h = 0; h < 8; h++)
+                        for (int k = 0; k < 4; k++) rec[32 + 64 * h + 4 * j + k] = blk[2 + 4 * h + k];
+                }
+            }
+        }
+    return 0;
+}
