@@ -1,37 +1,214 @@
-"""Every key of the app, in one table: the help screen shows it and a test keeps it in step with
-the bindings. Keys use Textual's names (``ctrl+s``); :func:`key_display` prettifies them."""
+"""Every key of the app, in one table, and the user's keymap.
+
+``KEYS`` is what the help screen shows (a test keeps it in step with the bindings): each row is
+(binding id or None, default keys, what it does). Keys use Textual's names (``ctrl+s``);
+:func:`key_display` prettifies them.
+
+The keymap (as oterm's "keymap" block): a TOML file, ``keymap.toml`` in the data directory
+(``$SPECCHAT_KEYMAP`` or ``specchat chat --keymap FILE`` elsewhere), maps binding ids to keys:
+
+    toggle_dashboard = "f3"          # Ctrl+D is the prompt's delete-right again
+    new_chat = ["ctrl+n", "f6"]
+
+Each entry replaces all the default keys of that binding (Textual's ``App.set_keymap``). A file
+that cannot be read, an unknown id, a key Textual cannot name, a plain character for a binding
+that works while you type, or two bindings of the same scope on one key: each is one line in a
+notice, and that entry keeps its default keys; nothing else is lost.
+"""
 
 from __future__ import annotations
 
-KEYS: list[tuple[tuple[str, ...], str]] = [
-    (("enter",), "send the message"),
-    (("shift+enter", "ctrl+j"), "new line in the message"),
-    (("escape",), "stop the reply (the partial text is kept)"),
-    (("up", "down"), "earlier / later prompts (empty or one-line box)"),
-    (("pageup", "pagedown"), "scroll the conversation"),
-    (("ctrl+r",), "regenerate the last reply (current strategy)"),
-    (("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
-    (("ctrl+n",), "new chat"),
-    (("ctrl+l", "f4"), "chats: Enter, / search, r rename, Del Del delete"),
-    (("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
-    (("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
-    (("[", "]"), "older / newer draft tree (tree focused; ← →; End)"),
-    (("ctrl+o",), "models: pick, download (Esc cancels), switch"),
-    (("f1",), "this help"),
-    (("ctrl+p",), "command palette: every knob, live; baseline"),
-    (("tab", "shift+tab"), "move the focus"),
-    (("ctrl+c",), "copy the selected text"),
-    (("ctrl+q",), "quit"),
+import os
+import string
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+
+KEYMAP_ENV = "SPECCHAT_KEYMAP"
+KEYMAP_NAME = "keymap.toml"
+
+# (binding id or None for the prompt's fixed keys, default keys, what it does)
+KEYS: list[tuple[str | None, tuple[str, ...], str]] = [
+    (None, ("enter",), "send the message"),
+    (None, ("shift+enter", "ctrl+j"), "new line in the message"),
+    ("stop", ("escape",), "stop the reply (the partial text is kept)"),
+    (None, ("up", "down"), "earlier / later prompts (empty or one-line box)"),
+    (None, ("pageup", "pagedown"), "scroll the conversation"),
+    ("regenerate", ("ctrl+r",), "regenerate the last reply (current strategy)"),
+    ("copy_reply", ("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
+    ("new_chat", ("ctrl+n",), "new chat"),
+    ("toggle_chats", ("ctrl+l", "f4"), "chats: Enter, / search, r rename, Del Del delete"),
+    ("cycle_strategy", ("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
+    ("toggle_dashboard", ("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
+    (None, ("[", "]"), "older / newer draft tree (tree focused; ← →; End)"),
+    ("models", ("ctrl+o",), "models: pick, download (Esc cancels), switch"),
+    ("help", ("f1",), "this help"),
+    (None, ("ctrl+p",), "command palette: every knob, live; baseline"),
+    (None, ("tab", "shift+tab"), "move the focus"),
+    (None, ("ctrl+c",), "copy the selected text"),
+    ("quit", ("ctrl+q",), "quit"),
 ]
 
-_NAMES = {"escape": "Esc", "enter": "Enter", "tab": "Tab", "pageup": "PgUp", "pagedown": "PgDn"}
+# Every binding id a keymap may name -> (its default keys, scope). "global" bindings are live while
+# you type in the prompt (the app's and the chat screen's), so they need a modifier, a function key
+# or Esc; the others act inside one widget or dialog.
+BINDINGS: dict[str, tuple[str, str]] = {
+    "cycle_strategy": ("ctrl+s,f2", "global"), "models": ("ctrl+o", "global"), "help": ("f1", "global"),
+    "quit": ("ctrl+q", "global"), "stop": ("escape", "global"), "toggle_dashboard": ("ctrl+d,f3", "global"),
+    "toggle_chats": ("ctrl+l,f4", "global"), "new_chat": ("ctrl+n", "global"), "regenerate": ("ctrl+r", "global"),
+    "copy_reply": ("ctrl+y", "global"),
+    "tree_older": ("left_square_bracket,left", "tree"), "tree_newer": ("right_square_bracket,right", "tree"),
+    "tree_latest": ("end", "tree"),
+    "close_chats": ("escape", "chats"), "rename_chat": ("r", "chats"), "delete_chat": ("delete", "chats"),
+    "search_chats": ("slash", "chats"),
+    "close_help": ("escape,f1,q", "help"), "close_models": ("escape", "models"), "cancel_system": ("escape", "system"),
+}
+
+_NAMES = {"escape": "Esc", "enter": "Enter", "tab": "Tab", "pageup": "PgUp", "pagedown": "PgDn", "delete": "Del"}
+_MODIFIERS = ("ctrl", "alt", "shift", "super", "meta", "hyper")
+_NAMED = {"escape", "enter", "tab", "space", "backspace", "delete", "insert", "home", "end", "pageup", "pagedown",
+          "up", "down", "left", "right", *(f"f{i}" for i in range(1, 25))}
+
+
+def _punctuation() -> dict[str, str]:
+    """Textual's names of the punctuation keys -> the characters (``slash`` -> ``/``)."""
+    from textual.keys import _character_to_key
+
+    return {_character_to_key(c): c for c in string.punctuation}
 
 
 def key_display(key: str) -> str:
-    """``ctrl+s`` -> ``Ctrl+S``, ``escape`` -> ``Esc``, ``f2`` -> ``F2``."""
-    return "+".join(_NAMES.get(part, part.upper() if len(part) == 1 or part[0] == "f" else part.title())
-                    for part in key.split("+"))
+    """``ctrl+s`` -> ``Ctrl+S``, ``escape`` -> ``Esc``, ``f2`` -> ``F2``, ``left_square_bracket`` -> ``[``;
+    a plain letter stays as typed (``r``)."""
+    punct = _punctuation()
+    if len(key) == 1:
+        return key
+
+    def part(p: str) -> str:
+        if p in _NAMES:
+            return _NAMES[p]
+        if p in punct:
+            return punct[p]
+        return p.upper() if len(p) == 1 or p[0] == "f" and p[1:].isdigit() else p.title()
+
+    return "+".join(part(p) for p in key.split("+"))
 
 
 def documented_keys() -> set[str]:
-    return {key for keys, _ in KEYS for key in keys}
+    return {key for _, keys, _ in KEYS for key in keys}
+
+
+def keymap_path(override: str | os.PathLike | None = None) -> Path:
+    """The keymap file: ``override``, else $SPECCHAT_KEYMAP, else ``keymap.toml`` in the data dir."""
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get(KEYMAP_ENV)
+    if env:
+        return Path(env).expanduser()
+    from .store import data_dir
+
+    return data_dir() / KEYMAP_NAME
+
+
+def normalize_key(key: str) -> str | None:
+    """One key in Textual's long form (``ctrl+[`` -> ``ctrl+left_square_bracket``), or None where it
+    is not a key Textual can name (an unknown name, a modifier alone, a repeated modifier)."""
+    parts = key.strip().lower().split("+")
+    if any(p == "" for p in parts):
+        return None
+    *mods, base = parts
+    if len(set(mods)) != len(mods) or any(m not in _MODIFIERS for m in mods):
+        return None
+    punct = _punctuation()
+    if len(base) == 1 and base in string.punctuation:
+        base = next(name for name, c in punct.items() if c == base)
+    elif not (base in _NAMED or base in punct or len(base) == 1 and base in string.ascii_lowercase + string.digits):
+        return None
+    return "+".join([*mods, base])
+
+
+def _typing_key(key: str) -> bool:
+    """A key the prompt needs for typing or editing: no ctrl/alt/super/meta/hyper, not F1-F24/Esc."""
+    *mods, base = key.split("+")
+    if any(m in mods for m in ("ctrl", "alt", "super", "meta", "hyper")):
+        return False
+    return not (base == "escape" or base[0] == "f" and base[1:].isdigit())
+
+
+def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]:
+    """A keymap table -> ({binding id: "key,key"}, problems). Entries with a problem are left out
+    (their bindings keep the default keys)."""
+    keymap: dict[str, str] = {}
+    problems: list[str] = []
+    for bid, value in data.items():
+        if bid not in BINDINGS:
+            problems.append(f"unknown binding {bid!r} (see the README's key table)")
+            continue
+        raw = [value] if isinstance(value, str) else value
+        if not isinstance(raw, list) or not raw or not all(isinstance(k, str) for k in raw):
+            problems.append(f"{bid}: give a key or a list of keys, as \"ctrl+n\" or [\"ctrl+n\", \"f6\"]")
+            continue
+        keys = [k for item in raw for k in item.split(",")]  # the comma key itself is "comma"
+        norm = [normalize_key(k) for k in keys]
+        bad = [k for k, n in zip(keys, norm) if n is None]
+        if bad:
+            problems.append(f"{bid}: {bad[0]!r} is not a key name (as ctrl+n, alt+x, f6, escape, pageup)")
+            continue
+        if BINDINGS[bid][1] == "global" and any(_typing_key(n) for n in norm):  # type: ignore[arg-type]
+            k = next(k for k, n in zip(keys, norm) if _typing_key(n))  # type: ignore[arg-type]
+            problems.append(f"{bid}: {k!r} is needed for typing; use a key with ctrl or alt, F1-F24 or escape")
+            continue
+        keymap[bid] = ",".join(dict.fromkeys(norm))  # type: ignore[arg-type]
+    # two bindings of one scope on one key: the entries involved keep their default keys (again
+    # until none clash: a default coming back may clash in turn)
+    while True:
+        owner: dict[tuple[str, str], str] = {}
+        clashed: set[str] = set()
+        for bid, (default, scope) in BINDINGS.items():
+            for key in keymap.get(bid, default).split(","):
+                other = owner.setdefault((scope, key), bid)
+                if other != bid:
+                    mine = [b for b in (other, bid) if b in keymap]
+                    clashed.update(mine)
+                    problems.append(f"{key_display(key)} is given to both {other} and {bid}: "
+                                    f"{' and '.join(mine)} keep{'s' if len(mine) == 1 else ''} the default keys")
+        if not clashed:
+            return keymap, problems
+        keymap = {b: k for b, k in keymap.items() if b not in clashed}
+
+
+def load_keymap(path: Path) -> tuple[dict[str, str], list[str]]:
+    """The keymap in ``path`` (no file: an empty keymap), and its problems, one line each."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return {}, []
+    except (OSError, UnicodeDecodeError) as e:
+        return {}, [f"{path}: cannot read it ({getattr(e, 'strerror', None) or e}): the default keys are used"]
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        return {}, [f"{path}: not valid TOML ({e}): the default keys are used"]
+    if "keys" in data and isinstance(data["keys"], dict) and len(data) == 1:
+        data = data["keys"]  # a [keys] table is fine too
+    keymap, problems = parse_keymap(data)
+    return keymap, [f"{path.name}: {p}" for p in problems]
+
+
+def key_label(keymap: Mapping[str, str], binding_id: str) -> str:
+    """The first key of a binding as shown (``Ctrl+N``), after the keymap."""
+    return key_display(keymap.get(binding_id, BINDINGS[binding_id][0]).split(",")[0])
+
+
+def keys_of(keymap: Mapping[str, str], binding_id: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A help row's keys after the keymap."""
+    if binding_id is None or binding_id not in keymap:
+        return default
+    return tuple(keymap[binding_id].split(","))
+
+
+def with_keys(template: str, keymap: Mapping[str, str] | None = None, **values: object) -> str:
+    """A notice naming keys by binding id (``"… or {new_chat} for a new chat"``), filled in with the
+    keys the keymap gives them (``Ctrl+N`` by default); ``values`` fill the other fields."""
+    labels = {bid: key_label(keymap or {}, bid) for bid in BINDINGS if "{" + bid + "}" in template}
+    return template.format(**labels, **values)

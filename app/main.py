@@ -23,6 +23,7 @@ from engine.session import ChatEngine
 from engine.strategy import Strategy
 
 from .commands import StrategyCommands
+from .keys import keymap_path, load_keymap, with_keys
 from .messages import BaselineMeasured, SessionFailed, SessionLoaded, error_line
 from .screens import ChatScreen, HelpScreen, ModelChoice, ModelsScreen
 from .store import open_store
@@ -89,6 +90,7 @@ class SpecChatApp(App[None]):
     model_loader      builds the session for a model picked with Ctrl+O (default: ChatSession.load)
     models_file       the models.toml the picker lists (default: $SPECCHAT_MODELS or the shipped one)
     system_prompt     new chats' system prompt this run (None: the one saved in the settings, if any)
+    keymap_file       the user's keys (default: $SPECCHAT_KEYMAP or keymap.toml in the data dir; app/keys.py)
     """
 
     CSS_PATH = "app.tcss"
@@ -109,9 +111,14 @@ class SpecChatApp(App[None]):
         model_loader: ModelLoader | None = None,
         models_file: str | None = None,
         system_prompt: str | None = None,
+        keymap_file: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # the user's keys (app/keys.py): applied before anything is shown, problems noticed at mount
+        self.keymap_path = keymap_path(keymap_file)
+        self.keymap, self.keymap_problems = load_keymap(self.keymap_path)
+        self.set_keymap(self.keymap)
         self.session_factory = session_factory
         self.models_file = models_file
         self.model_loader: ModelLoader = model_loader or (
@@ -130,6 +137,10 @@ class SpecChatApp(App[None]):
         return self.chat
 
     def on_mount(self) -> None:
+        if self.keymap_problems:
+            more = len(self.keymap_problems) - 3
+            self.notify("\n".join(self.keymap_problems[:3]) + (f"\n(and {more} more)" if more > 0 else ""),
+                        title="Keymap", severity="warning", timeout=12)
         self._load_session()
         self._tty_fd = terminal_fd()
         if self._tty_fd is not None:
@@ -244,7 +255,7 @@ class SpecChatApp(App[None]):
         if choice is None:
             return
         if self.chat.busy:
-            self.notify("A reply is running: stop it (Esc), then pick the model again.", severity="warning")
+            self.notify(with_keys("A reply is running: stop it ({stop}), then pick the model again.", self.keymap), severity="warning")
             return
         loader = self.model_loader
         self.session_factory = lambda: loader(choice.target, choice.drafter)

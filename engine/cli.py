@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 import threading
 from typing import Any, Sequence
 
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-new-tokens", type=int, default=512)
     chat.add_argument("--system", default=None, metavar="TEXT",
                       help="system prompt of the chats started in this run (default: the one set in the app, if any)")
+    chat.add_argument("--keymap", default=None, metavar="FILE",
+                      help="the keys to use instead of the defaults (TOML: binding id = key; default: $SPECCHAT_KEYMAP "
+                           "or keymap.toml in the data directory; README: Keys)")
 
     gen = sub.add_parser("generate", help="stream a completion to stdout")
     _add_model_opts(gen)
@@ -359,6 +363,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .registry import load_registry
 
     load_registry(args.models)  # a broken models.toml is reported before the UI starts
+    if args.keymap and not Path(args.keymap).expanduser().is_file():
+        from .errors import SpecchatError
+
+        raise SpecchatError(f"--keymap {args.keymap}: no such file")
     from app.main import run_app  # lazy: only the chat command needs the UI
 
     from .strategy import preset
@@ -378,7 +386,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                                 max_context=args.max_context)
 
     run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models,
-            system_prompt=args.system)
+            system_prompt=args.system, keymap_file=args.keymap)
     return 0
 
 

@@ -21,6 +21,7 @@ from textual.worker import get_current_worker
 from engine.session import ChatEngine, leading_system
 from engine.strategy import StrategyError
 
+from ..keys import with_keys
 from ..reply import ReplyRun
 from ..store import ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
@@ -42,17 +43,18 @@ CHAT_MIN_WIDTH = 40  # the message column's fewest columns with the chat list op
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
 CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's context window. "
-                  "Send another message to go on (the oldest turns are left out), or Ctrl+N for a new chat.")
+                  "Send another message to go on (the oldest turns are left out), or {new_chat} for a new chat.")
 WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
                  "message{s} left out of what the model reads (the chat keeps {them}).")
 LENGTH_NOTICE = "The reply stopped at the {n}-token limit: Ctrl+P \"Continue the last reply\" goes on from there."
-TOO_LONG_NOTICE = "This message does not fit the model's context window: shorten it, or start a new chat (Ctrl+N)."
+TOO_LONG_NOTICE = "This message does not fit the model's context window: shorten it, or start a new chat ({new_chat})."
 READING_STATE = "reading the prompt…"
-EDITING_STATE = "editing your last message: Enter replaces it and its reply, Esc cancels"
+EDITING_STATE = "editing your last message: Enter replaces it and its reply, {stop} cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
-BUSY_NOTICE = "A reply is still running: wait for it, or press Esc to stop it."
-EDIT_OPEN_NOTICE = "Send or cancel (Esc) the edit of your last message first."
+BUSY_NOTICE = "A reply is still running: wait for it, or press {stop} to stop it."
+EDIT_OPEN_NOTICE = "Send or cancel ({stop}) the edit of your last message first."
+# the notices above name keys by binding id ({new_chat}): ChatScreen._keys fills in the keymap's keys
 
 
 def failure_notice(run: ReplyRun) -> str:
@@ -274,24 +276,28 @@ class ChatScreen(Screen[None]):
         await self.query_one(MessageList).show(shown)
         self._show_title()
         if self.conversation and self.conversation[-1]["role"] == "user":
-            self.notify("The last message has no reply (the app closed while it was being written): "
-                        "press Ctrl+R to ask again.", severity="warning", timeout=8)
+            self.notify(self._keys("The last message has no reply (the app closed while it was being written): "
+                                   "press {regenerate} to ask again."), severity="warning", timeout=8)
         status = self.status_line.status
         status.last_event = status.summary = None
         if self.session is not None:
             status.state = "ready"
         self.status_line.refresh()
 
+    def _keys(self, template: str, **values: object) -> str:
+        """A notice naming keys by binding id, with the keys the user's keymap gives them (app/keys.py)."""
+        return with_keys(template, getattr(self.app, "keymap", None), **values)
+
     def _show_title(self) -> None:
         text = Text(no_wrap=True, overflow="ellipsis")
         text.append(self.chat_title or NEW_CHAT_TITLE, style="bold")
-        text.append("  Ctrl+L chats · Ctrl+N new", style="dim")
+        text.append(self._keys("  {toggle_chats} chats · {new_chat} new"), style="dim")
         self.title_bar.update(text)
 
     def _refuse_while_busy(self, doing: str) -> bool:
         """True (with a notice) while a reply runs: chats change only between replies."""
         if self.busy:
-            self.notify(f"A reply is still running: press Esc to stop it before {doing}.", severity="warning")
+            self.notify(self._keys("A reply is still running: press {stop} to stop it before {doing}.", doing=doing), severity="warning")
         return self.busy
 
     async def action_new_chat(self) -> None:
@@ -444,7 +450,7 @@ class ChatScreen(Screen[None]):
     def _ready_to_generate(self) -> bool:
         """True if a reply can start now; otherwise says why."""
         if self.busy:
-            self.notify(BUSY_NOTICE, severity="warning")
+            self.notify(self._keys(BUSY_NOTICE), severity="warning")
             return False
         switching = getattr(self.app, "switching_to", None)
         if switching is not None:  # the new model would be attached in the middle of the reply
@@ -616,7 +622,7 @@ class ChatScreen(Screen[None]):
         if failed:
             self.notify(failure_notice(run), severity="error", timeout=8)
         elif reason == "context":
-            self.notify(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE, severity="warning", timeout=12)
+            self.notify(self._keys(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE), severity="warning", timeout=12)
         elif nothing_back:
             self.notify(REGENERATE_EMPTY_NOTICE if restore else STOPPED_EMPTY_NOTICE, timeout=5)
         elif reason == "length":
@@ -659,7 +665,7 @@ class ChatScreen(Screen[None]):
         if not self._ready_to_generate():
             return
         if self._editing is not None:
-            self.notify(EDIT_OPEN_NOTICE, severity="warning", timeout=4)
+            self.notify(self._keys(EDIT_OPEN_NOTICE), severity="warning", timeout=4)
             return
         last = self.conversation[-1] if self.conversation else None
         if last is None or last["role"] != "assistant" or not last["content"] or not self._has_user_message:
@@ -700,7 +706,7 @@ class ChatScreen(Screen[None]):
         elif not run.text:
             self.notify("The continuation brought nothing back: the reply is as it was.", timeout=5)
         elif reason == "context":
-            self.notify(CONTEXT_NOTICE, severity="warning", timeout=12)
+            self.notify(self._keys(CONTEXT_NOTICE), severity="warning", timeout=12)
         elif reason == "length":
             self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
         async with self._closing_reply() as reply:
@@ -757,14 +763,14 @@ class ChatScreen(Screen[None]):
         self.prompt.text = self.conversation[users[-1]]["content"]
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()
-        self._set_state(EDITING_STATE)
+        self._set_state(self._keys(EDITING_STATE))
 
     def action_system_prompt(self) -> None:
         """Ctrl+P "System prompt…": edit this chat's system prompt (and, ticked, new chats')."""
         if self._refuse_while_busy("changing the system prompt"):
             return
         if self._editing is not None:
-            self.notify(EDIT_OPEN_NOTICE, severity="warning", timeout=4)
+            self.notify(self._keys(EDIT_OPEN_NOTICE), severity="warning", timeout=4)
             return
         current = self._system_text
         # ticked for a new chat, or a chat that uses the default one (a change then goes on to new chats)

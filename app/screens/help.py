@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from rich.table import Table
@@ -12,24 +13,35 @@ from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..keys import KEYS, key_display
+from ..keys import KEYS, key_display, keys_of, with_keys
 
 
-def keys_table() -> Table:
-    """Two columns: the keys (bold) and what they do (wrapped to the dialog's width)."""
+def keys_table(keymap: Mapping[str, str] | None = None) -> Table:
+    """Two columns: the keys (bold; after the user's ``keymap``) and what they do (wrapped to the
+    dialog's width)."""
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
-    for keys, what in KEYS:
-        table.add_row(" / ".join(key_display(k) for k in keys), what)
+    for bid, keys, what in KEYS:
+        table.add_row(" / ".join(key_display(k) for k in keys_of(keymap or {}, bid, keys)), what)
     return table
+
+
+def keys_title(path: Path | None, keymap: Mapping[str, str]) -> str:
+    """The dialog's title: where the keys are rebound (app/keys.py; by default keymap.toml beside
+    the chats, whose place the dialog's last line gives), and how many are."""
+    name = path.name if path is not None else "keymap.toml"
+    return f"Keys · {len(keymap)} rebound in {name}" if keymap else f"Keys · rebind in {name}"
+
+
+def _short(path: Path) -> str:
+    home = Path.home()
+    return "~/" + str(path.relative_to(home)) if path.is_relative_to(home) else str(path)
 
 
 def store_text(path: Path | None) -> Text:
     """Where the chats and settings are kept (``path`` None: nowhere, this run is in memory)."""
-    home = Path.home()
-    where = "not saved (in memory)" if path is None else (
-        "~/" + str(path.relative_to(home)) if path.is_relative_to(home) else str(path))
+    where = "not saved (in memory)" if path is None else _short(path)
     return Text.assemble(("Chats ", "bold"), where, style="dim")
 
 
@@ -40,9 +52,10 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-dialog") as dialog:
-            dialog.border_title = "Keys"
-            dialog.border_subtitle = "Esc closes"
-            yield Static(keys_table(), id="help-keys")
+            keymap = getattr(self.app, "keymap", None) or {}
+            dialog.border_title = keys_title(getattr(self.app, "keymap_path", None), keymap)
+            dialog.border_subtitle = with_keys("{close_help} closes", keymap)
+            yield Static(keys_table(keymap), id="help-keys")
             store = getattr(self.app, "store", None)
             if store is not None:
                 yield Static(store_text(store.path), id="help-store")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from textual.widgets import Static
 
-from app.keys import KEYS, documented_keys
+from app.keys import KEYS, documented_keys, with_keys
 from app.main import SpecChatApp
 from app.screens import ChatScreen, HelpScreen
 from app.screens.chat import CONTEXT_NOTICE, TOO_LONG_NOTICE, SETTING_DASHBOARD, SETTING_STRATEGY, SETTING_THEME, window_notice
@@ -396,8 +396,8 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
         reply = messages(app)[-1]
         assert reply.has_class("-context") and reply.source.startswith("It is")
         assert "Context full" in reply.source and "Ctrl+N" in reply.source
-        assert (CONTEXT_NOTICE, "warning") in notices(app)
-        assert "Ctrl+N" in CONTEXT_NOTICE and "context full" in status(app)
+        assert (with_keys(CONTEXT_NOTICE), "warning") in notices(app)
+        assert "Ctrl+N" in with_keys(CONTEXT_NOTICE) and "context full" in status(app)
         assert "Context full: the reply" in screen_text(app)
 
         engine.script = [""]  # the next turn does not fit at all: nothing comes back
@@ -406,8 +406,8 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
         assert shown(app)[-1][0] == "assistant" and len(messages(app)) == 2  # the refused turn is gone
         assert prompt(app).text == "one more"  # back in the prompt, to send in a new chat
         assert app.chat.conversation[-1]["role"] == "assistant"
-        assert notices(app).count((CONTEXT_NOTICE, "warning")) == 1
-        assert (TOO_LONG_NOTICE, "warning") in notices(app)
+        assert notices(app).count((with_keys(CONTEXT_NOTICE), "warning")) == 1
+        assert (with_keys(TOO_LONG_NOTICE), "warning") in notices(app)
 
     (record,) = saved(data_dir).chats()
     last = saved(data_dir).messages(record.id)
@@ -534,7 +534,7 @@ async def test_new_keys_are_documented_and_do_not_collide(data_dir: Path) -> Non
     assert {"ctrl+n", "ctrl+l", "f4", "ctrl+r", "ctrl+y"} <= keys <= documented_keys()
     app_keys = {key for b in SpecChatApp.BINDINGS for key in b.key.split(",")}  # type: ignore[union-attr]
     assert not keys & app_keys and "ctrl+o" not in keys
-    chat_list_help = next(what for k, what in KEYS if "ctrl+l" in k)
+    chat_list_help = next(what for _, k, what in KEYS if "ctrl+l" in k)
     assert "r rename" in chat_list_help and "Del" in chat_list_help
     list_keys = {b.key for b in ChatList.BINDINGS}  # type: ignore[union-attr]
     assert list_keys == {"escape", "r", "delete", "slash"}

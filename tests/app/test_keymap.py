@@ -1,0 +1,165 @@
+"""The user's keymap (app/keys.py): keymap.toml rebinds the app's keys by binding id; bad entries
+are noticed in one line each and keep their defaults; the help, the footer and the notices name
+the keys in use."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app.keys import BINDINGS, KEYS, key_display, key_label, keymap_path, load_keymap, normalize_key, parse_keymap, with_keys
+from app.main import SpecChatApp
+from app.screens import HelpScreen
+from app.screens.chat import ChatScreen
+from app.widgets.chat_list import ChatList
+from app.widgets.draft_tree import DraftTreeView
+from engine.cli import build_parser, main
+
+from .fakes import FakeEngine
+from .test_chat import SIZE, make_app, notices, ready, screen_text, wait_for
+
+
+def _bindings() -> dict[str, str]:
+    from app.screens.models import ModelsScreen
+    from app.screens.system_prompt import SystemPromptScreen
+
+    out = {}
+    for cls in (SpecChatApp, ChatScreen, ChatList, DraftTreeView, HelpScreen, ModelsScreen, SystemPromptScreen):
+        for b in cls.BINDINGS:
+            out[b.id] = b.key  # type: ignore[union-attr]
+    return out
+
+
+def test_the_table_of_bindings_is_the_apps() -> None:
+    """Every binding has an id, BINDINGS lists each with its real default keys, and the help rows
+    with an id show that binding's keys; the defaults of one scope never share a key."""
+    real = _bindings()
+    assert None not in real
+    assert {b: k for b, (k, _) in BINDINGS.items()} == real
+    for bid, keys, _ in KEYS:
+        if bid is not None:
+            assert ",".join(normalize_key(k) for k in keys) == real[bid], bid  # type: ignore[misc]
+    assert parse_keymap({}) == ({}, [])  # the defaults do not clash
+
+
+@pytest.mark.parametrize("key, want", [
+    ("ctrl+n", "ctrl+n"), (" F6 ", "f6"), ("Ctrl+[", "ctrl+left_square_bracket"), ("/", "slash"), ("slash", "slash"),
+    ("alt+x", "alt+x"), ("ctrl+shift+up", "ctrl+shift+up"), ("escape", "escape"), ("ctrl+plus", "ctrl+plus"),
+    ("ctrl+", None), ("+", None), ("foo", None), ("ctrl+ctrl+a", None), ("cmd+a", None), ("é", None), ("", None),
+])
+def test_key_names(key: str, want: str | None) -> None:
+    assert normalize_key(key) == want
+
+
+def test_key_display() -> None:
+    assert [key_display(k) for k in ("ctrl+s", "escape", "f2", "left_square_bracket", "ctrl+slash", "r", "delete")] == \
+        ["Ctrl+S", "Esc", "F2", "[", "Ctrl+/", "r", "Del"]
+
+
+def test_parse_keeps_good_entries_and_names_each_problem() -> None:
+    keymap, problems = parse_keymap({
+        "toggle_dashboard": "F3", "new_chat": ["ctrl+n", "f6"], "copy_reply": "ctrl+y, alt+c",
+        "bogus": "f9", "stop": "q", "quit": 3, "models": "ctrl+banana", "rename_chat": "e",
+    })
+    assert keymap == {"toggle_dashboard": "f3", "new_chat": "ctrl+n,f6", "copy_reply": "ctrl+y,alt+c", "rename_chat": "e"}
+    assert len(problems) == 4 and all("\n" not in p for p in problems)
+    assert any("bogus" in p and "unknown" in p for p in problems)
+    assert any(p.startswith("stop:") and "typing" in p for p in problems)  # a plain letter while typing
+    assert any(p.startswith("quit:") for p in problems)
+    assert any(p.startswith("models:") and "ctrl+banana" in p for p in problems)
+
+
+def test_clashes_keep_the_defaults_until_none_is_left() -> None:
+    # regenerate onto new_chat's key: regenerate keeps ctrl+r
+    keymap, problems = parse_keymap({"regenerate": "ctrl+n"})
+    assert keymap == {} and len(problems) == 1 and "Ctrl+N" in problems[0]
+    # a swap is no clash
+    assert parse_keymap({"regenerate": "ctrl+n", "new_chat": "ctrl+r"}) == ({"regenerate": "ctrl+n", "new_chat": "ctrl+r"}, [])
+    # help and quit clash on f9 -> both keep their defaults; help back on f1 then clashes with
+    # models -> models keeps ctrl+o too
+    keymap, problems = parse_keymap({"help": "f9", "quit": "f9", "models": "f1"})
+    assert keymap == {} and len(problems) == 2
+    # the same key in different scopes is fine (r renames in the chat list; ctrl+r is global)
+    assert parse_keymap({"tree_latest": "r"}) == ({"tree_latest": "r"}, [])
+
+
+def test_load_keymap_file(tmp_path: Path) -> None:
+    assert load_keymap(tmp_path / "none.toml") == ({}, [])
+    f = tmp_path / "keymap.toml"
+    f.write_text('toggle_dashboard = "f3"\nnew_chat = ["ctrl+n", "f6"]\n')
+    assert load_keymap(f) == ({"toggle_dashboard": "f3", "new_chat": "ctrl+n,f6"}, [])
+    f.write_text('[keys]\nhelp = "f10"\n')
+    assert load_keymap(f) == ({"help": "f10"}, [])
+    f.write_text('help = "f10\n')
+    keymap, problems = load_keymap(f)
+    assert keymap == {} and len(problems) == 1 and "not valid TOML" in problems[0] and "default keys" in problems[0]
+    f.write_bytes(b'help = "\xff"')
+    assert load_keymap(f)[0] == {} and len(load_keymap(f)[1]) == 1
+    f.write_text('nope = "f10"\n')
+    assert load_keymap(f)[1] == ["keymap.toml: unknown binding 'nope' (see the README's key table)"]
+
+
+def test_keymap_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
+    assert keymap_path() == data_dir / "keymap.toml"
+    monkeypatch.setenv("SPECCHAT_KEYMAP", str(tmp_path / "k.toml"))
+    assert keymap_path() == tmp_path / "k.toml"
+    assert keymap_path(str(tmp_path / "x.toml")) == tmp_path / "x.toml"
+
+
+def test_with_keys() -> None:
+    assert with_keys("press {stop}, or {new_chat} for a new chat") == "press Esc, or Ctrl+N for a new chat"
+    assert with_keys("press {stop} {n}", {"stop": "ctrl+g,f9"}, n=3) == "press Ctrl+G 3"
+    assert key_label({}, "toggle_chats") == "Ctrl+L"
+
+
+async def test_the_app_uses_the_keymap(data_dir: Path) -> None:
+    """keymap.toml in the data dir: the dashboard moves to F3 alone (Ctrl+D no longer toggles
+    it), a new chat is also on F6, and the help, the title line and the notices say so."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "keymap.toml").write_text('toggle_dashboard = "f3"\nnew_chat = ["f6", "ctrl+n"]\nstop = "ctrl+g"\n')
+    app = make_app(FakeEngine(["Hello", " there"]))
+    async with app.run_test(size=(130, 40), notifications=True) as pilot:
+        await ready(pilot)
+        assert app.keymap == {"toggle_dashboard": "f3", "new_chat": "f6,ctrl+n", "stop": "ctrl+g"}
+        assert not any(sev == "warning" for _, sev in notices(app))
+        dash = app.chat.dashboard
+        shown = dash.display
+        await pilot.press("ctrl+d")
+        await pilot.pause()
+        assert dash.display == shown  # Ctrl+D is not the dashboard's any more
+        await pilot.press("f3")
+        await pilot.pause()
+        assert dash.display != shown
+        assert "F6 new" in screen_text(app)  # the title line names the first key
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        text = screen_text(app)
+        assert "F3" in text and "Ctrl+D" not in text and "Ctrl+G" in text and "Keys · 3 rebound in keymap.toml" in text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
+
+
+async def test_a_bad_keymap_is_one_notice_and_the_defaults_stay(data_dir: Path) -> None:
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "keymap.toml").write_text('toggle_dashboard = "d"\nwhatever = "f5"\nhelp = "f10"\n')
+    app = make_app(FakeEngine(["Hi"]))
+    async with app.run_test(size=(130, 40), notifications=True) as pilot:
+        await ready(pilot)
+        assert app.keymap == {"help": "f10"}
+        warned = [m for m, sev in notices(app) if sev == "warning"]
+        assert len(warned) == 1 and warned[0].count("\n") == 1 and "toggle_dashboard" in warned[0] and "whatever" in warned[0]
+        shown = app.chat.dashboard.display
+        await pilot.press("ctrl+d")  # the default still works
+        await pilot.pause()
+        assert app.chat.dashboard.display != shown
+        await pilot.press("f10")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+
+
+def test_cli_keymap_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    args = build_parser().parse_args(["chat", "--keymap", str(tmp_path / "k.toml")])
+    assert args.keymap == str(tmp_path / "k.toml")
+    assert main(["chat", "--keymap", str(tmp_path / "missing.toml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "missing.toml" in err and "no such file" in err
