@@ -27,8 +27,9 @@ from pathlib import Path
 KEYMAP_ENV = "SPECCHAT_KEYMAP"
 KEYMAP_NAME = "keymap.toml"
 
-# (binding id or None for the prompt's fixed keys, default keys, what it does)
-KEYS: list[tuple[str | None, tuple[str, ...], str]] = [
+# (binding id, or ids whose first keys the row shows, or None for fixed keys; default keys; what it
+# does, naming other bindings' keys by id: with_keys)
+KEYS: list[tuple[str | tuple[str, ...] | None, tuple[str, ...], str]] = [
     (None, ("enter",), "send the message"),
     (None, ("shift+enter", "ctrl+j"), "new line in the message"),
     ("stop", ("escape",), "stop the reply (the partial text is kept)"),
@@ -37,11 +38,11 @@ KEYS: list[tuple[str | None, tuple[str, ...], str]] = [
     ("regenerate", ("ctrl+r",), "regenerate the last reply (current strategy)"),
     ("copy_reply", ("ctrl+y",), "copy the last reply to the clipboard (OSC 52)"),
     ("new_chat", ("ctrl+n",), "new chat"),
-    ("toggle_chats", ("ctrl+l", "f4"), "chats: Enter, / search, r rename, Del Del delete"),
+    ("toggle_chats", ("ctrl+l", "f4"), "chats: Enter, {search_chats} search, {rename_chat} rename, {delete_chat} {delete_chat} delete"),
     ("cycle_strategy", ("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
     ("toggle_dashboard", ("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
-    (None, ("[", "]"), "older / newer draft tree (tree focused; ← →; End)"),
-    ("models", ("ctrl+o",), "models: pick, download (Esc cancels), switch"),
+    (("tree_older", "tree_newer"), ("[", "]"), "older / newer draft tree (focused; {tree_latest} latest)"),
+    ("models", ("ctrl+o",), "models: pick, download ({close_models} cancels), switch"),
     ("help", ("f1",), "this help"),
     (None, ("ctrl+p",), "command palette: every knob, live; baseline"),
     (None, ("tab", "shift+tab"), "move the focus"),
@@ -49,20 +50,40 @@ KEYS: list[tuple[str | None, tuple[str, ...], str]] = [
     ("quit", ("ctrl+q",), "quit"),
 ]
 
-# Every binding id a keymap may name -> (its default keys, scope). "global" bindings are live while
-# you type in the prompt (the app's and the chat screen's), so they need a modifier, a function key
-# or Esc; the others act inside one widget or dialog.
+# Every binding id a keymap may name -> (its default keys, scope). Scopes: "app", the app's
+# priority bindings, live on every screen and dialog; "screen", the chat screen's priority ones,
+# live over its widgets too; "global", the other bindings live while you type in the prompt; and
+# one scope per widget or dialog. Bindings clash when their scopes are live together.
 BINDINGS: dict[str, tuple[str, str]] = {
-    "cycle_strategy": ("ctrl+s,f2", "global"), "models": ("ctrl+o", "global"), "help": ("f1", "global"),
-    "quit": ("ctrl+q", "global"), "stop": ("escape", "global"), "toggle_dashboard": ("ctrl+d,f3", "global"),
-    "toggle_chats": ("ctrl+l,f4", "global"), "new_chat": ("ctrl+n", "global"), "regenerate": ("ctrl+r", "global"),
-    "copy_reply": ("ctrl+y", "global"),
+    "cycle_strategy": ("ctrl+s,f2", "app"), "models": ("ctrl+o", "app"), "quit": ("ctrl+q", "app"),
+    "help": ("f1", "global"), "stop": ("escape", "global"), "toggle_chats": ("ctrl+l,f4", "global"),
+    "new_chat": ("ctrl+n", "global"), "regenerate": ("ctrl+r", "global"),
+    "toggle_dashboard": ("ctrl+d,f3", "screen"), "copy_reply": ("ctrl+y", "screen"),
     "tree_older": ("left_square_bracket,left", "tree"), "tree_newer": ("right_square_bracket,right", "tree"),
     "tree_latest": ("end", "tree"),
     "close_chats": ("escape", "chats"), "rename_chat": ("r", "chats"), "delete_chat": ("delete", "chats"),
     "search_chats": ("slash", "chats"),
     "close_help": ("escape,f1,q", "help"), "close_models": ("escape", "models"), "cancel_system": ("escape", "system"),
 }
+_WHILE_TYPING = ("app", "screen", "global")  # live while the prompt has the focus
+
+
+def _live_together(a: str, b: str) -> bool:
+    return a == b or "app" in (a, b) or {a, b} <= {"screen", "global", "tree", "chats"} and "screen" in (a, b) \
+        or {a, b} == {"global", "screen"}
+
+
+def _prompt_keys() -> dict[str, str]:
+    """Keys the prompt (a TextArea) and the app keep for themselves -> what they do there: a binding
+    live while typing may keep its default among them, not take a new one."""
+    from textual.widgets import TextArea
+
+    keys = {k: (b.description or b.action.replace("_", " ")).lower() for b in TextArea.BINDINGS for k in b.key.split(",")}  # type: ignore[union-attr]
+    keys.update({"enter": "send", "ctrl+m": "Enter (send)", "ctrl+j": "new line", "shift+enter": "new line",
+                 "tab": "focus", "shift+tab": "focus", "ctrl+i": "Tab (focus)", "ctrl+h": "Backspace",
+                 "ctrl+left_square_bracket": "Esc", "ctrl+c": "copy", "ctrl+p": "command palette"})
+    return keys
+
 
 _NAMES = {"escape": "Esc", "enter": "Enter", "tab": "Tab", "pageup": "PgUp", "pagedown": "PgDn", "delete": "Del"}
 _MODIFIERS = ("ctrl", "alt", "shift", "super", "meta", "hyper")
@@ -113,22 +134,27 @@ def keymap_path(override: str | os.PathLike | None = None) -> Path:
 def normalize_key(key: str) -> str | None:
     """One key in Textual's long form (``ctrl+[`` -> ``ctrl+left_square_bracket``), or None where it
     is not a key Textual can name (an unknown name, a modifier alone, a repeated modifier)."""
-    parts = key.strip().lower().split("+")
+    parts = key.strip().split("+")
     if any(p == "" for p in parts):
         return None
     *mods, base = parts
+    mods = sorted(m.lower() for m in mods)  # Textual's order (its key events sort them)
     if len(set(mods)) != len(mods) or any(m not in _MODIFIERS for m in mods):
         return None
+    if len(base) != 1 or mods:
+        base = base.lower()  # a plain letter keeps its case: "R" is Shift+R
     punct = _punctuation()
     if len(base) == 1 and base in string.punctuation:
         base = next(name for name, c in punct.items() if c == base)
-    elif not (base in _NAMED or base in punct or len(base) == 1 and base in string.ascii_lowercase + string.digits):
+    elif not (base in _NAMED or base in punct or len(base) == 1 and base in string.ascii_letters + string.digits):
         return None
+    if "shift" in mods and "alt" not in mods and (len(base) == 1 or base in punct):
+        return None  # terminals send the shifted character (Shift+R is "R"; Textual names Alt+R "alt+shift+r")
     return "+".join([*mods, base])
 
 
 def _typing_key(key: str) -> bool:
-    """A key the prompt needs for typing or editing: no ctrl/alt/super/meta/hyper, not F1-F24/Esc."""
+    """A key that types: no ctrl/alt/super/meta/hyper, not F1-F24 or Esc."""
     *mods, base = key.split("+")
     if any(m in mods for m in ("ctrl", "alt", "super", "meta", "hyper")):
         return False
@@ -154,24 +180,31 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
         if bad:
             problems.append(f"{bid}: {bad[0]!r} is not a key name (as ctrl+n, alt+x, f6, escape, pageup)")
             continue
-        if BINDINGS[bid][1] == "global" and any(_typing_key(n) for n in norm):  # type: ignore[arg-type]
-            k = next(k for k, n in zip(keys, norm) if _typing_key(n))  # type: ignore[arg-type]
-            problems.append(f"{bid}: {k!r} is needed for typing; use a key with ctrl or alt, F1-F24 or escape")
-            continue
+        if BINDINGS[bid][1] in _WHILE_TYPING:
+            typing = [k for k, n in zip(keys, norm) if _typing_key(n)]  # type: ignore[arg-type]
+            if typing:
+                problems.append(f"{bid}: {typing[0]!r} is needed for typing; use a key with ctrl or alt, F1-F24 or escape")
+                continue
+            kept = _prompt_keys()
+            defaults = BINDINGS[bid][0].split(",")
+            taken = [(k, n) for k, n in zip(keys, norm) if n in kept and n not in defaults]
+            if taken:
+                problems.append(f"{bid}: {taken[0][0]!r} is the prompt's {kept[taken[0][1]]}; pick another key")  # type: ignore[index]
+                continue
         keymap[bid] = ",".join(dict.fromkeys(norm))  # type: ignore[arg-type]
     # two bindings of one scope on one key: the entries involved keep their default keys (again
     # until none clash: a default coming back may clash in turn)
     while True:
-        owner: dict[tuple[str, str], str] = {}
+        live = [(bid, scope, key) for bid, (default, scope) in BINDINGS.items() for key in keymap.get(bid, default).split(",")]
         clashed: set[str] = set()
-        for bid, (default, scope) in BINDINGS.items():
-            for key in keymap.get(bid, default).split(","):
-                other = owner.setdefault((scope, key), bid)
-                if other != bid:
-                    mine = [b for b in (other, bid) if b in keymap]
+        for i, (a, sa, key) in enumerate(live):
+            for b, sb, other in live[i + 1:]:
+                if key == other and a != b and _live_together(sa, sb):
+                    mine = [x for x in (a, b) if x in keymap]
+                    if not set(mine) <= clashed:  # one line per entry set back
+                        problems.append(f"{key_display(key)} is given to both {a} and {b}: "
+                                        f"{' and '.join(mine)} keep{'s' if len(mine) == 1 else ''} the default keys")
                     clashed.update(mine)
-                    problems.append(f"{key_display(key)} is given to both {other} and {bid}: "
-                                    f"{' and '.join(mine)} keep{'s' if len(mine) == 1 else ''} the default keys")
         if not clashed:
             return keymap, problems
         keymap = {b: k for b, k in keymap.items() if b not in clashed}
@@ -200,11 +233,15 @@ def key_label(keymap: Mapping[str, str], binding_id: str) -> str:
     return key_display(keymap.get(binding_id, BINDINGS[binding_id][0]).split(",")[0])
 
 
-def keys_of(keymap: Mapping[str, str], binding_id: str | None, default: tuple[str, ...]) -> tuple[str, ...]:
-    """A help row's keys after the keymap."""
-    if binding_id is None or binding_id not in keymap:
+def keys_of(keymap: Mapping[str, str], binding_id: str | tuple[str, ...] | None, default: tuple[str, ...]) -> tuple[str, ...]:
+    """A help row's keys after the keymap (a row of several ids: each one's first key)."""
+    if binding_id is None:
         return default
-    return tuple(keymap[binding_id].split(","))
+    if isinstance(binding_id, tuple):
+        if not any(b in keymap for b in binding_id):
+            return default
+        return tuple(keymap.get(b, BINDINGS[b][0]).split(",")[0] for b in binding_id)
+    return tuple(keymap[binding_id].split(",")) if binding_id in keymap else default
 
 
 def with_keys(template: str, keymap: Mapping[str, str] | None = None, **values: object) -> str:

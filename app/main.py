@@ -140,7 +140,7 @@ class SpecChatApp(App[None]):
         if self.keymap_problems:
             more = len(self.keymap_problems) - 3
             self.notify("\n".join(self.keymap_problems[:3]) + (f"\n(and {more} more)" if more > 0 else ""),
-                        title="Keymap", severity="warning", timeout=12)
+                        title="Keymap", severity="warning", timeout=12, markup=False)  # the user's text
         self._load_session()
         self._tty_fd = terminal_fd()
         if self._tty_fd is not None:

@@ -326,8 +326,15 @@ class GGUFCheckpoint:
             for hname, (gname, perm) in self.deferred.items():
                 if gname is None:  # TIED_HEAD_PLACEHOLDER: the head is the embedding again
                     del self.state_dict[hname]
-                else:
+                    continue
+                info = f.tensors.get(gname)
+                want = tuple(self.state_dict[hname].shape)
+                if info is None or tuple(info.shape) != want:  # the file changed since it was loaded
+                    raise ModelLoadError(f"tensor {gname} is no longer the one loaded (was the file replaced?)", path=self.path)
+                try:
                     self.state_dict[hname] = torch.from_numpy(_read_weight(f, gname, perm, self.config))
+                except (ValueError, TypeError, KeyError, IndexError) as e:
+                    raise ModelLoadError(f"cannot read tensor {gname} ({type(e).__name__}: {e})", path=self.path) from None
         self.deferred = {}
 
 

@@ -404,7 +404,7 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int
                device: torch.device | None = None) -> Loaded:
     from .gguf import load_gguf
 
-    ck = load_gguf(path, defer=device is None)
+    ck = load_gguf(path, defer=device is None and _may_keep_quantized(dtype))
     act8 = dtype == "q8" or (dtype == "auto" and _auto_q8(ck))
     dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
@@ -430,6 +430,15 @@ def _auto_q8(ck: Any) -> bool:
     from .dtype_probe import auto_q8
 
     return bool(ck.blocks) and auto_q8(ck.config.get("model_type"), {q for q, _ in ck.blocks.values()})
+
+
+def _may_keep_quantized(dtype: torch.dtype | str) -> bool:
+    """Before the header is read: whether the CPU quantised path can apply (else the fp32 copies
+    are read at once rather than deferred and read again)."""
+    from .models import quant
+    from .models.common import native_linear
+
+    return dtype not in (torch.bfloat16, torch.float16, "bf16", "bfloat16", "fp16", "float16") and quant.enabled() and native_linear()
 
 
 def _keeps_quantized(ck: Any, dtype: torch.dtype) -> bool:

@@ -77,9 +77,10 @@ def test_pack_rejects_what_it_cannot_hold():
         quant.pack(raw, "Q4_1", 96)  # row length disagrees with K
 
 
-def _write_quantised_llama(path, *, mixed: bool) -> None:
+def _write_quantised_llama(path, *, mixed: bool, head: str | None = None) -> None:
     """A 2-layer llama GGUF (tied Q8_0 embedding, Q4_1 projections; ``mixed``: k in Q8_0 and the
-    MLP down projection in F16, which must stay fp32)."""
+    MLP down projection in F16, which must stay fp32; ``head``: an untied output layer of that
+    type, "F16" or "Q8_0")."""
     import gguf
     from gguf.quants import quantize
 
@@ -100,6 +101,8 @@ def _write_quantised_llama(path, *, mixed: bool) -> None:
     w.add_token_types(types)
     w.add_token_merges(merges)
     shapes = {"token_embd.weight": (V, D), "output_norm.weight": (D,)}
+    if head is not None:
+        shapes["output.weight"] = (V, D)
     for i in range(2):
         shapes.update({f"blk.{i}.attn_norm.weight": (D,), f"blk.{i}.ffn_norm.weight": (D,), f"blk.{i}.attn_q.weight": (H * E, D),
                        f"blk.{i}.attn_k.weight": (KV * E, D), f"blk.{i}.attn_v.weight": (KV * E, D),
@@ -111,7 +114,9 @@ def _write_quantised_llama(path, *, mixed: bool) -> None:
             w.add_tensor(name, np.abs(t) + 0.5)
             continue
         qt = "Q8_0" if name == "token_embd.weight" or (mixed and "attn_k" in name) else "Q4_1"
-        if mixed and "ffn_down" in name:
+        if name == "output.weight":
+            qt = head
+        if mixed and "ffn_down" in name or qt == "F16":
             w.add_tensor(name, t.astype(np.float16))
             continue
         q = quantize(t, gguf.GGMLQuantizationType[qt])
@@ -148,6 +153,31 @@ def test_quantised_gguf_model_is_the_dequantised_model_bit_for_bit(mixed, tmp_pa
     for s in (preset("ar"), preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("pld"), preset("hybrid")):
         evs, _ = run_generation(dq, prompt, s, 40)
         assert [t for e in evs for t in e.emitted] == want, s.label()
+
+
+@needs_native
+@pytest.mark.parametrize("head", ["F16", "Q8_0"])
+@pytest.mark.parametrize("dtype", ["fp32", "q8"])
+def test_an_untied_head_is_its_own_matrix(head, dtype, tmp_path, monkeypatch):
+    """An untied output layer (F16: no blocks kept; Q8_0: its own blocks) is never replaced by the
+    embedding's blocks: the logits are the dequantised model's (fp32), and close to them in q8."""
+    from engine.loading import load
+
+    path = tmp_path / "q.gguf"
+    _write_quantised_llama(path, mixed=False, head=head)
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    q = load(str(path), dtype=dtype)
+    assert not q.model.cfg.tie_word_embeddings
+    assert (head in repr(q.model.lm_head_t)) == (head == "Q8_0")
+    monkeypatch.setenv("SPECCHAT_QUANT", "0")
+    ref = load(str(path), dtype="fp32").model
+    ids = list(range(3, 40))
+    got, want = q.model.full_logits(ids), ref.full_logits(ids)
+    if dtype == "fp32":
+        assert torch.equal(got, want)
+    else:  # 8-bit activations: close to the output layer's logits (the embedding's are far off)
+        cos = torch.nn.functional.cosine_similarity(got.flatten(), want.flatten(), dim=0)
+        assert cos > 0.98, float(cos)
 
 
 @needs_native

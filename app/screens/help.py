@@ -23,7 +23,7 @@ def keys_table(keymap: Mapping[str, str] | None = None) -> Table:
     table.add_column(style="bold", no_wrap=True)
     table.add_column()
     for bid, keys, what in KEYS:
-        table.add_row(" / ".join(key_display(k) for k in keys_of(keymap or {}, bid, keys)), what)
+        table.add_row(" / ".join(key_display(k) for k in keys_of(keymap or {}, bid, keys)), with_keys(what, keymap))
     return table
 
 

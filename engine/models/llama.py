@@ -157,7 +157,9 @@ class Llama(CausalLM):
         n = 0
         if act8:
             self.use_bf16_kv()
-        head = "lm_head.weight" if "lm_head.weight" in blocks else "model.embed_tokens.weight"
+        # the head's own matrix; the embedding's only when they are tied (an untied head in a type
+        # without kept blocks, F16 or Q6_K, stays as it is)
+        head = "model.embed_tokens.weight" if self.cfg.tie_word_embeddings else "lm_head.weight"
         new = swap([head], self.lm_head_t)
         n += new is not self.lm_head_t
         self.lm_head_t = new

@@ -20,33 +20,47 @@ from .fakes import FakeEngine
 from .test_chat import SIZE, make_app, notices, ready, screen_text, wait_for
 
 
-def _bindings() -> dict[str, str]:
+def test_the_table_of_bindings_is_the_apps() -> None:
+    """Every binding has an id, BINDINGS lists each with its real default keys and a scope that
+    matches where it is bound (priority ones: "app" on the app, "screen" on the chat screen), the
+    help rows with ids show those bindings' keys, and the defaults never clash."""
+    from textual.binding import Binding
+
+    real: dict[str, Binding] = {}
+    for cls in (SpecChatApp, ChatScreen, ChatList, DraftTreeView, HelpScreen, *_dialogs()):
+        for b in cls.BINDINGS:
+            assert isinstance(b, Binding) and b.id is not None, (cls, b)
+            real[b.id] = b
+            scope = BINDINGS[b.id][1]
+            if cls is SpecChatApp:
+                assert scope == ("app" if b.priority else "global"), b.id
+            elif cls is ChatScreen:
+                assert scope == ("screen" if b.priority else "global"), b.id
+            else:
+                assert scope not in ("app", "screen", "global"), b.id
+    assert {b: k for b, (k, _) in BINDINGS.items()} == {b: x.key for b, x in real.items()}
+    for bid, keys, what in KEYS:
+        ids = (bid,) if isinstance(bid, str) else bid or ()
+        if isinstance(bid, str):
+            assert ",".join(normalize_key(k) for k in keys) == real[bid].key, bid  # type: ignore[misc]
+        for b, k in zip(ids, keys if isinstance(bid, tuple) else ()):
+            assert normalize_key(k) == real[b].key.split(",")[0]
+        with_keys(what)  # every {id} in the text is a binding
+    assert parse_keymap({}) == ({}, [])
+
+
+def _dialogs() -> tuple[type, ...]:
     from app.screens.models import ModelsScreen
     from app.screens.system_prompt import SystemPromptScreen
 
-    out = {}
-    for cls in (SpecChatApp, ChatScreen, ChatList, DraftTreeView, HelpScreen, ModelsScreen, SystemPromptScreen):
-        for b in cls.BINDINGS:
-            out[b.id] = b.key  # type: ignore[union-attr]
-    return out
-
-
-def test_the_table_of_bindings_is_the_apps() -> None:
-    """Every binding has an id, BINDINGS lists each with its real default keys, and the help rows
-    with an id show that binding's keys; the defaults of one scope never share a key."""
-    real = _bindings()
-    assert None not in real
-    assert {b: k for b, (k, _) in BINDINGS.items()} == real
-    for bid, keys, _ in KEYS:
-        if bid is not None:
-            assert ",".join(normalize_key(k) for k in keys) == real[bid], bid  # type: ignore[misc]
-    assert parse_keymap({}) == ({}, [])  # the defaults do not clash
+    return ModelsScreen, SystemPromptScreen
 
 
 @pytest.mark.parametrize("key, want", [
     ("ctrl+n", "ctrl+n"), (" F6 ", "f6"), ("Ctrl+[", "ctrl+left_square_bracket"), ("/", "slash"), ("slash", "slash"),
     ("alt+x", "alt+x"), ("ctrl+shift+up", "ctrl+shift+up"), ("escape", "escape"), ("ctrl+plus", "ctrl+plus"),
     ("ctrl+", None), ("+", None), ("foo", None), ("ctrl+ctrl+a", None), ("cmd+a", None), ("é", None), ("", None),
+    ("R", "R"), ("Ctrl+R", "ctrl+r"), ("shift+ctrl+up", "ctrl+shift+up"), ("shift+a", None), ("shift+alt+X", "alt+shift+x"),
 ])
 def test_key_names(key: str, want: str | None) -> None:
     assert normalize_key(key) == want
@@ -59,10 +73,10 @@ def test_key_display() -> None:
 
 def test_parse_keeps_good_entries_and_names_each_problem() -> None:
     keymap, problems = parse_keymap({
-        "toggle_dashboard": "F3", "new_chat": ["ctrl+n", "f6"], "copy_reply": "ctrl+y, alt+c",
+        "toggle_dashboard": "F3", "new_chat": ["ctrl+n", "f8"], "copy_reply": "ctrl+y, alt+c",
         "bogus": "f9", "stop": "q", "quit": 3, "models": "ctrl+banana", "rename_chat": "e",
     })
-    assert keymap == {"toggle_dashboard": "f3", "new_chat": "ctrl+n,f6", "copy_reply": "ctrl+y,alt+c", "rename_chat": "e"}
+    assert keymap == {"toggle_dashboard": "f3", "new_chat": "ctrl+n,f8", "copy_reply": "ctrl+y,alt+c", "rename_chat": "e"}
     assert len(problems) == 4 and all("\n" not in p for p in problems)
     assert any("bogus" in p and "unknown" in p for p in problems)
     assert any(p.startswith("stop:") and "typing" in p for p in problems)  # a plain letter while typing
@@ -84,11 +98,29 @@ def test_clashes_keep_the_defaults_until_none_is_left() -> None:
     assert parse_keymap({"tree_latest": "r"}) == ({"tree_latest": "r"}, [])
 
 
+def test_keys_the_prompt_or_every_dialog_needs_are_refused() -> None:
+    """A binding live while typing cannot take the prompt's editing keys (it would never fire, or
+    take them away), and an app-wide priority binding cannot take a dialog's Esc (Esc would quit
+    from every dialog); a binding keeps its own default (Ctrl+D) though the prompt binds it."""
+    for bid, key, what in (("regenerate", "ctrl+j", "new line"), ("new_chat", "ctrl+a", "cursor line start"),
+                           ("help", "ctrl+c", "copy"), ("copy_reply", "ctrl+z", "undo"), ("models", "f6", "select line")):
+        keymap, problems = parse_keymap({bid: key})
+        assert keymap == {} and len(problems) == 1 and what in problems[0] and problems[0].startswith(bid), problems
+    keymap, problems = parse_keymap({"quit": "escape", "stop": "ctrl+g"})
+    assert keymap == {"stop": "ctrl+g"} and len(problems) == 1 and "quit keeps" in problems[0]
+    assert parse_keymap({"toggle_dashboard": "ctrl+d"}) == ({"toggle_dashboard": "ctrl+d"}, [])
+    # the chat screen's priority keys are live over the chat list: not on its keys either
+    keymap, problems = parse_keymap({"rename_chat": "ctrl+y"})
+    assert keymap == {} and len(problems) == 1 and "copy_reply and rename_chat" in problems[0]
+    # ... but a dialog's own keys are its own
+    assert parse_keymap({"cancel_system": "ctrl+y"}) == ({"cancel_system": "ctrl+y"}, [])
+
+
 def test_load_keymap_file(tmp_path: Path) -> None:
     assert load_keymap(tmp_path / "none.toml") == ({}, [])
     f = tmp_path / "keymap.toml"
-    f.write_text('toggle_dashboard = "f3"\nnew_chat = ["ctrl+n", "f6"]\n')
-    assert load_keymap(f) == ({"toggle_dashboard": "f3", "new_chat": "ctrl+n,f6"}, [])
+    f.write_text('toggle_dashboard = "f3"\nnew_chat = ["ctrl+n", "f8"]\n')
+    assert load_keymap(f) == ({"toggle_dashboard": "f3", "new_chat": "ctrl+n,f8"}, [])
     f.write_text('[keys]\nhelp = "f10"\n')
     assert load_keymap(f) == ({"help": "f10"}, [])
     f.write_text('help = "f10\n')
@@ -117,11 +149,11 @@ async def test_the_app_uses_the_keymap(data_dir: Path) -> None:
     """keymap.toml in the data dir: the dashboard moves to F3 alone (Ctrl+D no longer toggles
     it), a new chat is also on F6, and the help, the title line and the notices say so."""
     data_dir.mkdir(parents=True, exist_ok=True)
-    (data_dir / "keymap.toml").write_text('toggle_dashboard = "f3"\nnew_chat = ["f6", "ctrl+n"]\nstop = "ctrl+g"\n')
+    (data_dir / "keymap.toml").write_text('toggle_dashboard = "f3"\nnew_chat = ["f8", "ctrl+n"]\nstop = "ctrl+g"\n')
     app = make_app(FakeEngine(["Hello", " there"]))
     async with app.run_test(size=(130, 40), notifications=True) as pilot:
         await ready(pilot)
-        assert app.keymap == {"toggle_dashboard": "f3", "new_chat": "f6,ctrl+n", "stop": "ctrl+g"}
+        assert app.keymap == {"toggle_dashboard": "f3", "new_chat": "f8,ctrl+n", "stop": "ctrl+g"}
         assert not any(sev == "warning" for _, sev in notices(app))
         dash = app.chat.dashboard
         shown = dash.display
@@ -131,7 +163,7 @@ async def test_the_app_uses_the_keymap(data_dir: Path) -> None:
         await pilot.press("f3")
         await pilot.pause()
         assert dash.display != shown
-        assert "F6 new" in screen_text(app)  # the title line names the first key
+        assert "F8 new" in screen_text(app)  # the title line names the first key
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
         text = screen_text(app)
@@ -155,6 +187,20 @@ async def test_a_bad_keymap_is_one_notice_and_the_defaults_stay(data_dir: Path) 
         assert app.chat.dashboard.display != shown
         await pilot.press("f10")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+
+
+async def test_markup_in_a_keymap_is_shown_as_written(data_dir: Path) -> None:
+    """Text from keymap.toml reaches a notice as written: "[/x]" (a closing markup tag) does not
+    stop the app."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "keymap.toml").write_text('"[/x]" = "f5"\nhelp = "[/b]"\n')
+    app = make_app(FakeEngine(["Hi"]))
+    async with app.run_test(size=(130, 40), notifications=True) as pilot:
+        await ready(pilot)
+        warned = [m for m, sev in notices(app) if sev == "warning"]
+        assert len(warned) == 1 and "[/x]" in warned[0] and "[/b]" in warned[0]
+        await pilot.pause()
+        assert app.is_running
 
 
 def test_cli_keymap_option(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
