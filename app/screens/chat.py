@@ -85,6 +85,22 @@ def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
     return stats
 
 
+def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
+    """A continued reply's stats: its parts' tokens and steps added, tok/s over their decode time
+    together, mean accepted over all their steps; how it ended and the strategy are the last
+    part's, ``continued`` counts the continuations. A first part without stats (an old database)
+    leaves the continuation's own."""
+    b = before or {}
+    try:
+        tokens, steps = int(b["tokens"]) + int(after["tokens"]), int(b["steps"]) + int(after["steps"])
+        timed = all(float(x["tok_s"]) > 0 for x in (b, after) if int(x["tokens"]) > 0)
+        secs = sum(int(x["tokens"]) / float(x["tok_s"]) for x in (b, after) if int(x["tokens"]) > 0) if timed else 0.0
+    except (KeyError, TypeError, ValueError, ZeroDivisionError):
+        return {**after, "continued": 1}
+    return {**after, "tokens": tokens, "steps": steps, "tok_s": round(tokens / secs, 2) if secs > 0 else after.get("tok_s", 0.0),
+            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": int(b.get("continued", 0)) + 1}
+
+
 class ChatScreen(Screen[None]):
     """The open chat with the session the app hands over through :meth:`attach_session`.
 
@@ -694,7 +710,7 @@ class ChatScreen(Screen[None]):
         shown_reason = reason
         if run.text:
             self.conversation[-1]["content"] = text
-            self._replace_last_reply(text, reply_stats(run, reason))
+            self._replace_last_reply(text, continued_stats(stats, reply_stats(run, reason)))
             self._ar_baseline(run, failed)
         else:
             text = self.conversation[-1]["content"]

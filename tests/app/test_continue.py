@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.screens.chat import LENGTH_NOTICE
+from app.screens.chat import LENGTH_NOTICE, continued_stats
 
 from .fakes import BlockingEngine, FakeEngine
 from .test_chat import SIZE, make_app, messages, notices, ready, reply_done, send, status, wait_for
@@ -30,6 +30,8 @@ async def test_a_reply_cut_at_the_limit_continues_in_the_same_message(data_dir: 
         await chat(pilot, "Tell a story")
         assert (LENGTH_NOTICE.format(n=64), "information") in notices(app)
         assert "length" in status(app)
+        (first_chat,) = saved(data_dir).chats()
+        first = saved(data_dir).messages(first_chat.id)[-1].stats
         engine.script, engine.finish_reason = [" there", " was a fox."], "eos"
         await palette(pilot, "Continue the last reply")
         await reply_done(pilot)
@@ -43,6 +45,9 @@ async def test_a_reply_cut_at_the_limit_continues_in_the_same_message(data_dir: 
     rows = saved(data_dir).messages(record.id)
     assert [(m.role, m.content) for m in rows] == [("user", "Tell a story"), ("assistant", "Once upon a time there was a fox.")]
     assert rows[-1].finish_reason == "eos"
+    # the saved stats are the whole reply's: both parts' tokens and steps, counted as continued once
+    assert rows[-1].stats["tokens"] > first["tokens"] and rows[-1].stats["steps"] > first["steps"]
+    assert rows[-1].stats["continued"] == 1 and first.get("continued") is None
 
 
 async def test_a_continuation_with_nothing_back_leaves_the_reply_and_its_mark(data_dir: Path) -> None:
@@ -128,3 +133,16 @@ def test_store_replaces_the_last_reply_in_one_write(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="last message is 'user', not 'assistant'"):
         store.replace_last(c, "assistant", "x")
     assert store.messages(c)[-1].content == "again"
+
+
+def test_continued_stats_add_the_parts() -> None:
+    a = {"tokens": 24, "steps": 12, "tok_s": 12.0, "mean_accepted": 2.0, "finish_reason": "length", "strategy": "pld"}
+    b = {"tokens": 30, "steps": 10, "tok_s": 30.0, "mean_accepted": 3.0, "finish_reason": "eos", "strategy": "sd"}
+    got = continued_stats(a, b)
+    # 24 tokens in 2 s, 30 in 1 s: 54 tokens in 3 s
+    assert got == {"tokens": 54, "steps": 22, "tok_s": 18.0, "mean_accepted": round(54 / 22, 3), "finish_reason": "eos",
+                   "strategy": "sd", "continued": 1}
+    assert continued_stats(got, b)["continued"] == 2 and continued_stats(got, b)["tokens"] == 84
+    assert continued_stats(None, b) == {**b, "continued": 1}  # no stats saved with the first part
+    assert continued_stats({"finish_reason": "stopped"}, b) == {**b, "continued": 1}
+    assert continued_stats({**a, "tok_s": 0.0}, b)["tok_s"] == 30.0  # a part without a rate: the timed part's
