@@ -9,7 +9,10 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
+from ..keys import with_keys
+
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
+PLACEHOLDER = "Message  (Enter send · Shift+Enter/Ctrl+J new line · ↑ earlier · {help} help)"
 
 
 class PromptInput(TextArea):
@@ -50,12 +53,16 @@ class PromptInput(TextArea):
             tab_behavior="focus",
             show_line_numbers=False,
             highlight_cursor_line=False,
-            placeholder="Message  (Enter send · Shift+Enter/Ctrl+J new line · ↑ earlier · F1 help)",
+            placeholder=with_keys(PLACEHOLDER),
             **kwargs,  # type: ignore[arg-type]
         )
         self.prompts: list[str] = []
         self._recalled: int | None = None  # index into history of the prompt on show, if any
         self._draft = ""  # what was typed before Up was first pressed
+
+    def on_mount(self) -> None:
+        if self.placeholder == with_keys(PLACEHOLDER):  # the chat's prompt: the help key as the user's keymap has it
+            self.placeholder = with_keys(PLACEHOLDER, getattr(self.app, "keymap", None))
 
     # ---- history ---------------------------------------------------------------------------------
     def set_history(self, prompts: Iterable[str]) -> None:

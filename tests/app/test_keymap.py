@@ -164,6 +164,7 @@ async def test_the_app_uses_the_keymap(data_dir: Path) -> None:
         await pilot.pause()
         assert dash.display != shown
         assert "F8 new" in screen_text(app)  # the title line names the first key
+        assert app.chat.prompt.placeholder.endswith("F1 help)")
         await pilot.press("f1")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
         text = screen_text(app)
@@ -185,6 +186,7 @@ async def test_a_bad_keymap_is_one_notice_and_the_defaults_stay(data_dir: Path) 
         await pilot.press("ctrl+d")  # the default still works
         await pilot.pause()
         assert app.chat.dashboard.display != shown
+        assert app.chat.prompt.placeholder.endswith("· F10 help)")
         await pilot.press("f10")
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
 
