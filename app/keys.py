@@ -66,11 +66,14 @@ BINDINGS: dict[str, tuple[str, str]] = {
     "close_help": ("escape,f1,q", "help"), "close_models": ("escape", "models"), "cancel_system": ("escape", "system"),
 }
 _WHILE_TYPING = ("app", "screen", "global")  # live while the prompt has the focus
+_TEXT_BOX = (*_WHILE_TYPING, "system", "models")  # live while a text box has the focus (dialogs' too)
 
 
 def _live_together(a: str, b: str) -> bool:
-    return a == b or "app" in (a, b) or {a, b} <= {"screen", "global", "tree", "chats"} and "screen" in (a, b) \
-        or {a, b} == {"global", "screen"}
+    """Whether bindings of these scopes can both be live, so that one key for both is a clash. A
+    focused widget's key over a non-priority screen key is not one: the widget wins while it has
+    the focus (Esc closes the chat list, and stops a reply elsewhere)."""
+    return a == b or "app" in (a, b) or {a, b} <= {"screen", "global", "tree", "chats"} and "screen" in (a, b)
 
 
 def _prompt_keys() -> dict[str, str]:
@@ -142,15 +145,35 @@ def normalize_key(key: str) -> str | None:
     if len(set(mods)) != len(mods) or any(m not in _MODIFIERS for m in mods):
         return None
     if len(base) != 1 or mods:
-        base = base.lower()  # a plain letter keeps its case: "R" is Shift+R
+        base = base.lower()  # "Ctrl+R", as the help shows it, is ctrl+r; a plain letter keeps its case ("R" is Shift+R)
     punct = _punctuation()
     if len(base) == 1 and base in string.punctuation:
         base = next(name for name, c in punct.items() if c == base)
     elif not (base in _NAMED or base in punct or len(base) == 1 and base in string.ascii_letters + string.digits):
         return None
-    if "shift" in mods and "alt" not in mods and (len(base) == 1 or base in punct):
-        return None  # terminals send the shifted character (Shift+R is "R"; Textual names Alt+R "alt+shift+r")
     return "+".join([*mods, base])
+
+
+_SENT_AS = {"ctrl+h": "Backspace", "ctrl+i": "Tab", "ctrl+m": "Enter", "ctrl+left_square_bracket": "Esc"}
+
+
+def key_problem(key: str) -> str | None:
+    """Why a named key (``normalize_key``'s form) would not reach the app as itself in most
+    terminals (without the kitty keyboard protocol), or None."""
+    *mods, base = key.split("+")
+    char = len(base) == 1 or base in _punctuation() or base == "space"
+    if key in _SENT_AS:
+        return f"arrives as {_SENT_AS[key]} in terminals"
+    if key == "ctrl+p":
+        return "is the command palette's key"
+    if key == "ctrl+at":
+        return "cannot be bound by name (Textual calls it ctrl+@)"
+    if "shift" in mods and char and "alt" not in mods:
+        return "arrives as the shifted character (write \"R\" for Shift+R)" if "ctrl" not in mods else \
+            "arrives as Ctrl and the letter alone in most terminals"
+    if "alt" in mods and char and not (len(base) == 1 and base.isalpha()):
+        return "arrives without the Alt in most terminals (Alt works with letters)"
+    return None
 
 
 def _typing_key(key: str) -> bool:
@@ -180,7 +203,11 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
         if bad:
             problems.append(f"{bid}: {bad[0]!r} is not a key name (as ctrl+n, alt+x, f6, escape, pageup)")
             continue
-        if BINDINGS[bid][1] in _WHILE_TYPING:
+        why = [(k, key_problem(n)) for k, n in zip(keys, norm) if key_problem(n)]  # type: ignore[arg-type]
+        if why:
+            problems.append(f"{bid}: {why[0][0]!r} {why[0][1]}")
+            continue
+        if BINDINGS[bid][1] in _TEXT_BOX:
             typing = [k for k, n in zip(keys, norm) if _typing_key(n)]  # type: ignore[arg-type]
             if typing:
                 problems.append(f"{bid}: {typing[0]!r} is needed for typing; use a key with ctrl or alt, F1-F24 or escape")
@@ -189,7 +216,7 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
             defaults = BINDINGS[bid][0].split(",")
             taken = [(k, n) for k, n in zip(keys, norm) if n in kept and n not in defaults]
             if taken:
-                problems.append(f"{bid}: {taken[0][0]!r} is the prompt's {kept[taken[0][1]]}; pick another key")  # type: ignore[index]
+                problems.append(f"{bid}: {taken[0][0]!r} is the text box's {kept[taken[0][1]]}; pick another key")  # type: ignore[index]
                 continue
         keymap[bid] = ",".join(dict.fromkeys(norm))  # type: ignore[arg-type]
     # two bindings of one scope on one key: the entries involved keep their default keys (again

@@ -317,11 +317,15 @@ class GGUFCheckpoint:
     # load_gguf(defer=True): HF name -> (gguf name, RoPE permutation) of the matrices whose
     # state_dict entry is a "meta" placeholder (shape only) until ``materialize()``
     deferred: dict[str, tuple[str, str | None]] = field(default_factory=dict, repr=False)
+    stamp: tuple[int, int] | None = None  # the file's (size, mtime_ns) when loaded: materialize() reads the same file
+
 
     def materialize(self) -> None:
         """Dequantise the deferred matrices into ``state_dict`` (the fp32 weights ``defer`` skipped)."""
         if not self.deferred:
             return
+        if self.stamp is not None and _stamp(self.path) != self.stamp:
+            raise ModelLoadError("the file changed after it was loaded (replaced or rewritten?): load it again", path=self.path)
         with read_gguf(self.path) as f:
             for hname, (gname, perm) in self.deferred.items():
                 if gname is None:  # TIED_HEAD_PLACEHOLDER: the head is the embedding again
@@ -371,6 +375,7 @@ def load_gguf(path: str | os.PathLike, defer: bool = False) -> GGUFCheckpoint:
     quantised CPU path (engine/models/quant.py) multiplies from the blocks and never reads those
     fp32 copies: this skips ~3 s of SmolLM2's load (Python dequantisation, transposes, fp32 layouts)."""
     p = Path(path)
+    stamp = _stamp(p)
     with read_gguf(p) as f:
         md = f.metadata
         arch = md.get("general.architecture")
@@ -392,7 +397,7 @@ def load_gguf(path: str | os.PathLike, defer: bool = False) -> GGUFCheckpoint:
         if defer and config["tie_word_embeddings"] and "model.embed_tokens.weight" in blocks:
             state_dict[TIED_HEAD_PLACEHOLDER] = torch.empty(state_dict["model.embed_tokens.weight"].shape, device="meta")
             deferred[TIED_HEAD_PLACEHOLDER] = (None, None)
-        return GGUFCheckpoint(config, state_dict, tokenizer, _quant_name(f), p, md, blocks, deferred)
+        return GGUFCheckpoint(config, state_dict, tokenizer, _quant_name(f), p, md, blocks, deferred, stamp)
 
 
 def _hf_config(md: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
@@ -605,6 +610,14 @@ def _quant_name(f: GGUFFile) -> str:
         pass
     counts = Counter(t.qtype.name for t in f.tensors.values() if len(t.shape) >= 2)
     return counts.most_common(1)[0][0] if counts else "F32"
+
+
+def _stamp(path: Path) -> tuple[int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_size, st.st_mtime_ns
 
 
 def _natural(name: str) -> tuple:

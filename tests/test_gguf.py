@@ -150,6 +150,14 @@ def test_deferred_load_materializes_to_the_full_state_dict(tmp_path):
     assert ck.deferred == {} and set(ck.state_dict) == set(full.state_dict)
     for k, v in full.state_dict.items():
         assert torch.equal(ck.state_dict[k], v), k
+    # a file rewritten between the load and the deferred read: one line, not a model of two files
+    import os
+
+    ck = load_gguf(path, defer=True)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    with pytest.raises(ModelLoadError, match="changed after it was loaded"):
+        ck.materialize()
 
 
 def test_unpermute_inverts_llama_cpp_permute():

@@ -93,12 +93,13 @@ def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dic
     b = before or {}
     try:
         tokens, steps = int(b["tokens"]) + int(after["tokens"]), int(b["steps"]) + int(after["steps"])
+        continued = int(b.get("continued") or 0) + 1
         timed = all(float(x["tok_s"]) > 0 for x in (b, after) if int(x["tokens"]) > 0)
         secs = sum(int(x["tokens"]) / float(x["tok_s"]) for x in (b, after) if int(x["tokens"]) > 0) if timed else 0.0
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return {**after, "continued": 1}
     return {**after, "tokens": tokens, "steps": steps, "tok_s": round(tokens / secs, 2) if secs > 0 else after.get("tok_s", 0.0),
-            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": int(b.get("continued", 0)) + 1}
+            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": continued}
 
 
 class ChatScreen(Screen[None]):
@@ -842,7 +843,8 @@ class ChatScreen(Screen[None]):
                 if self._continuing is not None:  # quit while continuing a reply: it keeps what came
                     if run.text:
                         self._reply_saved = True
-                        self._replace_last_reply(self._continuing[0] + run.text, reply_stats(run, "stopped"))
+                        self._replace_last_reply(self._continuing[0] + run.text,
+                                                 continued_stats(self._continuing[1], reply_stats(run, "stopped")))
                 elif run.text:
                     self._reply_saved = True
                     self._save_message("assistant", run.text, reply_stats(run, "stopped"))

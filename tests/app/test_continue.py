@@ -146,3 +146,5 @@ def test_continued_stats_add_the_parts() -> None:
     assert continued_stats(None, b) == {**b, "continued": 1}  # no stats saved with the first part
     assert continued_stats({"finish_reason": "stopped"}, b) == {**b, "continued": 1}
     assert continued_stats({**a, "tok_s": 0.0}, b)["tok_s"] == 30.0  # a part without a rate: the timed part's
+    assert continued_stats({**a, "continued": None}, b)["continued"] == 1  # odd values from an old database
+    assert continued_stats({**a, "continued": "x"}, b) == {**b, "continued": 1}

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.keys import BINDINGS, KEYS, key_display, key_label, keymap_path, load_keymap, normalize_key, parse_keymap, with_keys
+from app.keys import BINDINGS, KEYS, key_display, key_label, key_problem, keymap_path, load_keymap, normalize_key, parse_keymap, with_keys
 from app.main import SpecChatApp
 from app.screens import HelpScreen
 from app.screens.chat import ChatScreen
@@ -60,10 +60,24 @@ def _dialogs() -> tuple[type, ...]:
     ("ctrl+n", "ctrl+n"), (" F6 ", "f6"), ("Ctrl+[", "ctrl+left_square_bracket"), ("/", "slash"), ("slash", "slash"),
     ("alt+x", "alt+x"), ("ctrl+shift+up", "ctrl+shift+up"), ("escape", "escape"), ("ctrl+plus", "ctrl+plus"),
     ("ctrl+", None), ("+", None), ("foo", None), ("ctrl+ctrl+a", None), ("cmd+a", None), ("é", None), ("", None),
-    ("R", "R"), ("Ctrl+R", "ctrl+r"), ("shift+ctrl+up", "ctrl+shift+up"), ("shift+a", None), ("shift+alt+X", "alt+shift+x"),
+    ("R", "R"), ("Ctrl+R", "ctrl+r"), ("shift+ctrl+up", "ctrl+shift+up"), ("shift+a", "shift+a"), ("shift+alt+X", "alt+shift+x"),
+    ("Alt+X", "alt+x"),
 ])
 def test_key_names(key: str, want: str | None) -> None:
     assert normalize_key(key) == want
+
+
+@pytest.mark.parametrize("key, why", [
+    ("shift+a", "shifted character"), ("ctrl+shift+a", "Ctrl and the letter"), ("alt+slash", "without the Alt"),
+    ("alt+1", "without the Alt"), ("ctrl+m", "Enter"), ("ctrl+left_square_bracket", "Esc"), ("ctrl+p", "palette"),
+    ("ctrl+at", "ctrl+@"), ("alt+x", None), ("alt+shift+x", None), ("shift+f3", None), ("ctrl+shift+up", None), ("R", None),
+])
+def test_keys_terminals_do_not_deliver_as_named(key: str, why: str | None) -> None:
+    got = key_problem(key)
+    assert (got is None) if why is None else (got is not None and why in got)
+    if why is not None:  # refused in any scope, one line
+        keymap, problems = parse_keymap({"tree_latest": key})
+        assert keymap == {} and len(problems) == 1 and why in problems[0]
 
 
 def test_key_display() -> None:
@@ -113,7 +127,12 @@ def test_keys_the_prompt_or_every_dialog_needs_are_refused() -> None:
     keymap, problems = parse_keymap({"rename_chat": "ctrl+y"})
     assert keymap == {} and len(problems) == 1 and "copy_reply and rename_chat" in problems[0]
     # ... but a dialog's own keys are its own
-    assert parse_keymap({"cancel_system": "ctrl+y"}) == ({"cancel_system": "ctrl+y"}, [])
+    assert parse_keymap({"cancel_system": "ctrl+g"}) == ({"cancel_system": "ctrl+g"}, [])
+    # a dialog with a text box has the focus in it: no typing or editing keys there either
+    for key in ("q", "ctrl+a"):
+        keymap, problems = parse_keymap({"cancel_system": key})
+        assert keymap == {} and len(problems) == 1, problems
+    assert parse_keymap({"close_models": "x"})[0] == {}
 
 
 def test_load_keymap_file(tmp_path: Path) -> None:
