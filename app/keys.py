@@ -18,6 +18,7 @@ notice, and that entry keeps its default keys; nothing else is lost.
 
 from __future__ import annotations
 
+import functools
 import os
 import string
 import tomllib
@@ -82,9 +83,8 @@ def _prompt_keys() -> dict[str, str]:
     from textual.widgets import TextArea
 
     keys = {k: (b.description or b.action.replace("_", " ")).lower() for b in TextArea.BINDINGS for k in b.key.split(",")}  # type: ignore[union-attr]
-    keys.update({"enter": "send", "ctrl+m": "Enter (send)", "ctrl+j": "new line", "shift+enter": "new line",
-                 "tab": "focus", "shift+tab": "focus", "ctrl+i": "Tab (focus)", "ctrl+h": "Backspace",
-                 "ctrl+left_square_bracket": "Esc", "ctrl+c": "copy", "ctrl+p": "command palette"})
+    # (plain keys, Enter and Tab are refused as typing keys, Ctrl+H/I/M/[ and Ctrl+P by key_problem)
+    keys.update({"ctrl+j": "new line", "ctrl+c": "copy"})
     return keys
 
 
@@ -94,6 +94,7 @@ _NAMED = {"escape", "enter", "tab", "space", "backspace", "delete", "insert", "h
           "up", "down", "left", "right", *(f"f{i}" for i in range(1, 25))}
 
 
+@functools.cache
 def _punctuation() -> dict[str, str]:
     """Textual's names of the punctuation keys -> the characters (``slash`` -> ``/``)."""
     from textual.keys import _character_to_key
@@ -203,7 +204,7 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
         if bad:
             problems.append(f"{bid}: {bad[0]!r} is not a key name (as ctrl+n, alt+x, f6, escape, pageup)")
             continue
-        why = [(k, key_problem(n)) for k, n in zip(keys, norm) if key_problem(n)]  # type: ignore[arg-type]
+        why = [(k, w) for k, n in zip(keys, norm) if (w := key_problem(n))]  # type: ignore[arg-type]
         if why:
             problems.append(f"{bid}: {why[0][0]!r} {why[0][1]}")
             continue
@@ -269,6 +270,11 @@ def keys_of(keymap: Mapping[str, str], binding_id: str | tuple[str, ...] | None,
             return default
         return tuple(keymap.get(b, BINDINGS[b][0]).split(",")[0] for b in binding_id)
     return tuple(keymap[binding_id].split(",")) if binding_id in keymap else default
+
+
+def app_keys(node: object, template: str, **values: object) -> str:
+    """``with_keys`` with the keymap of the app ``node`` (a widget or screen) runs in."""
+    return with_keys(template, getattr(getattr(node, "app", None), "keymap", None), **values)
 
 
 def with_keys(template: str, keymap: Mapping[str, str] | None = None, **values: object) -> str:

@@ -16,8 +16,8 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 import threading
+from pathlib import Path
 from typing import Any, Sequence
 
 EXIT_ERROR = 2

@@ -319,7 +319,6 @@ class GGUFCheckpoint:
     deferred: dict[str, tuple[str, str | None]] = field(default_factory=dict, repr=False)
     stamp: tuple[int, int] | None = None  # the file's (size, mtime_ns) when loaded: materialize() reads the same file
 
-
     def materialize(self) -> None:
         """Dequantise the deferred matrices into ``state_dict`` (the fp32 weights ``defer`` skipped)."""
         if not self.deferred:
@@ -331,10 +330,6 @@ class GGUFCheckpoint:
                 if gname is None:  # TIED_HEAD_PLACEHOLDER: the head is the embedding again
                     del self.state_dict[hname]
                     continue
-                info = f.tensors.get(gname)
-                want = tuple(self.state_dict[hname].shape)
-                if info is None or tuple(info.shape) != want:  # the file changed since it was loaded
-                    raise ModelLoadError(f"tensor {gname} is no longer the one loaded (was the file replaced?)", path=self.path)
                 try:
                     self.state_dict[hname] = torch.from_numpy(_read_weight(f, gname, perm, self.config))
                 except (ValueError, TypeError, KeyError, IndexError) as e:
@@ -481,12 +476,16 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
 _KEPT_QUANTS = ("Q4_1", "Q8_0")  # the block formats engine/native/linear.c multiplies directly
 
 
+def _hf_rows(a: np.ndarray, perm: str | None, cfg: dict[str, Any]) -> np.ndarray:
+    """A matrix's rows (fp32 weights or raw blocks) in HF order: q/k ("q"/"k") unpermuted."""
+    if perm is None:
+        return a
+    return np.ascontiguousarray(_unpermute(a, cfg["num_attention_heads"] if perm == "q" else cfg["num_key_value_heads"]))
+
+
 def _read_weight(f: GGUFFile, gname: str, perm: str | None, cfg: dict[str, Any]) -> np.ndarray:
     """A tensor dequantised to fp32 in HF order (q/k rows unpermuted)."""
-    w = f.read_tensor(gname)
-    if perm is not None:
-        w = np.ascontiguousarray(_unpermute(w, cfg["num_attention_heads"] if perm == "q" else cfg["num_key_value_heads"]))
-    return w
+    return _hf_rows(f.read_tensor(gname), perm, cfg)
 
 
 def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path, defer: bool = False
@@ -547,10 +546,7 @@ def _state_dict(f: GGUFFile, arch: str, cfg: dict[str, Any], path: Path, defer: 
         qname = f.tensors[gname].qtype.name
         kept = kind == "weight" and len(shape) == 2 and qname in _KEPT_QUANTS and shape[1] % 32 == 0
         if kept:
-            raw = f.read_blocks(gname)
-            if perm is not None:
-                raw = np.ascontiguousarray(_unpermute(raw, heads if perm == "q" else kv_heads))
-            blocks[hname] = (qname, raw)
+            blocks[hname] = (qname, _hf_rows(f.read_blocks(gname), perm, cfg))
         if kept and defer and hname != "model.embed_tokens.weight":  # the embedding's rows are looked up in fp32
             sd[hname] = torch.empty(shape, device="meta")
             deferred[hname] = (gname, perm)

@@ -432,21 +432,23 @@ def _auto_q8(ck: Any) -> bool:
     return bool(ck.blocks) and auto_q8(ck.config.get("model_type"), {q for q, _ in ck.blocks.values()})
 
 
-def _may_keep_quantized(dtype: torch.dtype | str) -> bool:
-    """Before the header is read: whether the CPU quantised path can apply (else the fp32 copies
-    are read at once rather than deferred and read again)."""
+def _quant_path_on() -> bool:
+    """The quantised CPU products are on: SPECCHAT_QUANT and linear.c's kernels."""
     from .models import quant
     from .models.common import native_linear
 
-    return dtype not in (torch.bfloat16, torch.float16, "bf16", "bfloat16", "fp16", "float16") and quant.enabled() and native_linear()
+    return quant.enabled() and native_linear()
+
+
+def _may_keep_quantized(dtype: torch.dtype | str) -> bool:
+    """Before the header is read: whether the CPU quantised path can apply (else the fp32 copies
+    are read at once rather than deferred and read again)."""
+    return dtype not in (torch.bfloat16, torch.float16, "bf16", "bfloat16", "fp16", "float16") and _quant_path_on()
 
 
 def _keeps_quantized(ck: Any, dtype: torch.dtype) -> bool:
     """Whether a CPU model of this checkpoint multiplies its Q4_1 / Q8_0 matrices from their blocks."""
-    from .models import quant
-    from .models.common import native_linear
-
-    return dtype == torch.float32 and bool(ck.blocks) and quant.enabled() and native_linear()
+    return dtype == torch.float32 and bool(ck.blocks) and _quant_path_on()
 
 
 def _keep_quantized(model: CausalLM, ck: Any, dtype: torch.dtype, act8: bool = False) -> int:

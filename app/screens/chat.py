@@ -21,7 +21,7 @@ from textual.worker import get_current_worker
 from engine.session import ChatEngine, leading_system
 from engine.strategy import StrategyError
 
-from ..keys import with_keys
+from ..keys import app_keys
 from ..reply import ReplyRun
 from ..store import ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
@@ -303,7 +303,7 @@ class ChatScreen(Screen[None]):
 
     def _keys(self, template: str, **values: object) -> str:
         """A notice naming keys by binding id, with the keys the user's keymap gives them (app/keys.py)."""
-        return with_keys(template, getattr(self.app, "keymap", None), **values)
+        return app_keys(self, template, **values)
 
     def _show_title(self) -> None:
         text = Text(no_wrap=True, overflow="ellipsis")

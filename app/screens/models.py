@@ -23,7 +23,7 @@ from textual.widgets import Button, DataTable, Input, Static
 from engine import hub
 from engine.registry import ModelEntry, Registry
 
-from ..keys import with_keys
+from ..keys import app_keys
 from ..messages import error_line
 from ..widgets.download import DownloadPanel
 
@@ -171,7 +171,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="models-dialog") as dialog:
             dialog.border_title = "Models"
-            dialog.border_subtitle = with_keys("Enter: load (downloads first if needed) · {close_models}: close", getattr(self.app, "keymap", None))
+            dialog.border_subtitle = app_keys(self, "Enter: load (downloads first if needed) · {close_models}: close")
             yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
             yield Static("", id="models-detail")
             yield Input(placeholder="…or a Hub id (owner/name), Enter to load or download", id="models-hub-id")
@@ -247,7 +247,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
     def choose_entry(self, name: str) -> None:
         row = self.rows[name]
         if self.job is not None:
-            self.notify(with_keys("A download is running: wait for it or cancel it ({close_models}).", getattr(self.app, "keymap", None)), severity="warning")
+            self.notify(app_keys(self, "A download is running: wait for it or cancel it ({close_models})."), severity="warning")
             return
         choice = ModelChoice(name, drafter_after_switch(self.registry, name, self.current_drafter))
         if row.status == "loaded" and choice.drafter == (self.current_drafter or NO_DRAFTER):
@@ -263,12 +263,12 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
     # ---- downloading ---------------------------------------------------------------------------------
     def start_download(self, repo_id: str, revision: str | None, choice: ModelChoice) -> None:
         if self.job is not None:
-            self.notify(with_keys("A download is running: wait for it or cancel it ({close_models}).", getattr(self.app, "keymap", None)), severity="warning")
+            self.notify(app_keys(self, "A download is running: wait for it or cancel it ({close_models})."), severity="warning")
             return
         self.job = DownloadJob(repo_id, revision, choice, threading.Event())
         self.query_one("#models-hub-id", Input).display = False
         self.query_one(DownloadPanel).begin(f"Downloading {repo_id}")
-        self.query_one("#models-dialog", Vertical).border_subtitle = with_keys("{close_models}: cancel the download", getattr(self.app, "keymap", None))
+        self.query_one("#models-dialog", Vertical).border_subtitle = app_keys(self, "{close_models}: cancel the download")
         self._download(self.job)
 
     @work(thread=True, exclusive=True, group="download", exit_on_error=False)
@@ -303,7 +303,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         self.job = None
         self.query_one(DownloadPanel).end()
         self.query_one("#models-hub-id", Input).display = True
-        self.query_one("#models-dialog", Vertical).border_subtitle = with_keys("Enter: load (downloads first if needed) · {close_models}: close", getattr(self.app, "keymap", None))
+        self.query_one("#models-dialog", Vertical).border_subtitle = app_keys(self, "Enter: load (downloads first if needed) · {close_models}: close")
         self.query_one(DataTable).focus()
 
     @on(Button.Pressed, "#download-cancel")

@@ -9,7 +9,7 @@ from textual.containers import Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Checkbox, Static
 
-from ..keys import with_keys
+from ..keys import app_keys
 from ..widgets.prompt import PromptInput
 
 SYSTEM_HELP = ("What the model reads before the conversation: a persona, a style, rules. Empty: the "
@@ -37,7 +37,7 @@ class SystemPromptScreen(ModalScreen[tuple[str, bool] | None]):
     def compose(self) -> ComposeResult:
         with Vertical(id="system-dialog") as dialog:
             dialog.border_title = "System prompt"
-            dialog.border_subtitle = with_keys("Enter saves · Ctrl+J new line · Tab · {cancel_system} cancels", getattr(self.app, "keymap", None))
+            dialog.border_subtitle = app_keys(self, "Enter saves · Ctrl+J new line · Tab · {cancel_system} cancels")
             yield Static(SYSTEM_HELP, id="system-help")
             yield SystemPromptInput(self._text, id="system-text")
             yield Checkbox("Also for new chats", value=self._for_new_chats, id="system-default")

@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.widgets import Input, OptionList
 from textual.widgets.option_list import Option
 
-from ..keys import with_keys
+from ..keys import app_keys
 from ..store import ChatRecord
 
 NEW_CHAT_ID = "new"
@@ -106,7 +106,7 @@ class ChatList(Vertical):
 
     def on_mount(self) -> None:
         self.border_title = "Chats"
-        self.border_subtitle = with_keys("{search_chats} search · {rename_chat} rename · {delete_chat} delete", getattr(self.app, "keymap", None))
+        self.border_subtitle = app_keys(self, "{search_chats} search · {rename_chat} rename · {delete_chat} delete")
         self.query_one("#chat-rename", Input).display = False
         self.query_one("#chat-search", Input).display = False
 

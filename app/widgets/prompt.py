@@ -9,7 +9,7 @@ from textual import events
 from textual.message import Message
 from textual.widgets import TextArea
 
-from ..keys import with_keys
+from ..keys import app_keys, with_keys
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 PLACEHOLDER = "Message  (Enter send · Shift+Enter/Ctrl+J new line · ↑ earlier · {help} help)"
@@ -62,7 +62,7 @@ class PromptInput(TextArea):
 
     def on_mount(self) -> None:
         if self.placeholder == with_keys(PLACEHOLDER):  # the chat's prompt: the help key as the user's keymap has it
-            self.placeholder = with_keys(PLACEHOLDER, getattr(self.app, "keymap", None))
+            self.placeholder = app_keys(self, PLACEHOLDER)
 
     # ---- history ---------------------------------------------------------------------------------
     def set_history(self, prompts: Iterable[str]) -> None:
