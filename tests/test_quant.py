@@ -247,6 +247,28 @@ def test_a8_records_packed_in_c_are_numpys_bytes(qtype):
         assert torch.equal(quant.pack(raw, qtype, K), quant.pack(raw, qtype, K, native=False)), (N, K)
 
 
+@pytest.mark.parametrize("in_c", [True, False])
+def test_q8_0_quantisation_is_gguf_bytes(in_c, monkeypatch):
+    """A drafter's weights go to Q8_0 at load through quant_a8.c's q8_0_quantize (or torch without
+    the C kernels): the same bytes as gguf.quants, ties (x / d at k + 0.5) and all-zero, tiny
+    (d subnormal in fp16) and huge (d past fp16's range) blocks included."""
+    from gguf.constants import GGMLQuantizationType
+    from gguf.quants import quantize
+
+    if in_c and native.lib() is None:
+        pytest.skip(f"native kernels {native.status()}")
+    if not in_c:
+        monkeypatch.setattr(native, "lib", lambda: None)
+    g = torch.Generator().manual_seed(3)
+    ties = torch.randint(-254, 255, (64, 96), generator=g).float() / 2 * (2.5 / 127)
+    ties[:, ::32] = 2.5  # each block's max is 2.5: x / d near k / 2, about half of them ties
+    cases = [torch.randn(300, 480, generator=g) * 0.05, ties, torch.zeros(5, 64),
+             torch.cat([torch.zeros(3, 32), torch.randn(3, 32, generator=g) * 1e-6]), torch.randn(4, 64, generator=g) * 1e7,
+             torch.randn(5000, 32, generator=g)]  # more rows than the torch path's chunk
+    for w in cases:
+        assert np.array_equal(quant.quantize_rows(w, "Q8_0"), quantize(w.numpy(), GGMLQuantizationType.Q8_0)), w.shape
+
+
 @needs_native
 @pytest.mark.parametrize("mixed", [False, True])
 @pytest.mark.parametrize("dtype", ["fp32", "q8"])

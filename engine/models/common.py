@@ -674,7 +674,9 @@ class Linear:
         from .quant import pack, quantize_rows
 
         qt = "Q8_0a8" if act8 else "Q8_0"
-        return Linear.quantized(pack(quantize_rows(self.dense().t().contiguous(), "Q8_0"), qt, K), qt, K, N)
+        nb = self._blocks.shape[0]  # the blocks' (N, K) rows in one copy (dense() would transpose twice)
+        rows = self._blocks.transpose(1, 2).reshape(nb * 16, K)[:N]
+        return Linear.quantized(pack(quantize_rows(rows, "Q8_0"), qt, K), qt, K, N)
 
     @property
     def packed(self) -> bool:
@@ -764,13 +766,14 @@ class Linear:
         again: exact for Q8_0 whose blocks reach +-127, as GGUF's quantiser makes them); it used to
         come back as fp32 blocks, 3.6x the bytes a draft step streams (the shipped drafter's
         480 x 11,327 head: 21.7 MB a token)."""
-        w = self.dense()[:, cols].t()
-        K = self.shape[0]
+        K, N = self.shape
         if self._qrec is not None and K % 32 == 0:
-            from .quant import pack, quantize_rows
+            from .quant import dequantize_rows, pack, quantize_rows
 
+            w = dequantize_rows(self._qrec, self._qtype, N, K, cols)  # only the kept columns' rows
             base = self._qtype.removesuffix("a8")
-            return Linear.quantized(pack(quantize_rows(w.contiguous(), base), self._qtype, K), self._qtype, K, w.shape[0])
+            return Linear.quantized(pack(quantize_rows(w, base), self._qtype, K), self._qtype, K, w.shape[0])
+        w = self.dense()[:, cols].t()
         return Linear(w, self.dtype, pack=self._packed is not None, native=self._blocks is not None or self._qrec is not None)
 
     def __repr__(self) -> str:

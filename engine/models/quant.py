@@ -128,8 +128,46 @@ def gguf_blocks(raw: np.ndarray, qtype: str) -> np.ndarray:
 
 
 def quantize_rows(w: torch.Tensor, qtype: str) -> np.ndarray:
-    """An [N, K] fp32 matrix quantised with the gguf package (GGUF rows, as ``pack`` takes them)."""
+    """An [N, K] fp32 matrix quantised as the gguf package does (GGUF rows, as ``pack`` takes them).
+    Q8_0 goes through ``_q8_0_rows`` (the same bytes, ~10x faster: a drafter's load quantises
+    ~25M weights); other types through gguf.quants."""
+    w = w.detach().float()
+    if qtype == "Q8_0" and w.dim() == 2 and w.shape[1] % 32 == 0:
+        return _q8_0_rows(w)
     from gguf.constants import GGMLQuantizationType
     from gguf.quants import quantize
 
-    return quantize(w.detach().float().numpy(), GGMLQuantizationType[qtype])
+    return quantize(w.numpy(), GGMLQuantizationType[qtype])
+
+
+def _q8_0_rows(w: torch.Tensor, chunk: int = 4096) -> np.ndarray:
+    """GGUF Q8_0 rows of an [N, K] fp32 matrix, operation for operation gguf.quants.Q8_0
+    (ggml-quants.c's reference): per 32-weight block d = max|x| / 127, q = roundf(x * (1 / d))
+    (half away from zero; 0 where d = 0), d stored as fp16 before the 32 int8. Every step is one
+    IEEE fp32 operation, so the bytes are gguf's (tested on random and tie-making blocks): in C
+    (quant_a8.c's q8_0_quantize, one pass) where it is built, else in torch."""
+    from .. import native
+
+    N, K = w.shape
+    nkb = K // 32
+    out = torch.empty(N, nkb, 34, dtype=torch.uint8)
+    lib = native.lib()
+    if lib is not None:
+        w = w.contiguous()
+        d = torch.empty(N, nkb, 1, dtype=torch.float32)
+        if lib.q8_0_quantize(w.data_ptr(), N, K, out.data_ptr(), d.data_ptr()):
+            raise ValueError(f"q8_0_quantize failed for K={K}")
+        out[:, :, :2] = d.half().view(torch.uint8)
+        return out.reshape(N, nkb * 34).numpy()
+    for s in range(0, N, chunk):  # bounded temporaries (a 49,152-row head at once would be ~200 MB)
+        b = w[s : s + chunk].reshape(-1, nkb, 32)
+        d = b.abs().amax(dim=2, keepdim=True) / 127
+        inv = torch.where(d == 0, torch.zeros((), dtype=d.dtype), 1 / d)
+        x = b * inv
+        a = x.abs()
+        f = a.floor()
+        q = torch.copysign(f + (2 * (a - f)).floor(), x)  # np_roundf: sign(x) * (floor|x| + floor(2 frac))
+        o = out[s : s + chunk]
+        o[:, :, :2] = d.half().view(torch.uint8)
+        o[:, :, 2:] = q.to(torch.int8).view(torch.uint8)
+    return out.reshape(N, nkb * 34).numpy()

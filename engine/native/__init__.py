@@ -111,6 +111,8 @@ def _load() -> ctypes.CDLL | None:
         lib.a8_vectorized.restype = ctypes.c_int
         lib.a8_pack.argtypes = [i32, p, i64, i64, p]
         lib.a8_pack.restype = ctypes.c_int
+        lib.q8_0_quantize.argtypes = [p, i64, i64, p, p]
+        lib.q8_0_quantize.restype = ctypes.c_int
         lib.quant_rows_f32.argtypes = [p, i32, i64, i64, p, i64, p]
         lib.quant_rows_f32.restype = ctypes.c_int
         lib.llama_rows_f32.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, i64, p, p, i64, i64, p, p, p, i64, f32, f32, i32, i32]

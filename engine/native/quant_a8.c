@@ -533,3 +533,35 @@ int a8_pack(int qtype, const uint8_t *raw, int64_t N, int64_t K, uint8_t *out) {
         }
     return 0;
 }
+
+/* GGUF Q8_0 quantisation of an [N, K] fp32 matrix, operation for operation gguf.quants.Q8_0 (and
+ * ggml-quants.c's reference): per 32-weight block d = max|x| / 127, q = roundf(x * (1 / d)) with
+ * roundf as numpy's np_roundf (floor|x| + floor(2 frac), the sign put back), 0 where d = 0. Every
+ * step is one IEEE fp32 operation (this file is built without contraction: -std=c11), so q and d
+ * are gguf's. Writes the int8 q into out's GGUF rows (N x K / 32 blocks of 34 bytes, bytes 2..33)
+ * and d (fp32) into dout[N * K / 32]: the caller stores d as fp16 in bytes 0..1 (numpy's rounding).
+ * A drafter's load quantises ~25M weights this way (0.4 s in numpy, ~0.05 s here). Returns 0, or
+ * -1 where K % 32 != 0. */
+int q8_0_quantize(const float *w, int64_t N, int64_t K, uint8_t *out, float *dout) {
+    if (K % QK) return -1;
+    const int64_t nkb = K / QK;
+#pragma omp parallel for schedule(static)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t kb = 0; kb < nkb; kb++) {
+            const float *x = w + n * K + kb * QK;
+            float amax = 0.0f;
+            for (int t = 0; t < QK; t++) {
+                const float a = fabsf(x[t]);
+                amax = a > amax ? a : amax;
+            }
+            const float d = amax / 127.0f;
+            const float id = d == 0.0f ? 0.0f : 1.0f / d;
+            int8_t *q = (int8_t *)(out + (n * nkb + kb) * 34 + 2);
+            for (int t = 0; t < QK; t++) {
+                const float v = x[t] * id, a = fabsf(v), f = floorf(a), r = f + floorf(2.0f * (a - f));
+                q[t] = (int8_t)(v < 0.0f ? -r : r);
+            }
+            dout[n * nkb + kb] = d;
+        }
+    return 0;
+}
