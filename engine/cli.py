@@ -253,6 +253,8 @@ def load_session(args: argparse.Namespace):
     warning = pool_starved_warning(session.target.model, os.environ)
     if warning:
         print(warning, file=sys.stderr)
+    if getattr(session, "drafter_error", None):
+        print(f"specchat: warning: {session.drafter_error}; decoding without it", file=sys.stderr)
     if getattr(session, "datastore_error", None):
         print(f"specchat: warning: {session.datastore_error}; pld:auto drafts by prompt lookup alone", file=sys.stderr)
     return session

@@ -276,9 +276,17 @@ class Decoder:
         state is untouched); the tree policies read it (STree §4)."""
         from .costmodel import calibrate
 
+        from .costmodel import VerifyCost
+
         probe = self.target.with_own_cache()
+        # a context capped below the probe's 64 + 32 + 1 rows (--max-context) measures what fits
+        cap = getattr(probe, "max_context", None) or 1 << 30
+        sizes = tuple(n for n in (1, 2, 4, 8, 16, 32) if n + 2 <= cap)
         try:
-            self.verify_cost = calibrate(probe, sizes=(1, 2, 4, 8, 16, 32), prefix=64, repeats=3)
+            if len(sizes) >= 2:
+                self.verify_cost = calibrate(probe, sizes=sizes, prefix=min(64, cap - max(sizes) - 1), repeats=3)
+            else:  # a context of 3 rows or fewer: nothing to compare, a flat curve (any unit)
+                self.verify_cost = VerifyCost(1.0, 0.0)
         finally:
             probe.cache = None
 

@@ -95,7 +95,10 @@ def resolve(ref: str, registry: Registry | None = None) -> tuple[str, Path]:
             if cached is not None:
                 return entry.name, cached
             raise ModelLoadError(f"model {ref!r} ({entry.hub_id}) is not downloaded yet: run `specchat download {ref}`")
-        raise ModelLoadError(f"model {ref!r}: its local file {entry.local!r} is missing")
+        looked = ""
+        if not entry.local.startswith("pkg:") and not Path(os.path.expanduser(entry.local)).is_absolute() and base is not None:
+            looked = f" (looked for {base / entry.local}: a relative path is read from the models file's directory)"
+        raise ModelLoadError(f"model {ref!r}: its local file {entry.local!r} is missing{looked}")
     p = Path(os.path.expanduser(ref))
     if p.exists():
         return p.name, p

@@ -145,6 +145,8 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
     if not p.exists():
         if path is not None:
             raise ConfigError(f"{p}: models file not found")
+        if os.environ.get("SPECCHAT_MODELS"):
+            raise ConfigError(f"{p}: models file not found (SPECCHAT_MODELS)")
         return Registry(None)
     try:
         data = tomllib.loads(p.read_text(encoding="utf-8"))

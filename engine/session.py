@@ -53,6 +53,7 @@ class ChatSession:
         self.target = target  # engine.loading.Loaded
         self.drafter = drafter  # engine.loading.Loaded | None
         self.registry = registry
+        self.drafter_error: str | None = None  # load(): why the registry's paired drafter is not in
         tok = target.tokenizer
         self.tokenizer = tok
         self.decoder = Decoder(
@@ -74,6 +75,7 @@ class ChatSession:
         """``datastore``: an n-gram datastore for ``pld:auto`` (engine/drafters/corpus.py): a .npz
         path, "none", or None for the target's registry entry's own (used only where it was built
         with the target's tokenizer)."""
+        from .errors import SpecchatError
         from .loading import load
         from .registry import load_registry
         from .strategy import from_spec
@@ -87,9 +89,18 @@ class ChatSession:
         if drafter_ref is None:
             pairing = reg.default_pairing(tgt.name)
             drafter_ref = pairing.drafter if pairing else None
+        drafter_error = None
         if drafter_ref and drafter_ref not in ("ngram", "none"):
-            drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
-            check_bridgeable(tgt, drf)
+            try:
+                drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
+                check_bridgeable(tgt, drf)
+            except SpecchatError as e:
+                if drafter is not None:  # named by the user: their request fails
+                    raise
+                # the registry's pairing: a chat never fails to start over a drafting aid
+                drafter_error = f"the paired drafter {drafter_ref!r} was not loaded: {e}"
+                drf, pairing = None, None
+        if drf is not None:
             _drafter_weights(drf)
             if pairing is None:  # a drafter named explicitly: its registered pairing's measured strategy, if any
                 pairing = reg.pairing(tgt.name, drf.name)
@@ -102,6 +113,7 @@ class ChatSession:
         if strat is not None:
             strat.validate(has_drafter_model=drf is not None)
         session = cls(tgt, drf, strat, reg)
+        session.drafter_error = drafter_error
         session.attach_datastore(datastore)
         return session
 

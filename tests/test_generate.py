@@ -106,6 +106,25 @@ def test_eos_and_context_limits(root):
         Decoder(small).start(list(range(len(prompt) + 10)))
 
 
+@pytest.mark.parametrize("cap_extra", [2, 5, 40])
+def test_cost_aware_strategies_run_in_a_small_context(root, cap_extra):
+    """The verify-cost curve is measured on a cache of the target's own size: a context capped below
+    the probe's 64 + 32 + 1 rows (--max-context 48 failed the default pld:auto with "context full"
+    before any token) measures the sizes that fit, and every strategy stays plain greedy decoding."""
+    from engine.strategy import from_spec
+
+    path = saved("llama", root)
+    prompt = PROMPTS[0][:4]
+    small = load(str(path), max_context=len(prompt) + cap_extra).model
+    ref = tokens_of(run_generation(Decoder(small), prompt, preset("ar"), 60)[0])
+    assert len(ref) == cap_extra
+    for spec in ("pld:auto", "sd:auto", "mab", "optimal", "hybrid:auto"):
+        dec = Decoder(load(str(path), max_context=len(prompt) + cap_extra).model, load(str(saved("draft", root))).model)
+        evs, summ = run_generation(dec, prompt, from_spec(spec), 60)
+        assert tokens_of(evs) == ref and summ.finish_reason == "context", spec
+        assert dec.verify_cost is not None
+
+
 def test_stop_event_ends_after_current_step(root):
     import threading
 

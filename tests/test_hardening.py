@@ -790,3 +790,40 @@ def test_fuzz_tokenizer_json_bytes(bpe_tokenizer_dir, tmp_path, data):
         raw = raw[:data.draw(st.integers(0, len(raw)))]
     (d / "tokenizer.json").write_bytes(bytes(raw))
     _load_or_specchat_error(lambda: Tokenizer.from_hf_dir(d))
+
+
+def test_a_missing_paired_drafter_loads_the_target_alone(tiny, tmp_path, capsys, monkeypatch):
+    """A models.toml copied away from the repo (its relative `local` paths then point nowhere): the
+    registry's paired drafter cannot load, and the chat starts with the target alone, saying why and
+    where it looked; a drafter the user names fails as before. A missing SPECCHAT_MODELS file is an
+    error, as --models is (it read as an empty registry)."""
+    from engine.session import ChatSession
+
+    toml = tmp_path / "m.toml"
+    toml.write_text(f'''
+[[model]]
+name = "t"
+local = "{tiny}"
+role = ["target"]
+default = true
+
+[[model]]
+name = "d"
+local = "gone/drafter"
+role = ["drafter"]
+
+[[pairing]]
+target = "t"
+drafter = "d"
+default = true
+''')
+    s = ChatSession.load(models_file=str(toml))
+    assert s.drafter is None and s.strategy.name == "pld"
+    assert "'d'" in s.drafter_error and str(tmp_path / "gone/drafter") in s.drafter_error
+    assert "looked for" in api_error(ChatSession.load, models_file=str(toml), drafter="d")
+    capsys.readouterr()
+    assert main(["generate", "--models", str(toml), "--prompt-ids", "1,2,3", "--max-new-tokens", "3"]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the paired drafter 'd' was not loaded" in err and "decoding without it" in err
+    monkeypatch.setenv("SPECCHAT_MODELS", str(tmp_path / "nowhere.toml"))
+    assert "models file not found (SPECCHAT_MODELS)" in cli_error(capsys, "models")

@@ -32,6 +32,26 @@ def reply_markdown(text: str, finish_reason: str | None) -> str:
     return text + FINISH_MARKS.get(finish_reason or "", "")
 
 
+def _hard_breaks(state) -> None:
+    """markdown-it core rule: every soft line break becomes a hard one (what its ``breaks`` option
+    does for HTML output; Textual's renderer reads the token types, so they are changed here)."""
+    for token in state.tokens:
+        for child in token.children or ():
+            if child.type == "softbreak":
+                child.type = "hardbreak"
+
+
+def _parser():
+    """GitHub-flavoured Markdown with a line break kept wherever the text has one (as chat apps
+    render replies): a model's list written "01: Monday\n02: Tuesday", a poem or an address stay
+    on their lines instead of running into one paragraph. Code blocks are unaffected."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("gfm-like")
+    md.core.ruler.push("specchat_hard_breaks", _hard_breaks)
+    return md
+
+
 class ChatMessage(Markdown):
     """One message rendered as Markdown; ``role`` is "user", "assistant" or "system" (CSS class ``-role``).
 
@@ -42,6 +62,7 @@ class ChatMessage(Markdown):
     def __init__(self, role: str, content: str = "", finish_reason: str | None = None, **kwargs: object) -> None:
         shown = (user_markdown(content) if role == "user" else system_markdown(content) if role == "system"
                  else reply_markdown(content, finish_reason))
+        kwargs.setdefault("parser_factory", _parser)
         super().__init__(shown, classes=f"-{role}", **kwargs)  # type: ignore[arg-type]
         self.role = role
         self._mark_finish(finish_reason)

@@ -188,6 +188,33 @@ async def test_shift_enter_fallback_inserts_newline_and_enter_sends_all() -> Non
         assert messages(app)[0].source == "a  \nb"  # shown with its line break kept
 
 
+async def test_a_reply_keeps_its_line_breaks_on_screen() -> None:
+    """A reply's single newlines are line breaks on screen (a list the model wrote one item a line
+    ran into one paragraph before), streamed and finished; a code block keeps its lines as written."""
+    engine = FakeEngine(["01: Monday\n02: Tuesday\n\n", "```\nx = 1\ny = 2\n```"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "days")
+        await reply_done(pilot)
+        lines = [line.strip("▌▎▊ ") for line in screen_text(app).splitlines()]
+        assert any(line.endswith("01: Monday") for line in lines), "\n".join(lines)
+        assert any(line.startswith("02: Tuesday") for line in lines)
+        assert any(line.startswith("y = 2") for line in lines)
+
+
+async def test_a_session_loaded_without_its_drafter_or_datastore_says_so() -> None:
+    engine = FakeEngine()
+    engine.drafter_error = "the paired drafter 'd' was not loaded: model 'd': its local file 'x' is missing"
+    engine.datastore_error = "datastore x.npz: damaged"
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        shown = notices(app)
+        assert (engine.drafter_error + "; decoding without it", "warning") in shown
+        assert (engine.datastore_error + "; pld:auto drafts by prompt lookup alone", "warning") in shown
+
+
 async def test_empty_message_is_ignored_with_a_notice() -> None:
     engine = FakeEngine()
     app = make_app(engine)
