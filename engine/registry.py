@@ -200,7 +200,13 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
                 from_spec(spec)
             except StrategyError as e:
                 raise ConfigError(f"{where}: [[pairing]] #{i + 1}: bad {key} ({e})") from None
+        if entry.get("default") and any(p.default and p.target == entry["target"] for p in reg.pairings):
+            raise ConfigError(f"{where}: [[pairing]] #{i + 1}: a second default pairing for {entry['target']!r} "
+                              "(one default drafter a target)")
         reg.pairings.append(Pairing(**entry))
+    defaults = [e.name for e in reg.models.values() if e.default]
+    if len(defaults) > 1:
+        raise ConfigError(f"{where}: {len(defaults)} models have default = true ({', '.join(map(repr, defaults))}): one at most")
     return reg
 
 

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 import types
 import time
 
@@ -96,6 +97,13 @@ def test_bad_models_toml_names_file_and_line(tmp_path, capsys):
     bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\n[[model]]\nname = "x"\nhub_id = "c/d"\n')
     assert main(["models", "--models", str(bad)]) == 2
     assert "duplicate model name 'x'" in capsys.readouterr().err
+    bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\ndefault = true\n[[model]]\nname = "y"\nhub_id = "c/d"\ndefault = true\n')
+    assert main(["models", "--models", str(bad)]) == 2
+    assert "2 models have default = true ('x', 'y'): one at most" in capsys.readouterr().err
+    bad.write_text('[[model]]\nname = "x"\nhub_id = "a/b"\n[[model]]\nname = "y"\nhub_id = "c/d"\n[[model]]\nname = "z"\nhub_id = "e/f"\n'
+                   '[[pairing]]\ntarget = "x"\ndrafter = "y"\ndefault = true\n[[pairing]]\ntarget = "x"\ndrafter = "z"\ndefault = true\n')
+    assert main(["models", "--models", str(bad)]) == 2
+    assert "a second default pairing for 'x'" in capsys.readouterr().err
 
 
 def test_models_lists_the_offline_default(smollm2_gguf_path, capsys):
@@ -350,3 +358,19 @@ def test_generate_takes_a_system_prompt(smollm2_gguf_path, capsys, monkeypatch):
     capsys.readouterr()
     assert main(["generate", "Hi", "--raw", "--system", "x", "--max-new-tokens", "2", "--drafter", "none"]) == 2
     assert "--system needs the chat template" in capsys.readouterr().err
+
+
+def test_bench_compare_transformers_skips_what_transformers_refuses(tmp_path, capsys):
+    """transformers refuses prompt lookup for a stateful (Mamba) model: that peer row is skipped with
+    a note; the run's results (ours, and transformers' plain decoding) are printed, not lost."""
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}]))
+    drafter = str(Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2")
+    capsys.readouterr()
+    assert main(["bench", "--target", drafter, "--drafter", "none", "--prompts", str(prompts), "--strategies", "ar",
+                 "--max-new-tokens", "4", "--warmup", "0", "--compare", "transformers", "--json"]) == 0
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)
+    engines = {(r["strategy"], r["engine"]) for r in res["rows"]}
+    assert ("ar", "transformers") in engines and ("pld", "transformers") not in engines
+    assert "transformers pld skipped" in cap.err

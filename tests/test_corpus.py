@@ -58,6 +58,11 @@ def test_index_round_trips_and_refuses_what_it_did_not_write(tmp_path):
              meta=np.frombuffer(json.dumps({"n_max": 3}).encode(), dtype=np.uint8))
     with pytest.raises(SpecchatError, match="bad arrays or metadata"):
         CorpusIndex.load(tmp_path / "floats.npz")
+    for bad in (np.nan, -0.5, 2.0):  # a share is a frequency: NaN stopped a reply mid-way ("cannot convert float NaN")
+        np.savez(tmp_path / "shares.npz", keys=np.arange(3, dtype=np.uint64), tokens=np.arange(3),
+                 shares=np.array([0.5, bad, 0.25], dtype=np.float32), meta=np.frombuffer(json.dumps({"n_max": 3}).encode(), dtype=np.uint8))
+        with pytest.raises(SpecchatError, match=r"shares outside \[0, 1\]"):
+            CorpusIndex.load(tmp_path / "shares.npz")
     np.savez(tmp_path / "pickle.npz", keys=np.array([{}], dtype=object), tokens=np.arange(1), shares=np.ones(1),
              meta=np.frombuffer(b"{}", dtype=np.uint8))  # an object array would need pickle: refused
     with pytest.raises(SpecchatError, match="not an n-gram datastore"):

@@ -124,6 +124,8 @@ class CorpusIndex:
                 and np.issubdtype(shares.dtype, np.floating) and isinstance(meta, dict)
                 and isinstance(meta.get("n_max"), int) and 1 <= meta["n_max"] <= 16):
             raise SpecchatError(f"{path}: not an n-gram datastore (bad arrays or metadata)")
+        if shares.size and not (np.isfinite(shares).all() and shares.min() >= 0 and shares.max() <= 1):
+            raise SpecchatError(f"{path}: not an n-gram datastore (shares outside [0, 1])")
         return cls(keys, tokens, shares, meta["n_max"], meta)
 
     def max_token(self) -> int:
