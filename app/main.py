@@ -10,6 +10,7 @@ knows the torch-free contracts in engine.events, engine.strategy and engine.sess
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +42,14 @@ def load_chat_session(target: str, drafter: str, models_file: str | None = None)
 
 
 TERMINAL_CHECK_S = 1.0  # how often the app checks that its terminal is still there
+
+# Python's GIL switch interval while the app runs (the interpreter's default is 5 ms). The engine
+# thread gives up the GIL in every C kernel call and must take it back after each; while the UI
+# thread runs a frame (tens of ms of pure Python: layout, render), each take-back waited up to the
+# whole interval. `bench/app_stream.py --strategy ar --gil-switch-ms 5|0.5`, 5 alternated pairs on a
+# 2-core AVX2 EPYC: app / no-UI rate, median 0.706 -> 0.765, 0.5 ms ahead in 4 of 5
+# (bench/results/2026-11-26-session19/).
+GIL_SWITCH_S = 0.0005
 
 
 def freeze_heap() -> None:
@@ -137,6 +146,8 @@ class SpecChatApp(App[None]):
         return self.chat
 
     def on_mount(self) -> None:
+        self._gil_switch_was = sys.getswitchinterval()
+        sys.setswitchinterval(GIL_SWITCH_S)
         if self.keymap_problems:
             more = len(self.keymap_problems) - 3
             self.notify("\n".join(self.keymap_problems[:3]) + (f"\n(and {more} more)" if more > 0 else ""),
@@ -145,6 +156,9 @@ class SpecChatApp(App[None]):
         self._tty_fd = terminal_fd()
         if self._tty_fd is not None:
             self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
+
+    def on_unmount(self) -> None:
+        sys.setswitchinterval(self._gil_switch_was)
 
     def _check_terminal(self) -> None:
         """The terminal went away (its window closed, an ssh link dropped) without a SIGHUP
@@ -174,6 +188,10 @@ class SpecChatApp(App[None]):
                 session.strategy = self.initial_strategy.validate(has_drafter_model=session.has_drafter)
             except ValueError as exc:  # StrategyError, or a bad tree shape
                 self.notify(f"{exc}; using {session.strategy.label()}", severity="warning", timeout=8)
+        for problem, then in ((getattr(session, "drafter_error", None), "decoding without it"),
+                              (getattr(session, "datastore_error", None), "pld:auto drafts by prompt lookup alone")):
+            if problem:
+                self.notify(f"{problem}; {then}", title="Loaded with less", severity="warning", timeout=12, markup=False)
         self.session, self.load_error = session, None
         self.switching_to = None
         self.chat.attach_session(session)

@@ -9,6 +9,7 @@ same strategy and settings; the app's load-time plain-decoding baseline is await
 Chats go to a fresh temporary SPECCHAT_DATA_DIR unless one is set.
 
 Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max-new-tokens 128] [--dtype auto]
+       [--gil-switch-ms MS]  (the app's GIL switch interval for this run; default app.main.GIL_SWITCH_S)
        [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
        [--one-chat]       (every prompt in one growing conversation, both ways, and each reply's
                            rate printed: how the app's cost grows with the conversation)
@@ -121,6 +122,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--profile", default=None)
     ap.add_argument("--one-chat", action="store_true", help="every prompt in one conversation (it grows reply by reply)")
+    ap.add_argument("--gil-switch-ms", type=float, default=None,
+                    help="the app's GIL switch interval (app.main.GIL_SWITCH_S) for this run, in ms")
     ap.add_argument("--dtype", default="auto", help="compute type, as `specchat chat --dtype` (default auto: q8 where faster)")
     a = ap.parse_args()
     if "SPECCHAT_DATA_DIR" not in os.environ:  # the chats it sends stay out of the user's history
@@ -140,6 +143,10 @@ def main() -> int:
             g = info["generation"]
             gc_stats["t"][g] += time.perf_counter() - gc_stats["t0"]
             gc_stats["n"][g] += 1
+    if a.gil_switch_ms is not None:
+        import app.main
+
+        app.main.GIL_SWITCH_S = a.gil_switch_ms / 1000.0
     strategy = from_spec(a.strategy)
     session = ChatSession.load(strategy=strategy, dtype=a.dtype)  # as `specchat chat` loads it (--dtype auto)
     gc.callbacks.append(_gc_cb)
