@@ -303,18 +303,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     dec = session.decoder
 
     if args.samples:
-        samples = []
-        for i in range(args.samples):
-            s = strategy.replace(seed=args.seed + i)
-            dec.start(ids)
-            out = [t for ev in dec.steps(s, args.max_new_tokens) for t in ev.emitted]
-            samples.append({"token_ids": out})
-        if args.json:
-            print(json.dumps({"samples": samples}))
-        else:
-            for smp in samples:
-                print(",".join(map(str, smp["token_ids"])))
-        return 0
+        return _generate_samples(args, session, strategy, ids)
 
     summary = GenerationSummary()
     steps: list[dict[str, Any]] = []
@@ -359,6 +348,46 @@ def cmd_generate(args: argparse.Namespace) -> int:
         print("specchat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
     return 0
+
+
+def _generate_samples(args: argparse.Namespace, session, strategy, ids: list[int]) -> int:
+    """``generate --samples N``: N generations with seeds S..S+N-1, each printed as it finishes (its
+    text, or its ids without a tokenizer; ``--json``: one object at the end with each sample's ids,
+    text and finish reason). Ctrl-C keeps the finished samples and the one in progress (finish
+    "interrupted") and exits 130."""
+    dec = session.decoder
+    samples: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for i in range(args.samples):
+            seed = args.seed + i
+            dec.start(ids)
+            cur: dict[str, Any] = {"seed": seed, "token_ids": [], "text": "", "finish_reason": None}
+            samples.append(cur)
+            for ev in dec.steps(strategy.replace(seed=seed), args.max_new_tokens):
+                cur["token_ids"].extend(ev.emitted)
+                cur["text"] += ev.text
+                cur["finish_reason"] = ev.finish_reason or cur["finish_reason"]
+            if not args.json:
+                _print_sample(cur, session)
+    except KeyboardInterrupt:
+        interrupted = True
+        if samples and samples[-1]["finish_reason"] is None:
+            samples[-1]["finish_reason"] = "interrupted"
+            if not args.json:
+                _print_sample(samples[-1], session)
+    if args.json:
+        print(json.dumps({"samples": samples, "interrupted": interrupted}))
+    if interrupted:
+        print(f"specchat: interrupted ({sum(s['finish_reason'] != 'interrupted' for s in samples)} of {args.samples} samples finished)",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return 0
+
+
+def _print_sample(smp: dict[str, Any], session) -> None:
+    body = smp["text"] if session.tokenizer is not None else ",".join(map(str, smp["token_ids"]))
+    print(f"--- sample seed {smp['seed']} ({len(smp['token_ids'])} tokens, finish {smp['finish_reason']})\n{body}", flush=True)
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -374,3 +374,35 @@ def test_bench_compare_transformers_skips_what_transformers_refuses(tmp_path, ca
     engines = {(r["strategy"], r["engine"]) for r in res["rows"]}
     assert ("ar", "transformers") in engines and ("pld", "transformers") not in engines
     assert "transformers pld skipped" in cap.err
+
+
+def test_samples_print_as_they_finish_and_ctrl_c_keeps_them(tiny, capsys, monkeypatch):
+    """`--samples`: each sample is printed when it finishes; Ctrl-C during the third keeps the two
+    finished ones and the third's tokens so far (finish "interrupted"), exit 130 (it printed nothing)."""
+    from engine.generate import Decoder
+
+    steps = Decoder.steps
+    calls = []
+
+    def interrupting(self, *a, **kw):
+        calls.append(1)
+        for j, ev in enumerate(steps(self, *a, **kw)):
+            if len(calls) == 3 and j == 2:
+                raise KeyboardInterrupt
+            yield ev
+
+    monkeypatch.setattr(Decoder, "steps", interrupting)
+    argv = ["generate", "--target", str(tiny[0]), "--prompt-ids", "1,2,3", "--temperature", "0.8", "--seed", "7",
+            "--samples", "5", "--max-new-tokens", "6", "--ignore-eos"]
+    capsys.readouterr()
+    assert main(argv + ["--json"]) == 130
+    cap = capsys.readouterr()
+    res = json.loads(cap.out)
+    assert res["interrupted"] and [s["seed"] for s in res["samples"]] == [7, 8, 9]
+    assert [len(s["token_ids"]) for s in res["samples"]][:2] == [6, 6] and len(res["samples"][2]["token_ids"]) >= 2
+    assert [s["finish_reason"] for s in res["samples"]] == ["length", "length", "interrupted"]
+    assert "2 of 5 samples finished" in cap.err
+    calls.clear()
+    assert main(argv) == 130
+    out = capsys.readouterr().out
+    assert out.count("--- sample seed") == 3 and "finish interrupted" in out
