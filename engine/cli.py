@@ -460,8 +460,9 @@ def cmd_download(args: argparse.Namespace) -> int:
     printer.close()
     if "path" not in result:
         err = result.get("error")
-        if err is None or isinstance(err, DownloadCancelled):
-            msg = str(err) if err else f"download of {repo} cancelled; run it again to resume"
+        if err is None or isinstance(err, DownloadCancelled) or cancel.is_set():
+            # cancelled, also where the worker was waiting on the network then and failed with that
+            msg = str(err) if isinstance(err, DownloadCancelled) else f"download of {repo} cancelled; run it again to resume"
             print(f"specchat: {msg}", file=sys.stderr)
             return EXIT_INTERRUPTED
         raise err

@@ -406,3 +406,25 @@ def test_samples_print_as_they_finish_and_ctrl_c_keeps_them(tiny, capsys, monkey
     assert main(argv) == 130
     out = capsys.readouterr().out
     assert out.count("--- sample seed") == 3 and "finish interrupted" in out
+
+
+def test_ctrl_c_during_a_download_waiting_on_the_network_is_a_cancel(capsys, monkeypatch):
+    """Ctrl-C while the download waits on a server that does not answer: the worker then fails with
+    the network's timeout, and that is still a cancel (exit 130, "cancelled"), not an error (exit 2)."""
+    import os
+    import signal
+    import time
+
+    from engine import hub
+
+    def hanging(repo, revision, progress=None, cancel=None, include=None):
+        time.sleep(0.3)  # the main thread waits for the worker by then
+        os.kill(os.getpid(), signal.SIGINT)  # the user's Ctrl-C, delivered to the main thread
+        assert cancel.wait(10)
+        raise hub.DownloadError(f"{repo}: cannot reach the Hub (offline? timed out)")
+
+    monkeypatch.setattr(hub, "download", hanging)
+    capsys.readouterr()
+    assert main(["download", "some/repo"]) == 130
+    err = capsys.readouterr().err
+    assert "download of some/repo cancelled" in err and "timed out" not in err
