@@ -296,7 +296,15 @@ def _parse_header(mm: mmap.mmap, size: int, path: Path) -> tuple[int, dict[str, 
                                  f"has {size} (incomplete download?)", path=path)
         if name in tensors:
             raise ModelLoadError(f"corrupt GGUF header: tensor {name!r} appears twice", path=path)
+        if offset % alignment:  # ggml writes every tensor's data at a multiple of the alignment
+            raise ModelLoadError(f"corrupt GGUF header: tensor {name!r} at offset {offset}, not a multiple of "
+                                 f"general.alignment ({alignment})", path=path)
         tensors[name] = GGUFTensorInfo(name, shape, qtype, start, nbytes)
+    # tensors' bytes never share a byte (a changed type or offset would read another tensor's data)
+    spans = sorted((t.offset, t.offset + t.nbytes, t.name) for t in tensors.values() if t.nbytes)
+    for (_, end, a), (start, _, b) in zip(spans, spans[1:]):
+        if start < end:
+            raise ModelLoadError(f"corrupt GGUF header: tensors {a!r} and {b!r} overlap in the file", path=path)
     return version, metadata, tensors
 
 

@@ -372,3 +372,38 @@ def test_random_byte_flips_never_crash(tiny_bytes, tmp_path):
             assert "\n" not in str(e)
             outcomes["error"] += 1
     assert outcomes["error"] > 0
+
+
+def _tensor_field(data: bytes, name: str) -> tuple[int, int]:
+    """(byte position of ``name``'s u32 type, of its u64 offset) in the tensor directory."""
+    import struct
+
+    key = struct.pack("<Q", len(name)) + name.encode()
+    pos = data.index(key) + len(key)
+    n_dims = struct.unpack_from("<I", data, pos)[0]
+    type_at = pos + 4 + 8 * n_dims
+    return type_at, type_at + 4
+
+
+def test_misplaced_tensor_data_is_refused(tiny_bytes, tmp_path):
+    """A tensor's offset moved off the alignment, or onto another tensor's bytes, and a type changed
+    to a bigger one (its bytes then run into the next tensor's) are corrupt headers, not models that
+    run on other tensors' bytes (a tester's moved offset gave <|endoftext|> forever, exit 0)."""
+    import struct
+
+    path, data, _ = tiny_bytes
+    with read_gguf(path) as f:
+        infos = sorted(f.tensors.values(), key=lambda t: t.offset)
+    first, second = infos[0], infos[1]
+    base = first.offset  # tensor offsets are relative to the data section's start
+    _, off_at = _tensor_field(data, second.name)
+    for new, expect in ((second.offset - base + 7, "not a multiple of general.alignment"),
+                        (first.offset - base, "overlap")):
+        p = tmp_path / f"moved{new}.gguf"
+        p.write_bytes(data[:off_at] + struct.pack("<Q", new) + data[off_at + 8:])
+        assert expect in _expect_one_line_error(p), new
+    type_at, _ = _tensor_field(data, first.name)
+    p = tmp_path / "wider.gguf"
+    p.write_bytes(data[:type_at] + struct.pack("<I", 28) + data[type_at + 4:])  # F32 -> F64: twice the bytes
+    msg = _expect_one_line_error(p)
+    assert "overlap" in msg, msg
