@@ -21,7 +21,7 @@ from textual.binding import Binding
 from engine.errors import ConfigError
 from engine.registry import load_registry
 from engine.session import ChatEngine
-from engine.strategy import Strategy
+from engine.strategy import ADAPTIVE, Strategy
 
 from .commands import StrategyCommands
 from .keys import keymap_path, load_keymap, with_keys
@@ -133,6 +133,7 @@ class SpecChatApp(App[None]):
         self.model_loader: ModelLoader = model_loader or (
             lambda target, drafter: load_chat_session(target, drafter, models_file))
         self.switching_to: ModelChoice | None = None  # a Ctrl+O pick being loaded
+        self._cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
         self.session: ChatEngine | None = None
@@ -246,14 +247,17 @@ class SpecChatApp(App[None]):
         if session is None:
             self.notify("No model loaded yet: nothing to switch.", severity="warning")
             return
-        result = next_preset(session.strategy, session.has_drafter)
+        current = session.strategy
+        if current.name in ADAPTIVE:  # a chain preset says whether the cycle runs cost-aware lengths
+            self._cycle_auto = current.adaptive
+        result = next_preset(current, session.has_drafter, auto=self._cycle_auto)
         if result.strategy is None:
-            self.notify("No other strategy is usable here.\n" + "\n".join(result.skipped), severity="warning")
+            self.notify("No other strategy is usable here.\n" + result.notice(), severity="warning")
             return
         session.strategy = result.strategy
         self.chat.show_strategy()
         if result.skipped:
-            self.notify("\n".join(result.skipped), severity="warning", timeout=6)
+            self.notify(result.notice(), severity="warning", timeout=6)
 
     def action_models(self) -> None:
         """Ctrl+O: the model picker; what it returns is loaded by :meth:`switch_model`."""

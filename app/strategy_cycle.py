@@ -14,15 +14,29 @@ class CycleResult:
     strategy: Strategy | None
     skipped: list[str] = field(default_factory=list)
 
+    def notice(self) -> str:
+        """The skipped presets in one notice, those skipped for the same reason on one line
+        ("skipped sd, tree, mab, optimal: they need a drafter model; Ctrl+O picks a pairing")."""
+        by_reason: dict[str, list[str]] = {}
+        for line in self.skipped:
+            name, _, reason = line.removeprefix("skipped ").partition(": ")
+            if "needs a drafter model" in reason:  # the engine's advice is the CLI's (--drafter REF)
+                reason = "a drafter model is needed (Ctrl+O picks a target with its drafter)"
+            by_reason.setdefault(reason, []).append(name)
+        return "\n".join(f"skipped {', '.join(names)}: {reason}" for reason, names in by_reason.items())
 
-def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE) -> CycleResult:
+
+def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE, auto: bool | None = None) -> CycleResult:
     """The next preset after ``current`` in ``cycle`` that validates for this session.
 
     The sampling knobs (temperature, top-p, seed) and an adaptive draft length (where the next
-    preset has one) carry over; everything else comes from the preset.
+    preset has one) carry over; everything else comes from the preset. ``auto``: whether the chain
+    presets get the cost-aware draft length (default: ``current``'s) — the app keeps it across the
+    presets without one (tree, mab...), so a full cycle comes back to ``pld:auto``, not ``pld``.
     Presets that do not validate are skipped, each with its one-line reason.
     """
     start = cycle.index(current.name) if current.name in cycle else -1
+    auto = current.adaptive if auto is None else auto
     skipped: list[str] = []
     for offset in range(1, len(cycle) + 1):
         name = cycle[(start + offset) % len(cycle)]
@@ -30,7 +44,7 @@ def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = C
             break  # came back round: nothing else is usable
         try:
             candidate = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
-                               adaptive=current.adaptive and name in ADAPTIVE)
+                               adaptive=auto and name in ADAPTIVE)
             if name == "ersd" and not has_drafter:
                 # exponential races are lossless with any drafter: use n-gram drafts (shown in the label)
                 candidate = candidate.replace(drafter="ngram")

@@ -410,6 +410,28 @@ async def test_ctrl_s_switches_strategy_between_steps_of_a_reply() -> None:
         assert len(engine.calls) == 1
 
 
+async def test_a_full_cycle_comes_back_to_the_cost_aware_default() -> None:
+    """Ctrl+S through every preset from pld:auto (the default) comes back to pld:auto: the presets
+    without a draft length (tree, mab, optimal, ersd) kept the cycle's auto lengths (it came back as
+    a fixed pld k=8, and hybrid as hybrid k=3); from a fixed-length pld the cycle stays fixed."""
+    from engine.strategy import CYCLE, from_spec
+
+    engine = FakeEngine(strategy=from_spec("pld:auto"))
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        seen = []
+        for _ in CYCLE:
+            await pilot.press("ctrl+s")
+            seen.append(engine.strategy)
+        assert seen[-1] == from_spec("pld:auto")
+        assert next(s for s in seen if s.name == "hybrid").adaptive and next(s for s in seen if s.name == "sd").adaptive
+        engine.strategy = preset("pld")
+        for _ in CYCLE:
+            await pilot.press("ctrl+s")
+        assert engine.strategy == preset("pld") and not engine.strategy.adaptive
+
+
 async def test_cycle_skips_presets_that_need_a_drafter_and_keeps_temperature() -> None:
     engine = FakeEngine(has_drafter=False, strategy=preset("pld", temperature=0.7))
     app = make_app(engine)
@@ -420,8 +442,8 @@ async def test_cycle_skips_presets_that_need_a_drafter_and_keeps_temperature() -
         assert engine.strategy == preset("ersd", temperature=0.7, drafter="ngram")
         assert "ersd k=5 ngram race T=0.7" in status(app)
         text = "\n".join(m for m, _ in notices(app))
-        for name in ("sd", "tree"):
-            assert f"skipped {name}: strategy '{name}' needs a drafter model" in text
+        assert "skipped sd, tree, mab, optimal: a drafter model is needed (Ctrl+O" in text  # one line, the app's advice
+        assert "--drafter" not in text
         await pilot.press("ctrl+s")
         assert engine.strategy == preset("ar", temperature=0.7)
         assert "ar sample T=0.7" in status(app)
