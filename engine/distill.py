@@ -301,7 +301,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_ngram(args: argparse.Namespace) -> int:
     """Index the replies of `distill data` directories (engine/drafters/corpus.py) with the target's
     tokenizer's probe, so the datastore is only ever used with that tokenizer."""
-    from .distill_train import load_sequences, responses_file
+    from .distill_train import check_vocab, load_sequences, responses_file
     from .drafters.corpus import PROBE_TEXT, CorpusIndex
     from .errors import SpecchatError
     from .loading import load
@@ -312,14 +312,28 @@ def cmd_ngram(args: argparse.Namespace) -> int:
         responses_file(d)  # a missing set fails before the target loads
     if not 1 <= args.n_max <= 16 or args.min_count < 1 or not 1 <= args.branches <= 16:
         raise SpecchatError("--n-max must be 1..16, --min-count >= 1 and --branches 1..16")
+    out = Path(args.out)
+    if out.suffix != ".npz":  # numpy adds it: say where the file really goes
+        out = out.with_name(out.name + ".npz")
+    if out.is_dir():
+        raise SpecchatError(f"{out}: --out is a directory (it names the .npz file to write)")
+    if not out.parent.is_dir():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpecchatError(f"{out.parent}: cannot create --out's directory ({e.strerror or e})") from None
     reg = load_registry(args.models)
     target = load(args.target or "smollm2-135m-instruct", registry=reg, need_tokenizer=True)
     seqs = [s for d in data for s in load_sequences(d)]
+    check_vocab((ids for ids, _ in seqs), target.model.vocab_size, " ".join(map(str, data)))
     t0 = time.perf_counter()
     index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count, branches=args.branches,
                               meta={"target": target.name, "probe": list(target.tokenizer.encode(PROBE_TEXT)),
                                     "data": " ".join(map(str, data)), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
-    index.save(args.out)
+    try:
+        index.save(out)
+    except OSError as e:
+        raise SpecchatError(f"{out}: cannot write the datastore ({e.strerror or e})") from None
     print(f"indexed {len(seqs)} replies ({index.meta['reply_tokens']} tokens): {len(index)} contexts of 1..{args.n_max} tokens "
-          f"in {time.perf_counter() - t0:.1f} s -> {args.out}", file=sys.stderr)
+          f"in {time.perf_counter() - t0:.1f} s -> {out}", file=sys.stderr)
     return 0

@@ -99,18 +99,36 @@ def load_sequences(data_dir: Path, with_ids: bool = False) -> list:
     ``with_ids`` prepends the reply's id."""
     import lzma
 
+    from .errors import SpecchatError
+
     path = responses_file(data_dir)
-    text = lzma.open(path, "rt", encoding="utf-8").read() if path.suffix == ".xz" else path.read_text()
+    try:
+        text = lzma.open(path, "rt", encoding="utf-8").read() if path.suffix == ".xz" else path.read_text(encoding="utf-8")
+    except (OSError, EOFError, lzma.LZMAError, UnicodeDecodeError) as e:
+        raise SpecchatError(f"{path}: cannot read the replies ({' '.join(str(e).split()) or type(e).__name__})") from None
     seqs = []
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
             continue  # a line cut by a kill
-        if r.get("response_ids"):
-            row = (r["prompt_ids"] + r["response_ids"], len(r["prompt_ids"]))
-            seqs.append((r["id"], *row) if with_ids else row)
+        if not isinstance(r, dict) or not r.get("response_ids"):
+            continue
+        ids = r.get("prompt_ids"), r["response_ids"]
+        if not all(isinstance(x, list) and all(type(t) is int and 0 <= t < 1 << 31 for t in x) for x in ids):
+            raise SpecchatError(f"{path}, line {n}: prompt_ids and response_ids must be lists of token ids")
+        row = (ids[0] + ids[1], len(ids[0]))
+        seqs.append((r.get("id"), *row) if with_ids else row)
     return seqs
+
+
+def check_vocab(token_lists, vocab: int, where: object) -> None:
+    """Every token id of the replies read inside the target's vocabulary (a one-line error)."""
+    from .errors import SpecchatError
+
+    top = max((max(ids) for ids in token_lists if ids), default=-1)
+    if top >= vocab:
+        raise SpecchatError(f"{where}: token id {top} is outside the target's vocabulary ({vocab} tokens)")
 
 
 def cmd_topk(args: argparse.Namespace) -> int:
@@ -295,6 +313,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         target = load(args.target or "smollm2-135m-instruct", registry=load_registry(args.models))
         tok = target.tokenizer
         V = target.model.vocab_size
+    check_vocab((row[0] for row in held + train), tok.vocab_size if args.tokenizer else V, " ".join(map(str, data_dirs)))
     if args.byte_level:
         # a byte-level drafter (heterogeneous-vocab §3.4: byte drafters suit SLRS): the same replies
         # as UTF-8 bytes, the prompt as the target's rendered chat text (special tokens spelled out)
@@ -507,11 +526,22 @@ def cmd_export(args: argparse.Namespace) -> int:
     weights = sorted(src.glob("*.safetensors"))
     if not (src / "config.json").exists() or not weights:
         raise SpecchatError(f"{src}: not a trained drafter (config.json and *.safetensors expected)")
+    if dst.exists() and dst.resolve() == src.resolve():
+        raise SpecchatError(f"{dst}: --to is the drafter being exported (--from); choose another directory")
+    if dst.exists() and not dst.is_dir():
+        raise SpecchatError(f"{dst}: --to exists and is not a directory")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    dst.mkdir(parents=True, exist_ok=True)
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecchatError(f"{dst}: cannot create the export directory ({e.strerror or e})") from None
     total = 0
     for w in weights:
-        sd = {k: v.to(dt).contiguous() if v.is_floating_point() else v for k, v in load_file(str(w)).items()}
+        try:
+            tensors = load_file(str(w))
+        except Exception as e:  # noqa: BLE001 - safetensors' own errors: a damaged or truncated file
+            raise SpecchatError(f"{w}: not a readable safetensors file ({' '.join(str(e).split())[:200]})") from None
+        sd = {k: v.to(dt).contiguous() if v.is_floating_point() else v for k, v in tensors.items()}
         save_file(sd, str(dst / w.name), metadata={"format": "pt"})
         total += (dst / w.name).stat().st_size
     for name in EXPORT_FILES:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from engine.cli import main
 from engine.distill_prompts import eval_texts, make_prompts
@@ -279,3 +280,72 @@ def test_distill_train_reads_several_sets_and_xz(tmp_path):
     rec = json.loads((out / "distill.json").read_text())
     assert rec["replies"] == 12 and rec["data"] == f"{plain} {packed}"
     assert main(["distill", "train", "--data", str(tmp_path / "none"), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2"]) != 0
+
+
+def test_export_refuses_its_own_source_and_damaged_weights(tmp_path, capsys):
+    """`distill export --to` the --from directory rewrote the source's weights and then crashed
+    (SameFileError); a truncated model.safetensors gave a SafetensorError traceback; a --to that is
+    a file, or that cannot be created, gave FileExistsError / FileNotFoundError. One line each, the
+    source untouched."""
+    import shutil
+
+    from engine.cli import main
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2"
+    src = tmp_path / "drafter"
+    src.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(shipped / name, src / name)
+    before = (src / "model.safetensors").read_bytes()
+    for to, expect in ((src, "is the drafter being exported"), (tmp_path / "." / "drafter", "is the drafter being exported"),
+                       (src / "config.json", "is not a directory"), (Path("/proc/nope"), "cannot create the export directory")):
+        capsys.readouterr()
+        assert main(["distill", "export", "--from", str(src), "--to", str(to), "--dtype", "fp32"]) == 2, to
+        err = capsys.readouterr().err.strip()
+        assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert (src / "model.safetensors").read_bytes() == before
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy2(shipped / "config.json", bad / "config.json")
+    (bad / "model.safetensors").write_bytes(before[: len(before) // 2])
+    assert main(["distill", "export", "--from", str(bad), "--to", str(tmp_path / "out"), "--dtype", "fp32"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "not a readable safetensors file" in err and len(err.splitlines()) == 1
+
+
+def test_damaged_reply_data_is_a_one_line_error(tmp_path, capsys, smollm2_gguf_path):
+    """`distill ngram` / `distill train` on a corrupt responses.jsonl.xz (an LZMAError traceback), on
+    records whose ids are not lists of ints (a TypeError), or on token ids outside the target's
+    vocabulary (an IndexError in train; ngram wrote a datastore generate then refused); and an
+    `--out` that is a directory (an IsADirectoryError after all the indexing). One line each."""
+    from engine.cli import main
+
+    def data(name, lines=None, raw=None):
+        d = tmp_path / name
+        d.mkdir()
+        if raw is not None:
+            (d / "responses.jsonl.xz").write_bytes(raw)
+        else:
+            (d / "responses.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+        return str(d)
+
+    good = [{"id": i, "prompt_ids": [1, 2, 3], "response_ids": [4 + i, 5, 6, 7]} for i in range(4)]
+    cases = [
+        (data("xz", raw=b"not xz at all"), "cannot read the replies"),
+        (data("str", [{"id": 0, "prompt_ids": [1], "response_ids": "4 5 6"}]), "line 1: prompt_ids and response_ids must be lists"),
+        (data("neg", good + [{"id": 9, "prompt_ids": [1], "response_ids": [4, -2]}]), "line 5: prompt_ids and response_ids must be lists"),
+        (data("oob", good + [{"id": 9, "prompt_ids": [1], "response_ids": [99999999]}]), "token id 99999999 is outside the target's vocabulary"),
+    ]
+    for d, expect in cases:
+        for argv in (["distill", "ngram", "--data", d, "--out", str(tmp_path / "x.npz")],
+                     ["distill", "train", "--data", d, "--out", str(tmp_path / "t"), "--steps", "1"]):
+            capsys.readouterr()
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err.strip()
+            assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+    ok = data("ok", good)
+    (tmp_path / "adir.npz").mkdir()
+    assert main(["distill", "ngram", "--data", ok, "--out", str(tmp_path / "adir.npz")]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert main(["distill", "ngram", "--data", ok, "--out", str(tmp_path / "sub" / "ds"), "--min-count", "1"]) == 0
+    assert (tmp_path / "sub" / "ds.npz").is_file() and str(tmp_path / "sub" / "ds.npz") in capsys.readouterr().err
