@@ -82,6 +82,11 @@ class ReplyRun:
             self.finish_reason = "stopped"
         new_text = "".join(parts)
         self.text += new_text
+        if self.finished and self.finish_reason != "eos" and self.text.endswith("\ufffd"):
+            # a reply cut inside a character (the token limit, Esc): the detokeniser's last flush
+            # wrote the unfinished character as U+FFFD; the reply is saved and shown without it
+            # (Continue writes that character whole)
+            self.text = self.text.rstrip("\ufffd")
         return new_text
 
     @property

@@ -215,6 +215,17 @@ async def test_a_session_loaded_without_its_drafter_or_datastore_says_so() -> No
         assert (engine.datastore_error + "; pld:auto drafts by prompt lookup alone", "warning") in shown
 
 
+async def test_a_reply_cut_inside_a_character_is_saved_without_its_replacement_mark() -> None:
+    engine = FakeEngine(["שלום ", "ר\ufffd"], finish_reason="length")
+    app = make_app(engine)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "translate")
+        await reply_done(pilot)
+        assert app.chat.conversation[-1]["content"] == "שלום ר"
+        assert "\ufffd" not in messages(app)[-1].source
+
+
 async def test_empty_message_is_ignored_with_a_notice() -> None:
     engine = FakeEngine()
     app = make_app(engine)
