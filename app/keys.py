@@ -170,7 +170,8 @@ def key_problem(key: str) -> str | None:
     if key == "ctrl+at":
         return "cannot be bound by name (Textual calls it ctrl+@)"
     if "shift" in mods and char and "alt" not in mods:
-        return "arrives as the shifted character (write \"R\" for Shift+R)" if "ctrl" not in mods else \
+        example = base.upper() if len(base) == 1 and base.isalpha() else "R"
+        return f"arrives as the shifted character (write \"{example}\" for Shift+{example})" if "ctrl" not in mods else \
             "arrives as Ctrl and the letter alone in most terminals"
     if "alt" in mods and char and not (len(base) == 1 and base.isalpha()):
         return "arrives without the Alt in most terminals (Alt works with letters)"

@@ -745,13 +745,21 @@ class ChatScreen(Screen[None]):
             return
         folder = self.store.path.parent / "exports" if self.store.path is not None else Path.cwd()
         model = self.session.description if self.session is not None else ""
+        conversation = [dict(m) for m in self.conversation]
+        run = self._run
+        if run is not None and not run.finished:  # a reply streaming now: exported as far as it got
+            partial = run.text + "\n\n*(still being written when exported)*"
+            if self._continuing is not None and conversation and conversation[-1]["role"] == "assistant":
+                conversation[-1]["content"] = self._continuing[0] + partial
+            else:
+                conversation.append({"role": "assistant", "content": partial})
         try:
-            path = export_chat(folder, self.chat_title, self.conversation, model)
+            path = export_chat(folder, self.chat_title, conversation, model)
         except OSError as exc:
             self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8)
             return
-        count = sum(m["role"] != "system" for m in self.conversation)
-        self.notify(f"Exported {count} messages to {path}", timeout=8)
+        count = sum(m["role"] != "system" for m in conversation)
+        self.notify(f"Exported {count} message{'s' if count != 1 else ''} to {path}", timeout=8)
 
     # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:

@@ -586,6 +586,23 @@ async def test_the_palette_exports_the_chat_beside_the_database(data_dir: Path) 
         assert any(f"Exported 2 messages to {files[0]}" == m for m, _ in notices(app))
 
 
+async def test_an_export_mid_reply_includes_the_reply_so_far(data_dir: Path) -> None:
+    engine = BlockingEngine(["Partial", " answer"])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "Explain")
+        await wait_for(pilot, lambda: engine.blocking.is_set() and "answer" in (app.chat._run.text if app.chat._run else ""))
+        app.chat.action_export_chat()
+        await pilot.pause()
+        files = list((data_dir / "exports").glob("*.md"))
+        assert len(files) == 1
+        assert "## Assistant\n\nPartial answer\n\n*(still being written when exported)*" in files[0].read_text()
+        assert any(m == f"Exported 2 messages to {files[0]}" for m, _ in notices(app))
+        await pilot.press("escape")
+        await reply_done(pilot)
+
+
 # ---- chat search --------------------------------------------------------------------------------
 def test_store_search_matches_titles_and_messages(tmp_path: Path) -> None:
     store = ChatStore.open(tmp_path / "s.db")

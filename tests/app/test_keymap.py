@@ -68,7 +68,7 @@ def test_key_names(key: str, want: str | None) -> None:
 
 
 @pytest.mark.parametrize("key, why", [
-    ("shift+a", "shifted character"), ("ctrl+shift+a", "Ctrl and the letter"), ("alt+slash", "without the Alt"),
+    ("shift+a", "shifted character"), ("shift+y", "write \"Y\" for Shift+Y"), ("ctrl+shift+a", "Ctrl and the letter"), ("alt+slash", "without the Alt"),
     ("alt+1", "without the Alt"), ("ctrl+m", "Enter"), ("ctrl+left_square_bracket", "Esc"), ("ctrl+p", "palette"),
     ("ctrl+at", "ctrl+@"), ("alt+x", None), ("alt+shift+x", None), ("shift+f3", None), ("ctrl+shift+up", None), ("R", None),
 ])
