@@ -58,6 +58,13 @@ def _carry(current: Strategy, name: str) -> Strategy:
     return s
 
 
+def _as(current: Strategy, name: str) -> Strategy:
+    """``current`` if it is the ``name`` strategy already, else that preset with the sampling knobs
+    carried (a tree shape picked while on ``ar`` is a tree with the drafter model, not ``ar``'s
+    settings renamed: that was refused as "needs a drafter" with a drafter loaded)."""
+    return current if current.name == name else _carry(current, name)
+
+
 def toggles() -> list[Toggle]:
     out: list[Toggle] = []
     for name in STRATEGIES:
@@ -66,13 +73,13 @@ def toggles() -> list[Toggle]:
         out.append(Toggle("Drafter", kind, lambda s, k=kind: s.replace(drafter=k), "draft with the drafter model or n-gram lookup"))
     for shape in TREE_SHAPES:
         label = ",".join(map(str, shape))
-        out.append(Toggle("Tree shape", label, lambda s, t=shape: s.replace(name="tree", tree=t), "static tree (N1..Ngamma)"))
+        out.append(Toggle("Tree shape", label, lambda s, t=shape: _as(s, "tree").replace(tree=t), "static tree (N1..Ngamma)"))
     for k in DRAFT_LENGTHS:
         out.append(Toggle("Draft length", str(k), lambda s, k=k: s.replace(draft_len=k, adaptive=False), "chain length for sd / pld / ersd"))
     out.append(Toggle("Draft length", "auto", lambda s: s.replace(adaptive=s.name in ADAPTIVE),
                       "sd / pld / hybrid: each step drafts the length that pays, from the measured verify cost and recent acceptance"))
     for b in NODE_BUDGETS:
-        out.append(Toggle("Optimal tree budget", str(b), lambda s, b=b: s.replace(name="optimal", node_budget=b),
+        out.append(Toggle("Optimal tree budget", str(b), lambda s, b=b: _as(s, "optimal").replace(node_budget=b),
                           "exponential-races Alg. 3 tree of at most this many nodes"))
     for v in VERIFIERS:
         out.append(Toggle("Verifier", v, lambda s, v=v: s.replace(verify=v), "how drafts are accepted"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from textual.app import App
 
-from app.commands import StrategyCommands, evaluate, toggles
+from app.commands import NODE_BUDGETS, StrategyCommands, evaluate, toggles
 from engine.strategy import STRATEGIES, preset
 
 from .fakes import FakeEngine
@@ -34,6 +34,13 @@ def test_evaluate_applies_valid_changes_and_explains_invalid_ones():
     # switching preset from ersd (race) to tree resets the verifier to the preset's own
     new, why = evaluate(_find("Tree shape", "2,2,2"), preset("ersd"), has_drafter=True)
     assert why is None and new.resolved_verify() == "greedy"
+    # from ar (no drafter in its settings) a tree shape or an optimal budget takes that preset: with a
+    # drafter model loaded it applies (it was refused as "needs a drafter")
+    for toggle, name in ((_find("Tree shape", "2,2,2"), "tree"), (_find("Optimal tree budget", str(NODE_BUDGETS[0])), "optimal")):
+        new, why = evaluate(toggle, preset("ar", temperature=0.5), has_drafter=True)
+        assert why is None and new.name == name and new.drafter == "model" and new.temperature == 0.5, why
+    new, why = evaluate(_find("Tree shape", "2,2,2"), preset("tree"), has_drafter=True)
+    assert why is None and new == preset("tree").replace(tree=(2, 2, 2))
     new, why = evaluate(_find("Backtrack", "joint"), sd, has_drafter=True)
     assert why is None and new.backtrack == "joint"
 
