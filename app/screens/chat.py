@@ -374,7 +374,7 @@ class ChatScreen(Screen[None]):
         if event.chat_id == self.chat_id:
             self.chat_title = event.title
             self._show_title()
-        self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id)
+        self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id, highlight=event.chat_id)
         self.chat_list.focus_list()
 
     @on(ChatList.Deleted)

@@ -124,14 +124,19 @@ class ChatList(Vertical):
     def options(self) -> OptionList:
         return self.query_one("#chat-options", OptionList)
 
-    def show_chats(self, chats: list[ChatRecord], current: int | None) -> None:
-        """List ``chats`` (newest first) after a "new chat" row; highlight ``current``."""
+    def show_chats(self, chats: list[ChatRecord], current: int | None, highlight: int | None = None) -> None:
+        """List ``chats`` (newest first) after a "new chat" row; highlight ``highlight`` (a chat just
+        renamed, wherever the new order puts it), else ``current``. A search that matches nothing
+        says so in a row that cannot be chosen."""
         self.chats = list(chats)
         self._armed = None
         options = [Option(Text("+ New chat  (Ctrl+N)", style="italic"), id=NEW_CHAT_ID)]
         options += [Option(chat_prompt(chat, chat.id == current), id=f"chat-{chat.id}") for chat in chats]
+        if not chats and self.search:
+            options.append(Option(Text(f"no chats match “{self.search}”", style="dim italic"), id="no-match", disabled=True))
         self.options.set_options(options)
-        index = next((i + 1 for i, chat in enumerate(chats) if chat.id == current), 0)
+        want = current if highlight is None else highlight
+        index = next((i + 1 for i, chat in enumerate(chats) if chat.id == want), 0)
         self.options.highlighted = index
         self._end_rename()
 

@@ -297,6 +297,30 @@ async def test_rename_and_delete_from_the_chat_list(data_dir: Path) -> None:
         assert prompt(app).text == "keep me"  # the deleted chat's prompts left the history
 
 
+async def test_a_renamed_chat_stays_highlighted_and_down_moves_on(data_dir: Path) -> None:
+    """Renaming a chat that is not the open one: the highlight stays on it (it jumped back to the open
+    chat, so the next Down seemed swallowed and Delete offered the wrong chat)."""
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        for text in ("first", "second", "third"):
+            await pilot.press("ctrl+n")
+            await chat(pilot, text)
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        await pilot.press("down", "down")  # the open chat ("third") is highlighted: down to "first"
+        assert chat_list(app).highlighted_chat().title == "first"
+        await pilot.press("r", "ctrl+u", *"Renamed", "enter")
+        await pilot.pause()
+        assert chat_list(app).highlighted_chat().title == "Renamed"
+        idx = chat_list(app).options.highlighted
+        await pilot.press("up")
+        assert chat_list(app).options.highlighted == idx - 1
+        await pilot.press("delete")
+        assert any(f"“{chat_list(app).highlighted_chat().title}”" in m for m, _ in notices(app))
+        assert chat_list(app).highlighted_chat().title != "Renamed"
+
+
 async def test_switching_chats_waits_for_the_running_reply(data_dir: Path) -> None:
     engine = BlockingEngine(["..."])
     app = make_app(engine)
@@ -638,7 +662,9 @@ async def test_slash_in_the_chat_list_searches_as_you_type() -> None:
         assert app.chat.conversation[0]["content"] == "bananas are yellow" and not chat_list(app).display
         await pilot.press("ctrl+l", "slash", *"zzz")
         await pilot.pause()
-        assert chat_list(app).options.option_count == 1
+        assert chat_list(app).options.option_count == 2 and chat_list(app).chats == []  # "new chat" + the no-match row
+        assert "no chats match “zzz”" in screen_text(app)
+        assert chat_list(app).options.get_option_at_index(1).disabled
         await pilot.press("escape")  # clears the search: every chat again
         await pilot.pause()
         assert chat_list(app).options.option_count == 4 and chat_list(app).display
