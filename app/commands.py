@@ -144,7 +144,7 @@ class StrategyCommands(Provider):
     def _measure(self) -> None:
         measure = getattr(self.app, "measure_baseline", None)
         if measure is not None:
-            measure()
+            measure("on request")
             self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
 
     def _chat_action(self, name: str) -> Callable[[], Any]:

@@ -200,9 +200,11 @@ class SpecChatApp(App[None]):
         self.measure_baseline()
 
     # ---- the plain-decoding baseline of the dashboard's speedup ---------------------------------------
-    def measure_baseline(self) -> None:
+    def measure_baseline(self, when: str = "at load") -> None:
         """Measure plain decoding of the loaded target in a thread (its own cache: the chat is
-        untouched); the dashboard shows the speedup against it, labelled as measured."""
+        untouched); the dashboard shows the speedup against it, labelled as measured (``when``:
+        "at load", or "on request" from the palette)."""
+        self._baseline_when = when
         session = self.session
         if session is None or not hasattr(session, "measure_baseline"):
             return
@@ -227,7 +229,7 @@ class SpecChatApp(App[None]):
             self.notify(f"Could not measure the plain-decoding baseline: {message.error}", severity="warning", timeout=6)
             return
         b = message.baseline
-        note = f"ar measured at load, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
+        note = f"ar measured {getattr(self, '_baseline_when', 'at load')}, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
         self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note, fit=b))
 
     def on_session_failed(self, message: SessionFailed) -> None:
@@ -287,7 +289,7 @@ class SpecChatApp(App[None]):
         self._load_session()
 
     def action_measure_baseline(self) -> None:
-        self.measure_baseline()
+        self.measure_baseline("on request")
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):

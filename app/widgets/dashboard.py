@@ -66,7 +66,7 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
         if fit is not None and fit.fitted and ctx > FIT_FROM * fit.context:
             # a long conversation: plain decoding at this reply's context, not at the short prompt's
             ref = fit.tokens_per_s_at(ctx)
-            note = (f"at this reply's ~{ctx:,.0f}-token context, fitted to ar at load at ~{fit.context:,.0f}"
+            note = (f"at this reply's ~{ctx:,.0f}-token context, fitted to ar measured at ~{fit.context:,.0f}"
                     f" and ~{fit.long_context:,.0f} tokens")
         if avg > 0:
             out.append(f"×{avg / ref:.2f} ", style="bold green" if avg >= ref else "bold yellow")

@@ -420,6 +420,8 @@ async def test_dashboard_speedup_uses_the_baseline_measured_at_load() -> None:
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, lambda: len(engine.baseline_threads) == 2)
+        await wait_for(pilot, lambda: dashboard(app).baseline is not None)
+        assert dashboard(app).baseline.note == "ar measured on request, 48 tokens"  # it kept saying "at load"
 
 
 def test_torch_cuda_allocator_line_only_with_cuda() -> None:
