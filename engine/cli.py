@@ -294,6 +294,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise ValueError("--samples must be >= 1")
+    if args.strategy:  # a malformed spec fails before the seconds of loading
+        from .strategy import from_spec
+
+        from_spec(args.strategy)
     session = load_session(args)
     if args.ignore_eos:
         session.decoder.eos_ids = set()

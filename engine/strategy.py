@@ -231,6 +231,12 @@ def preset(name: str, **overrides: Any) -> Strategy:
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
 
 
+def _count(param: str, what: str) -> int:
+    if not param.isdigit():  # int() would say "invalid literal for int() with base 10: '4:auto'"
+        raise ValueError(f"the {what} must be a whole number, not {param!r} (one ':auto' at most, after it)")
+    return int(param)
+
+
 def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     """A strategy from ``NAME`` or ``NAME:PARAM`` (bench --strategies, models.toml pairings):
     ``tree:3-2-2-1-1`` (shape), ``sd:4`` / ``pld:8`` / ``ersd:5`` (draft length), ``optimal:24``
@@ -246,6 +252,8 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
             raise StrategyError(f"strategy {spec + '@' + vocab!r}: unknown vocab bridge {vocab!r}; choose one of {', '.join(VOCAB_BRIDGES)}")
         s = s.replace(vocab=vocab)
     if not param:
+        if ":" in spec:  # "pld:" ran as plain pld
+            raise StrategyError(f"strategy {spec!r}: nothing after ':' (tree:3-2-2-1-1, sd:4, pld:8, sd:auto, pld:12:auto, optimal:24)")
         return s
     parts = param.split(":")
     if "auto" in parts and name in ADAPTIVE:
@@ -258,9 +266,9 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
         if name == "tree":
             return s.replace(tree=parse_shape(param.replace("-", ",")))
         if name in ("sd", "pld", "ersd", "hybrid"):
-            return s.replace(draft_len=int(param))
+            return s.replace(draft_len=_count(param, "draft length"))
         if name == "optimal":
-            return s.replace(node_budget=int(param))
+            return s.replace(node_budget=_count(param, "node budget"))
     except ValueError as e:
         raise StrategyError(f"strategy {spec!r}: {e}") from None
     raise StrategyError(f"strategy {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, sd:auto, pld:12:auto, optimal:24)")

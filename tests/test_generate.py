@@ -317,7 +317,7 @@ def test_strategy_specs():
     assert from_spec("sd:3").draft_len == 3 and from_spec("optimal:24").node_budget == 24
     assert from_spec("mab") == preset("mab")
     assert from_spec("sd:2", preset("sd", temperature=0.5)).temperature == 0.5
-    for bad, msg in (("ar:3", "takes no parameter"), ("tree:3-x", "bad tree shape"), ("sd:x", "invalid literal"), ("nope", "unknown strategy")):
+    for bad, msg in (("ar:3", "takes no parameter"), ("tree:3-x", "bad tree shape"), ("sd:x", "whole number, not 'x'"), ("sd:4:auto:auto", "whole number"), ("pld:", "nothing after"), ("nope", "unknown strategy")):
         with pytest.raises(StrategyError, match=msg):
             from_spec(bad)
 
