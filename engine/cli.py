@@ -213,6 +213,14 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
     from .strategy import from_spec
     from .tree import parse_shape
 
+    import math
+
+    from .errors import SpecchatError
+
+    for opt in ("temperature", "top_p", "lambda_ucb"):
+        v = getattr(args, opt, None)
+        if v is not None and not math.isfinite(v):  # nan read as "T > 0 needed", inf as uniform noise
+            raise SpecchatError(f"--{opt.replace('_', '-')} must be a finite number, got {v}")
     s = from_spec(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
     changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
     for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
@@ -264,6 +272,8 @@ def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:
     from .errors import SpecchatError
 
     if args.prompt_ids:
+        if args.prompt is not None:  # one of them would be ignored
+            raise SpecchatError("give PROMPT or --prompt-ids, not both")
         try:
             return [int(x) for x in args.prompt_ids.replace(" ", "").split(",") if x]
         except ValueError:

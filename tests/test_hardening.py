@@ -473,9 +473,14 @@ def test_context_overflow(tiny, capsys):
     (["--max-context", "-5", "--prompt-ids", "1"], "--max-context must be >= 0, got -5"),
     (["--max-new-tokens", "-1", "--prompt-ids", "1"], "--max-new-tokens must be >= 0, got -1"),
     (["--samples", "0", "--prompt-ids", "1"], "--samples must be >= 1"),
+    (["--prompt-ids", "1,2", "also text"], "give PROMPT or --prompt-ids, not both"),
+    (["--temperature", "nan", "--prompt-ids", "1"], "--temperature must be a finite number, got nan"),
+    (["--temperature", "inf", "--prompt-ids", "1"], "--temperature must be a finite number, got inf"),
+    (["--lambda-ucb", "nan", "--prompt-ids", "1"], "--lambda-ucb must be a finite number"),
     (["--dtype", "fp32", "--temperature", "-1", "--prompt-ids", "1"], "temperature"),
     (["--top-p", "0", "--prompt-ids", "1"], "top-p must be in (0, 1]"),
-], ids=["not-int", "too-big", "negative", "max-context", "max-new-tokens", "samples", "temperature", "top-p"])
+], ids=["not-int", "too-big", "negative", "max-context", "max-new-tokens", "samples", "ids-and-text", "nan-temperature",
+    "inf-temperature", "nan-lambda", "temperature", "top-p"])
 def test_bad_generate_arguments(argv, expect, tiny, capsys):
     err = cli_error(capsys, "generate", "--target", str(tiny), *argv)
     assert expect in err, err
