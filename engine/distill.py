@@ -93,6 +93,31 @@ def _drop_partial_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+def read_prompts(path: Path) -> list[dict]:
+    """The prompt records of a prompts.jsonl / self_prompts.jsonl ({"id", "kind", "text"} a line); a
+    damaged line is a one-line error naming the file and line (a last line cut by a kill is skipped)."""
+    from .errors import SpecchatError
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecchatError(f"{path}: cannot read the prompts ({' '.join(str(e).split()) or type(e).__name__})") from None
+    lines, out = text.splitlines(), []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            r = json.loads(line)
+            if not isinstance(r, dict) or not isinstance(r.get("text"), str):
+                raise TypeError
+        except (ValueError, TypeError):
+            if n == len(lines) and not text.endswith("\n"):
+                break  # a line cut by a kill
+            raise SpecchatError(f"{path}, line {n}: not a prompt record (a JSON object with a \"text\" string)") from None
+        out.append(r)
+    return out
+
+
 def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch: int = 16,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0):
     """Greedy replies for many prompts, ``batch`` at a time: yields (prompt index, reply ids) as
@@ -168,7 +193,7 @@ def self_prompts(tok, target, path: Path, n: int, seed: int, batch: int, exclude
     from .distill_prompts import eval_texts
 
     _drop_partial_tail(path)
-    have = [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    have = read_prompts(path) if path.exists() else []
     marker = "\x00PROMPT\x00"
     text = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False)
     head = tok.encode(text[: text.index(marker)], add_special_tokens=False)
@@ -207,8 +232,9 @@ def cmd_data(args: argparse.Namespace) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    from .distill_train import ensure_dir
+
+    out = ensure_dir(Path(args.out), "--out")
     prompts_path, resp_path = out / "prompts.jsonl", out / "responses.jsonl"
     from .errors import SpecchatError
 
@@ -223,9 +249,8 @@ def cmd_data(args: argparse.Namespace) -> int:
     if args.exclude:
         if not any((Path(args.exclude) / n).exists() for n in ("prompts.jsonl", "self_prompts.jsonl")):
             raise SpecchatError(f"--exclude {args.exclude}: not a `distill data` directory (no prompts.jsonl or self_prompts.jsonl)")
-        exclude = frozenset(json.loads(line)["text"] for name in ("prompts.jsonl", "self_prompts.jsonl")
-                            if (Path(args.exclude) / name).exists()
-                            for line in (Path(args.exclude) / name).read_text().splitlines() if line.strip())
+        exclude = frozenset(p["text"] for name in ("prompts.jsonl", "self_prompts.jsonl")
+                            if (Path(args.exclude) / name).exists() for p in read_prompts(Path(args.exclude) / name))
         prompts = [p for p in prompts if p["text"] not in exclude]
     if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
         prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
@@ -235,8 +260,8 @@ def cmd_data(args: argparse.Namespace) -> int:
         for line in resp_path.read_text().splitlines():
             try:
                 done.add(json.loads(line)["id"])
-            except (json.JSONDecodeError, KeyError):
-                pass  # a line cut by a kill: its prompt is simply redone
+            except (ValueError, KeyError, TypeError):
+                pass  # a line cut by a kill (or not a reply record): its prompt is simply redone
     from .dtype_probe import slow_bf16_note
 
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
@@ -301,7 +326,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 def cmd_ngram(args: argparse.Namespace) -> int:
     """Index the replies of `distill data` directories (engine/drafters/corpus.py) with the target's
     tokenizer's probe, so the datastore is only ever used with that tokenizer."""
-    from .distill_train import check_vocab, load_sequences, responses_file
+    from .distill_train import check_vocab, ensure_dir, load_sequences, responses_file
     from .drafters.corpus import PROBE_TEXT, CorpusIndex
     from .errors import SpecchatError
     from .loading import load
@@ -317,11 +342,7 @@ def cmd_ngram(args: argparse.Namespace) -> int:
         out = out.with_name(out.name + ".npz")
     if out.is_dir():
         raise SpecchatError(f"{out}: --out is a directory (it names the .npz file to write)")
-    if not out.parent.is_dir():
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SpecchatError(f"{out.parent}: cannot create --out's directory ({e.strerror or e})") from None
+    ensure_dir(out.parent, "--out's directory")  # created and writable before the target loads and the replies are indexed
     reg = load_registry(args.models)
     target = load(args.target or "smollm2-135m-instruct", registry=reg, need_tokenizer=True)
     seqs = [s for d in data for s in load_sequences(d)]
@@ -330,9 +351,12 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     index = CorpusIndex.build(seqs, n_max=args.n_max, min_count=args.min_count, branches=args.branches,
                               meta={"target": target.name, "probe": list(target.tokenizer.encode(PROBE_TEXT)),
                                     "data": " ".join(map(str, data)), "replies": len(seqs), "reply_tokens": sum(len(s) - st for s, st in seqs)})
+    tmp = out.with_name(f".{out.name}.tmp.npz")  # then renamed: a failed write leaves an older datastore whole
     try:
-        index.save(out)
+        index.save(tmp)
+        os.replace(tmp, out)
     except OSError as e:
+        tmp.unlink(missing_ok=True)
         raise SpecchatError(f"{out}: cannot write the datastore ({e.strerror or e})") from None
     print(f"indexed {len(seqs)} replies ({index.meta['reply_tokens']} tokens): {len(index)} contexts of 1..{args.n_max} tokens "
           f"in {time.perf_counter() - t0:.1f} s -> {out}", file=sys.stderr)

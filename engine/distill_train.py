@@ -94,6 +94,29 @@ def responses_file(data_dir: Path) -> Path:
     raise SpecchatError(f"{data_dir}: no responses.jsonl (run `specchat distill data` first)")
 
 
+def ensure_dir(path: Path, what: str) -> Path:
+    """Create the output directory ``path`` (parents too) and check that files can be written in it,
+    before any long work: a one-line error naming ``what`` (e.g. "--out", "--out's directory") otherwise."""
+    import os
+    import tempfile
+
+    from .errors import SpecchatError
+
+    if path.exists() and not path.is_dir():
+        raise SpecchatError(f"{path}: {what} exists and is not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SpecchatError(f"{path}: cannot create {what} ({e.strerror or e})") from None
+    try:
+        fd, probe = tempfile.mkstemp(dir=path, prefix=".specchat-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise SpecchatError(f"{path}: cannot write into {what} ({e.strerror or e})") from None
+    return path
+
+
 def load_sequences(data_dir: Path, with_ids: bool = False) -> list:
     """(prompt + reply ids, index where the reply starts) per finished reply, in file order;
     ``with_ids`` prepends the reply's id."""
@@ -148,6 +171,7 @@ def cmd_topk(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     data_dir = Path(args.data)
     seqs = load_sequences(data_dir, with_ids=True)
+    out = ensure_dir(data_dir / f"topk{args.k}", "the top-k directory")  # before the target loads
     from .dtype_probe import slow_bf16_note
 
     if note := slow_bf16_note(args.dtype):
@@ -155,8 +179,7 @@ def cmd_topk(args: argparse.Namespace) -> int:
     target = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models)).model
     if not hasattr(target, "forward_batch"):
         raise SpecchatError(f"{type(target).__name__}: no batched forward; top-k distillation needs a Llama-family target")
-    out = data_dir / f"topk{args.k}"
-    out.mkdir(exist_ok=True)
+    check_vocab((toks for _, toks, _ in seqs), target.vocab_size, data_dir)  # an id past it: an IndexError mid-run
     n_layers, KH, E = target.kv_dims
     t0, done_pos = time.perf_counter(), 0
     for c0 in range(0, len(seqs), args.chunk):
@@ -286,7 +309,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise SpecchatError("--kd reads the top-k targets of one --data directory; give one")
     data_dir = data_dirs[0]
     seqs = [s for d in data_dirs for s in load_sequences(d, with_ids=bool(args.kd))]
-    out.mkdir(parents=True, exist_ok=True)
+    ev = load_sequences(Path(args.eval_data)) if args.eval_data else None  # damaged: fails now, not after training
+    ensure_dir(out, "--out")
     if args.kd:
         if args.byte_level:
             raise SpecchatError("--kd needs the target's vocabulary; it does not combine with --byte-level")
@@ -314,6 +338,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         tok = target.tokenizer
         V = target.model.vocab_size
     check_vocab((row[0] for row in held + train), tok.vocab_size if args.tokenizer else V, " ".join(map(str, data_dirs)))
+    if ev is not None:
+        check_vocab((ids for ids, _ in ev), tok.vocab_size if args.tokenizer else V, args.eval_data)
     if args.byte_level:
         # a byte-level drafter (heterogeneous-vocab §3.4: byte drafters suit SLRS): the same replies
         # as UTF-8 bytes, the prompt as the target's rendered chat text (special tokens spelled out)
@@ -361,8 +387,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         X, M = pack(train, args.seq_len, pad)
         Xh, Mh = pack(held, args.seq_len, pad)
     evals = []
-    if args.eval_data:
-        ev = load_sequences(Path(args.eval_data))
+    if ev is not None:
         if args.byte_level:
             ev = [_as_bytes(target_tok, ids, start, tok.EOS) for ids, start in ev]
         Xe, Me = pack(ev, args.seq_len, pad)
@@ -515,37 +540,49 @@ EXPORT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "speci
 def cmd_export(args: argparse.Namespace) -> int:
     """Weights cast to ``--dtype`` (safetensors), config, tokenizer, draft vocabulary and the training
     record; never train_state.pt. The result loads with ``--drafter DIR``."""
+    import os
     import shutil
 
     import torch
-    from safetensors.torch import load_file, save_file
+    from safetensors import safe_open
+    from safetensors.torch import save_file
 
     from .errors import SpecchatError
+    from .loading import read_state_dict
 
     src, dst = Path(args.src), Path(args.dst)
     weights = sorted(src.glob("*.safetensors"))
     if not (src / "config.json").exists() or not weights:
         raise SpecchatError(f"{src}: not a trained drafter (config.json and *.safetensors expected)")
-    if dst.exists() and dst.resolve() == src.resolve():
+    if dst.exists() and os.path.samefile(dst, src):
         raise SpecchatError(f"{dst}: --to is the drafter being exported (--from); choose another directory")
     if dst.exists() and not dst.is_dir():
         raise SpecchatError(f"{dst}: --to exists and is not a directory")
+    names = [w.name for w in weights] + [n for n in EXPORT_FILES if (src / n).exists()]
+    for name in names:  # a file of --to linked to the source's: writing it would rewrite the source
+        if (dst / name).exists() and os.path.samefile(dst / name, src / name):
+            raise SpecchatError(f"{dst / name}: is {src / name} itself (a link); choose another --to")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    try:
-        dst.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise SpecchatError(f"{dst}: cannot create the export directory ({e.strerror or e})") from None
+    sd = read_state_dict(src)  # the loader's own checks: a damaged file is the one-line error `generate` gives
+    ensure_dir(dst, "--to")  # only once everything read is known good
     total = 0
     for w in weights:
+        with safe_open(str(w), framework="pt") as f:
+            keys = list(f.keys())
+        part = {k: sd[k].to(dt).contiguous() if sd[k].is_floating_point() else sd[k] for k in keys}
+        tmp = dst / f".{w.name}.tmp"
         try:
-            tensors = load_file(str(w))
-        except Exception as e:  # noqa: BLE001 - safetensors' own errors: a damaged or truncated file
-            raise SpecchatError(f"{w}: not a readable safetensors file ({' '.join(str(e).split())[:200]})") from None
-        sd = {k: v.to(dt).contiguous() if v.is_floating_point() else v for k, v in tensors.items()}
-        save_file(sd, str(dst / w.name), metadata={"format": "pt"})
-        total += (dst / w.name).stat().st_size
+            save_file(part, str(tmp), metadata={"format": "pt"})
+            os.replace(tmp, dst / w.name)  # replaces a link at dst, never writes through it
+            total += (dst / w.name).stat().st_size
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise SpecchatError(f"{dst / w.name}: cannot write the weights ({e.strerror or e})") from None
     for name in EXPORT_FILES:
         if (src / name).exists():
-            shutil.copy2(src / name, dst / name)
+            try:
+                shutil.copy2(src / name, dst / name)
+            except OSError as e:
+                raise SpecchatError(f"{dst / name}: cannot write ({e.strerror or e})") from None
     print(f"exported {src} -> {dst} ({args.dtype}, {total / 2**20:.1f} MiB of weights)", file=sys.stderr)
     return 0

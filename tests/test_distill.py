@@ -298,7 +298,7 @@ def test_export_refuses_its_own_source_and_damaged_weights(tmp_path, capsys):
         shutil.copy2(shipped / name, src / name)
     before = (src / "model.safetensors").read_bytes()
     for to, expect in ((src, "is the drafter being exported"), (tmp_path / "." / "drafter", "is the drafter being exported"),
-                       (src / "config.json", "is not a directory"), (Path("/proc/nope"), "cannot create the export directory")):
+                       (src / "config.json", "is not a directory"), (Path("/proc/nope"), "/proc/nope: cannot create --to")):
         capsys.readouterr()
         assert main(["distill", "export", "--from", str(src), "--to", str(to), "--dtype", "fp32"]) == 2, to
         err = capsys.readouterr().err.strip()
@@ -310,7 +310,7 @@ def test_export_refuses_its_own_source_and_damaged_weights(tmp_path, capsys):
     (bad / "model.safetensors").write_bytes(before[: len(before) // 2])
     assert main(["distill", "export", "--from", str(bad), "--to", str(tmp_path / "out"), "--dtype", "fp32"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "not a readable safetensors file" in err and len(err.splitlines()) == 1
+    assert "corrupt or truncated safetensors file" in err and len(err.splitlines()) == 1
 
 
 def test_damaged_reply_data_is_a_one_line_error(tmp_path, capsys, smollm2_gguf_path):
@@ -349,3 +349,142 @@ def test_damaged_reply_data_is_a_one_line_error(tmp_path, capsys, smollm2_gguf_p
     assert "is a directory" in capsys.readouterr().err
     assert main(["distill", "ngram", "--data", ok, "--out", str(tmp_path / "sub" / "ds"), "--min-count", "1"]) == 0
     assert (tmp_path / "sub" / "ds.npz").is_file() and str(tmp_path / "sub" / "ds.npz") in capsys.readouterr().err
+
+
+def _replies(d: Path, rows) -> str:
+    d.mkdir()
+    (d / "responses.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(d)
+
+
+def _one_line_error(capsys, argv, expect):
+    capsys.readouterr()
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err.strip()
+    assert expect in err and len(err.splitlines()) == 1 and "Traceback" not in err, (argv, err)
+
+
+_ROWS = [{"id": i, "prompt_ids": [1, 2, 3], "response_ids": [4 + i, 5, 6, 7]} for i in range(4)]
+_TINY = ["--tokenizer", "assets/mamba-drafter-smollm2", "--d-model", "64", "--layers", "1", "--head-dim", "32",
+         "--d-state", "16", "--batch", "2", "--seq-len", "64", "--steps", "1"]
+
+
+def test_distill_outputs_that_cannot_be_made_are_one_line_errors_before_the_work(tmp_path, capsys, monkeypatch):
+    """`distill train --out` / `distill data --out` that cannot be created (a missing parent that cannot
+    be made, an existing file) gave FileNotFoundError / FileExistsError tracebacks; `distill ngram --out`
+    in a directory it cannot write failed only after loading the target and indexing everything."""
+    import engine.loading as loading
+
+    data = _replies(tmp_path / "d", _ROWS)
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+
+    def no_load(*a, **kw):
+        raise AssertionError("the target loaded before --out was checked")
+
+    monkeypatch.setattr(loading, "load", no_load)
+    for cmd in (["train", "--data", data] + _TINY, ["data", "--n", "1"]):
+        _one_line_error(capsys, ["distill", *cmd, "--out", "/proc/nope"], "/proc/nope: cannot create --out")
+        _one_line_error(capsys, ["distill", *cmd, "--out", str(afile)], "--out exists and is not a directory")
+    _one_line_error(capsys, ["distill", "ngram", "--data", data, "--out", "/proc/x.npz"], "/proc: cannot write into --out's directory")
+    _one_line_error(capsys, ["distill", "ngram", "--data", data, "--out", str(afile / "x")], "exists and is not a directory")
+    assert afile.read_text() == "keep" and not Path("/proc/x.npz").exists()
+
+
+def test_distill_ngram_replaces_its_datastore_only_once_written(tmp_path, capsys, monkeypatch):
+    """A failed write (disk full) left a truncated .npz where the previous datastore was."""
+    import numpy as np
+
+    data = _replies(tmp_path / "d", _ROWS)
+    out = tmp_path / "ds.npz"
+    out.write_bytes(b"the previous datastore")
+
+    def full_disk(path, **kw):
+        Path(path).write_bytes(b"PK half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez_compressed", full_disk)
+    _one_line_error(capsys, ["distill", "ngram", "--data", data, "--out", str(out), "--target", "assets/mamba-drafter-smollm2",
+                             "--min-count", "1"], "No space left on device")
+    assert out.read_bytes() == b"the previous datastore" and sorted(p.name for p in tmp_path.iterdir()) == ["d", "ds.npz"]
+
+
+def test_distill_train_checks_eval_data_before_training(tmp_path, capsys):
+    """An --eval-data reply with a token id outside the vocabulary crashed (IndexError) after all the
+    training steps, before the drafter was saved; a damaged one failed only then too."""
+    data = _replies(tmp_path / "d", _ROWS)
+    bad = _replies(tmp_path / "ev", _ROWS + [{"id": 9, "prompt_ids": [1], "response_ids": [99999999]}])
+    out = tmp_path / "t"
+    _one_line_error(capsys, ["distill", "train", "--data", data, "--out", str(out), "--eval-data", bad] + _TINY,
+                    f"{bad}: token id 99999999 is outside")
+    assert not (out / "train_state.pt").exists()  # refused before the first step
+    (tmp_path / "xz").mkdir()
+    (tmp_path / "xz" / "responses.jsonl.xz").write_bytes(b"not xz")
+    _one_line_error(capsys, ["distill", "train", "--data", data, "--out", str(out), "--eval-data", str(tmp_path / "xz")] + _TINY,
+                    "responses.jsonl.xz: cannot read the replies")
+    assert not (out / "train_state.pt").exists()
+
+
+def test_distill_topk_refuses_out_of_vocabulary_ids(tmp_path, capsys, smollm2_gguf_path):
+    """`distill topk` on a reply id past the target's vocabulary: an IndexError traceback mid-run."""
+    data = _replies(tmp_path / "d", _ROWS + [{"id": 9, "prompt_ids": [1], "response_ids": [99999999]}])
+    _one_line_error(capsys, ["distill", "topk", "--data", data, "--k", "2"], "token id 99999999 is outside the target's vocabulary")
+    assert not list((tmp_path / "d" / "topk2").iterdir())
+
+
+def test_distill_export_never_writes_through_a_link_to_the_source_nor_leaves_a_half_export(tmp_path, capsys):
+    """A --to whose model.safetensors is a link to the source's was written through (the source's
+    weights rewritten); a damaged source left an empty --to behind and gave its own message instead
+    of the loader's (the one `generate` shows)."""
+    import shutil
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2"
+    src = tmp_path / "drafter"
+    src.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(shipped / name, src / name)
+    before = (src / "model.safetensors").read_bytes()
+    dst = tmp_path / "out"
+    dst.mkdir()
+    (dst / "model.safetensors").symlink_to(src / "model.safetensors")
+    _one_line_error(capsys, ["distill", "export", "--from", str(src), "--to", str(dst), "--dtype", "bf16"], "a link")
+    assert (src / "model.safetensors").read_bytes() == before
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    shutil.copy2(shipped / "config.json", bad / "config.json")
+    (bad / "model.safetensors").write_bytes(before[:1000])
+    _one_line_error(capsys, ["distill", "export", "--from", str(bad), "--to", str(tmp_path / "new"), "--dtype", "fp32"],
+                    f"{bad / 'model.safetensors'}: corrupt or truncated safetensors file")
+    assert not (tmp_path / "new").exists()
+
+
+def test_distill_data_reads_damaged_prompt_and_reply_files_as_one_line_errors(tmp_path, capsys, monkeypatch):
+    """`distill data --exclude DIR` with a damaged prompts.jsonl said only 'Expecting value: line 1
+    column 1' (no file); a reply line that is JSON but not a record (`[1]`) was a TypeError traceback
+    on resume (it is redone, as a line cut by a kill is)."""
+    import engine.loading as loading
+    import engine.session as session
+
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "prompts.jsonl").write_text('{"id": "a", "text": "hi"}\ngarbage\n')
+    _one_line_error(capsys, ["distill", "data", "--out", str(tmp_path / "new"), "--n", "2", "--exclude", str(old)],
+                    f"{old / 'prompts.jsonl'}, line 2: not a prompt record")
+    (old / "prompts.jsonl").write_text('{"id": "a", "text": "hi"}\n{"id": "b", "te')  # cut by a kill: fine
+    from engine.distill import read_prompts
+
+    assert [p["id"] for p in read_prompts(old / "prompts.jsonl")] == ["a"]
+
+    class Loaded(Exception):
+        pass
+
+    def stop(*a, **kw):
+        raise Loaded
+
+    monkeypatch.setattr(session.ChatSession, "load", stop)
+    monkeypatch.setattr(loading, "load", stop)
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "responses.jsonl").write_text('[1]\n"x"\n{"id": ["p"]}\n')
+    with pytest.raises(Loaded):  # read past the odd lines, on to loading the target
+        main(["distill", "data", "--out", str(resumed), "--n", "2"])
