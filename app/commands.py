@@ -5,20 +5,24 @@ prompt, continue the last reply).
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
 and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
 loop reads the strategy once per step, so a change applies at the next step of the reply in
-flight. Entries whose result does not validate stay listed, dimmed, with the reason; choosing one
-explains instead of applying (the palette cannot grey items out itself).
+flight. Entries whose result does not validate (or, on a Transformer target, the SSM tree and
+backtrack modes, which are for SSM and hybrid targets) stay listed, dimmed, with the reason;
+choosing one explains instead of applying (the palette cannot grey items out itself).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from rich.text import Text
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from engine.strategy import ADAPTIVE, BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES, Strategy, preset
+
+from .keys import app_keys
+from .strategy_cycle import in_app
 
 TREE_SHAPES = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (2, 2, 2), (4, 2, 1))
 DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
@@ -33,6 +37,12 @@ CONTINUE_HELP = "the model goes on from where its last reply stopped (the token 
 SYSTEM = "System prompt…"
 SYSTEM_HELP = "what the model reads before this chat (and, ticked, new chats)"
 EXPORT_HELP = "to exports/ beside the chat database"
+# Target families without SSM layers (engine/models: CausalLM.family): the SSM tree and backtrack
+# modes are for SSM and hybrid targets; a Transformer's KV cache verifies a tree and keeps the
+# accepted rows as they are (the modes would only repeat work there). Unknown families are not dimmed.
+TRANSFORMER_FAMILIES = ("llama", "gpt_neox")
+SSM_ONLY = {"SSM tree": "ssm_tree", "Backtrack": "backtrack"}  # palette group -> Strategy field
+_DEFAULTS = {f.name: f.default for f in fields(Strategy)}
 
 
 @dataclass(frozen=True)
@@ -94,8 +104,25 @@ def toggles() -> list[Toggle]:
     return out
 
 
-def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool) -> tuple[Strategy | None, str | None]:
-    """(new strategy, None) if the toggle applies here, else (None, the one-line reason)."""
+def target_family(session: Any) -> str | None:
+    """The session's target family ("llama", "mamba2"...: ``engine.models`` CausalLM.family), or
+    None where the session does not say (a test's fake engine)."""
+    family = getattr(getattr(getattr(session, "target", None), "model", None), "family", None)
+    return family if isinstance(family, str) else None
+
+
+def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
+             family: str | None = None) -> tuple[Strategy | None, str | None]:
+    """(new strategy, None) if the toggle applies here, else (None, the one-line reason).
+    ``family``: the target's (:func:`target_family`); on a Transformer the SSM-only modes are
+    refused, except the way back to the default where another mode was set (``--backtrack joint``)."""
+    field = SSM_ONLY.get(toggle.group)
+    if field is not None and family in TRANSFORMER_FAMILIES:
+        back_to_default = toggle.value == _DEFAULTS[field] != getattr(current, field)
+        if not back_to_default:
+            what, why = (("SSM tree modes", "attention verifies the tree as it is") if field == "ssm_tree" else
+                         ("backtrack modes", "its KV cache keeps the accepted rows as they are"))
+            return None, f"{what} are for SSM and hybrid targets; this {family} target is a Transformer ({why})"
     try:
         new = toggle.change(current)
         if new.verify not in ("auto",) and toggle.group not in ("Verifier",) and new.name != current.name:
@@ -116,9 +143,9 @@ class StrategyCommands(Provider):
         if session is None:
             self.app.notify("No model loaded yet.", severity="warning")
             return
-        new, reason = evaluate(toggle, session.strategy, session.has_drafter)
+        new, reason = evaluate(toggle, session.strategy, session.has_drafter, target_family(session))
         if new is None:
-            self.app.notify(f"{toggle.label} is unavailable: {reason}", severity="warning", timeout=8)
+            self.app.notify(f"{toggle.label} is unavailable: {self._advice(reason)}", severity="warning", timeout=8)
             return
         session.strategy = new
         show = getattr(getattr(self.app, "chat", None), "show_strategy", None)
@@ -126,12 +153,17 @@ class StrategyCommands(Provider):
             show()
         self.app.notify(f"strategy: {new.label()}", timeout=3)
 
-    def _display(self, toggle: Toggle, current: Strategy | None, has_drafter: bool) -> tuple[Text, str]:
+    def _advice(self, reason: str | None) -> str:
+        """The refusal with the app's advice (the model picker's key), not the command line's."""
+        return in_app(reason or "", app_keys(self, "{models}"))
+
+    def _display(self, toggle: Toggle, current: Strategy | None, has_drafter: bool,
+                 family: str | None = None) -> tuple[Text, str]:
         if current is None:
             return Text(toggle.label), toggle.help
-        new, reason = evaluate(toggle, current, has_drafter)
+        new, reason = evaluate(toggle, current, has_drafter, family)
         if new is None:
-            return Text(toggle.label, style="dim"), f"unavailable: {reason}"
+            return Text(toggle.label, style="dim"), f"unavailable: {self._advice(reason)}"
         mark = " (current)" if new == current else ""
         return Text(toggle.label + mark), toggle.help
 
@@ -139,7 +171,8 @@ class StrategyCommands(Provider):
         session = self._session()
         current = session.strategy if session is not None else None
         has = bool(session.has_drafter) if session is not None else False
-        return [(t, *self._display(t, current, has)) for t in toggles()]
+        family = target_family(session)
+        return [(t, *self._display(t, current, has, family)) for t in toggles()]
 
     def _measure(self) -> None:
         measure = getattr(self.app, "measure_baseline", None)

@@ -170,9 +170,11 @@ def key_problem(key: str) -> str | None:
     if key == "ctrl+at":
         return "cannot be bound by name (Textual calls it ctrl+@)"
     if "shift" in mods and char and "alt" not in mods:
-        example = base.upper() if len(base) == 1 and base.isalpha() else "R"
-        return f"arrives as the shifted character (write \"{example}\" for Shift+{example})" if "ctrl" not in mods else \
-            "arrives as Ctrl and the letter alone in most terminals"
+        if "ctrl" in mods:
+            return "arrives as Ctrl and the letter alone in most terminals"
+        if len(base) == 1 and base.isalpha():  # the user's letter ("Shift+Y": write "Y")
+            return f"arrives as the shifted character (write \"{base.upper()}\" for Shift+{base.upper()})"
+        return "arrives as the character Shift types (write that character)"
     if "alt" in mods and char and not (len(base) == 1 and base.isalpha()):
         return "arrives without the Alt in most terminals (Alt works with letters)"
     return None

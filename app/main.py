@@ -254,12 +254,16 @@ class SpecChatApp(App[None]):
             self._cycle_auto = current.adaptive
         result = next_preset(current, session.has_drafter, auto=self._cycle_auto)
         if result.strategy is None:
-            self.notify("No other strategy is usable here.\n" + result.notice(), severity="warning")
+            self.notify("No other strategy is usable here.\n" + result.notice(self._models_key()), severity="warning")
             return
         session.strategy = result.strategy
         self.chat.show_strategy()
         if result.skipped:
-            self.notify(result.notice(), severity="warning", timeout=6)
+            self.notify(result.notice(self._models_key()), severity="warning", timeout=6)
+
+    def _models_key(self) -> str:
+        """The model picker's key in the user's keymap (Ctrl+O by default), for advice in notices."""
+        return with_keys("{models}", self.keymap)
 
     def action_models(self) -> None:
         """Ctrl+O: the model picker; what it returns is loaded by :meth:`switch_model`."""

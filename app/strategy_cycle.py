@@ -14,16 +14,27 @@ class CycleResult:
     strategy: Strategy | None
     skipped: list[str] = field(default_factory=list)
 
-    def notice(self) -> str:
+    def notice(self, models_key: str = "Ctrl+O") -> str:
         """The skipped presets in one notice, those skipped for the same reason on one line
-        ("skipped sd, tree, mab, optimal: they need a drafter model; Ctrl+O picks a pairing")."""
+        ("skipped sd, tree, mab, optimal: a drafter model is needed (Ctrl+O picks a target with its
+        drafter)"); ``models_key``: the model picker's key in the user's keymap."""
         by_reason: dict[str, list[str]] = {}
         for line in self.skipped:
             name, _, reason = line.removeprefix("skipped ").partition(": ")
             if "needs a drafter model" in reason:  # the engine's advice is the CLI's (--drafter REF)
-                reason = "a drafter model is needed (Ctrl+O picks a target with its drafter)"
+                reason = f"a drafter model is needed ({models_key} picks a target with its drafter)"
             by_reason.setdefault(reason, []).append(name)
         return "\n".join(f"skipped {', '.join(names)}: {reason}" for reason, names in by_reason.items())
+
+
+def in_app(reason: str, models_key: str = "Ctrl+O") -> str:
+    """An engine refusal with the app's advice instead of the command line's: "needs a drafter
+    model: pass --drafter REF (or use pld / --drafter ngram)" points to the model picker and the
+    palette's drafter entry."""
+    head, needs, _ = reason.partition("needs a drafter model")
+    if needs:
+        return f"{head}{needs}: {models_key} picks a target with its drafter (or use pld / Drafter: ngram)"
+    return reason
 
 
 def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE, auto: bool | None = None) -> CycleResult:

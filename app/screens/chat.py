@@ -747,7 +747,7 @@ class ChatScreen(Screen[None]):
         model = self.session.description if self.session is not None else ""
         conversation = [dict(m) for m in self.conversation]
         run = self._run
-        if run is not None and not run.finished:  # a reply streaming now: exported as far as it got
+        if run is not None and not self._reply_saved:  # a reply streaming (or not yet saved): as far as it got
             partial = run.text + "\n\n*(still being written when exported)*"
             if self._continuing is not None and conversation and conversation[-1]["role"] == "assistant":
                 conversation[-1]["content"] = self._continuing[0] + partial

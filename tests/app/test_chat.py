@@ -462,6 +462,21 @@ async def test_cycle_skips_presets_that_need_a_drafter_and_keeps_temperature() -
         assert engine.strategy == preset("pld", temperature=0.7)
 
 
+async def test_cycle_notice_names_the_model_pickers_key_from_the_keymap(tmp_path: Path) -> None:
+    """The advice for the skipped presets names the key the user's keymap gives the model picker
+    (one notice for all of them, no command-line flag)."""
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('models = "f9"\n')
+    engine = FakeEngine(has_drafter=False, strategy=preset("pld"))
+    app = make_app(engine, keymap_file=str(keymap))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+s")
+        skipped = [m for m, _ in notices(app) if "skipped" in m]
+        assert skipped == ["skipped sd, tree, mab, optimal: a drafter model is needed (F9 picks a target with its drafter)"]
+
+
+
 async def test_initial_strategy_is_applied_or_refused_with_a_notice() -> None:
     engine = FakeEngine()
     app = make_app(engine, initial_strategy=preset("tree"))

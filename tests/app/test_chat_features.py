@@ -627,6 +627,20 @@ async def test_an_export_mid_reply_includes_the_reply_so_far(data_dir: Path) -> 
         await reply_done(pilot)
 
 
+async def test_an_export_of_one_message_says_message(data_dir: Path) -> None:
+    """"Exported 1 message", not "1 messages" (a chat left with only the user's message)."""
+    store = ChatStore.open(data_dir / DB_NAME)
+    store.add_message(store.new_chat(), "user", "unanswered")
+    store.close()
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        app.chat.action_export_chat()
+        await pilot.pause()
+        files = list((data_dir / "exports").glob("*.md"))
+        assert len(files) == 1 and any(m == f"Exported 1 message to {files[0]}" for m, _ in notices(app))
+
+
 # ---- chat search --------------------------------------------------------------------------------
 def test_store_search_matches_titles_and_messages(tmp_path: Path) -> None:
     store = ChatStore.open(tmp_path / "s.db")

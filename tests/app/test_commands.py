@@ -102,3 +102,63 @@ def test_draft_length_auto_toggles_the_cost_gate_and_carries_over():
     assert why is None and not new.adaptive and new.draft_len == 3
     new, why = evaluate(_find("Draft length", "auto"), preset("tree"), has_drafter=True)
     assert why is None and not new.adaptive  # trees have their own policies
+
+
+def test_ssm_modes_are_dimmed_on_a_transformer_target():
+    """SSM tree and backtrack modes are for SSM and hybrid targets: on a llama (Transformer) target
+    they are refused with the reason (they were "applied" and did nothing useful); the way back to
+    the default from a mode set on the command line stays open; SSM targets and unknown families
+    (a fake engine) keep them."""
+    sd = preset("sd")
+    for group, value in (("SSM tree", "unrolled"), ("SSM tree", "stree"), ("Backtrack", "joint"), ("Backtrack", "replay")):
+        new, why = evaluate(_find(group, value), sd, has_drafter=True, family="llama")
+        assert new is None and "SSM and hybrid targets" in why and "llama target is a Transformer" in why, (group, value)
+        for family in ("mamba2", "granitemoehybrid", None):
+            new, why = evaluate(_find(group, value), sd, has_drafter=True, family=family)
+            assert why is None and new is not None
+    new, why = evaluate(_find("Backtrack", "replay"), sd.replace(backtrack="joint"), has_drafter=True, family="llama")
+    assert why is None and new.backtrack == "replay"
+    new, why = evaluate(_find("Temperature", "0.7"), sd, has_drafter=True, family="llama")
+    assert why is None and new.temperature == 0.7
+
+
+def _llama_engine(**kwargs) -> FakeEngine:
+    from types import SimpleNamespace
+
+    engine = FakeEngine(**kwargs)
+    engine.target = SimpleNamespace(model=SimpleNamespace(family="llama"))  # type: ignore[attr-defined]
+    return engine
+
+
+async def test_palette_dims_ssm_modes_on_a_transformer_and_refuses_them():
+    engine = _llama_engine()
+    app = PaletteApp(engine)
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    async with app.run_test(size=(100, 30)) as pilot:
+        entries = {t.label: (text, help_text) for t, text, help_text in StrategyCommands(app.screen)._entries()}
+        text, help_text = entries["Backtrack: joint"]
+        assert text.style == "dim" and help_text.startswith("unavailable: backtrack modes are for SSM and hybrid targets")
+        assert entries["SSM tree: unrolled"][0].style == "dim"
+        assert entries["Verifier: greedy"][0].style != "dim"
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Backtrack: joint")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+    assert engine.strategy == preset("sd") and app.shown == 0
+    assert any("Backtrack: joint is unavailable" in n and "Transformer" in n for n in notes)
+
+
+async def test_palette_refusals_give_the_apps_advice_not_the_command_lines():
+    """Without a drafter model the reason points to the model picker (and the palette's n-gram
+    drafter), not to --drafter REF."""
+    engine = FakeEngine(has_drafter=False, strategy=preset("ar"))
+    app = PaletteApp(engine)
+    notes: list[str] = []
+    app.notify = lambda message, **kw: notes.append(message)  # type: ignore[method-assign]
+    await _run_palette(app, "Tree shape: 2,2,2")
+    assert engine.strategy == preset("ar")
+    note = next(n for n in notes if "unavailable" in n)
+    assert "needs a drafter model: Ctrl+O picks a target with its drafter" in note and "--drafter" not in note

@@ -80,6 +80,15 @@ def test_keys_terminals_do_not_deliver_as_named(key: str, why: str | None) -> No
         assert keymap == {} and len(problems) == 1 and why in problems[0]
 
 
+def test_shift_hint_names_the_users_key_never_another_letter() -> None:
+    """The Shift refusal's example is the user's own letter; for a digit or punctuation there is no
+    letter to name (it said 'write "R" for Shift+R' whatever the key)."""
+    assert 'write "Y" for Shift+Y' in key_problem(normalize_key("Shift+Y"))  # type: ignore[arg-type]
+    for key in ("shift+1", "shift+slash", "shift+space"):
+        why = key_problem(key)
+        assert why is not None and "Shift+R" not in why and "write that character" in why, key
+
+
 def test_key_display() -> None:
     assert [key_display(k) for k in ("ctrl+s", "escape", "f2", "left_square_bracket", "ctrl+slash", "r", "delete")] == \
         ["Ctrl+S", "Esc", "F2", "[", "Ctrl+/", "r", "Del"]
