@@ -20,7 +20,7 @@ from textual.binding import Binding
 
 from engine.errors import ConfigError
 from engine.registry import load_registry
-from engine.session import ChatEngine
+from engine.session import ChatEngine, load_warnings
 from engine.strategy import ADAPTIVE, Strategy
 
 from .commands import StrategyCommands
@@ -189,10 +189,8 @@ class SpecChatApp(App[None]):
                 session.strategy = self.initial_strategy.validate(has_drafter_model=session.has_drafter)
             except ValueError as exc:  # StrategyError, or a bad tree shape
                 self.notify(f"{exc}; using {session.strategy.label()}", severity="warning", timeout=8)
-        for problem, then in ((getattr(session, "drafter_error", None), "decoding without it"),
-                              (getattr(session, "datastore_error", None), "pld:auto drafts by prompt lookup alone")):
-            if problem:
-                self.notify(f"{problem}; {then}", title="Loaded with less", severity="warning", timeout=12, markup=False)
+        for line in load_warnings(session):
+            self.notify(line, title="Loaded with less", severity="warning", timeout=12, markup=False)
         self.session, self.load_error = session, None
         self.switching_to = None
         self.chat.attach_session(session)

@@ -261,10 +261,10 @@ def load_session(args: argparse.Namespace):
     warning = pool_starved_warning(session.target.model, os.environ)
     if warning:
         print(warning, file=sys.stderr)
-    if getattr(session, "drafter_error", None):
-        print(f"specchat: warning: {session.drafter_error}; decoding without it", file=sys.stderr)
-    if getattr(session, "datastore_error", None):
-        print(f"specchat: warning: {session.datastore_error}; pld:auto drafts by prompt lookup alone", file=sys.stderr)
+    from .session import load_warnings
+
+    for line in load_warnings(session):
+        print(f"specchat: warning: {line}", file=sys.stderr)
     return session
 
 

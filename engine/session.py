@@ -285,6 +285,17 @@ class Baseline:
         return 1000.0 / (ms_short + slope * max(0.0, context - self.context))
 
 
+def load_warnings(session) -> list[str]:
+    """What a session's load left out (``drafter_error``, ``datastore_error``) and what decodes without
+    it, a line each: the CLI prints them, the app shows them as a notice."""
+    out = []
+    if getattr(session, "drafter_error", None):
+        out.append(f"{session.drafter_error}; decoding without it")
+    if getattr(session, "datastore_error", None):
+        out.append(f"{session.datastore_error}; pld:auto drafts by prompt lookup alone")
+    return out
+
+
 def _stream_decoder(tok):
     from .tokenizer import StreamDecoder
 

@@ -291,11 +291,7 @@ def test_export_refuses_its_own_source_and_damaged_weights(tmp_path, capsys):
 
     from engine.cli import main
 
-    shipped = Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2"
-    src = tmp_path / "drafter"
-    src.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(shipped / name, src / name)
+    shipped, src = _drafter_copy(tmp_path)
     before = (src / "model.safetensors").read_bytes()
     for to, expect in ((src, "is the drafter being exported"), (tmp_path / "." / "drafter", "is the drafter being exported"),
                        (src / "config.json", "is not a directory"), (Path("/proc/nope"), "/proc/nope: cannot create --to")):
@@ -438,11 +434,7 @@ def test_distill_export_never_writes_through_a_link_to_the_source_nor_leaves_a_h
     of the loader's (the one `generate` shows)."""
     import shutil
 
-    shipped = Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2"
-    src = tmp_path / "drafter"
-    src.mkdir()
-    for name in ("config.json", "model.safetensors"):
-        shutil.copy2(shipped / name, src / name)
+    shipped, src = _drafter_copy(tmp_path)
     before = (src / "model.safetensors").read_bytes()
     dst = tmp_path / "out"
     dst.mkdir()
@@ -488,3 +480,15 @@ def test_distill_data_reads_damaged_prompt_and_reply_files_as_one_line_errors(tm
     (resumed / "responses.jsonl").write_text('[1]\n"x"\n{"id": ["p"]}\n')
     with pytest.raises(Loaded):  # read past the odd lines, on to loading the target
         main(["distill", "data", "--out", str(resumed), "--n", "2"])
+
+
+def _drafter_copy(tmp_path: Path) -> tuple[Path, Path]:
+    """(the shipped drafter's directory, a copy of its config and weights under tmp_path)."""
+    import shutil
+
+    shipped = Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2"
+    src = tmp_path / "drafter"
+    src.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(shipped / name, src / name)
+    return shipped, src
