@@ -16,6 +16,7 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
+from . import native
 from .drafters.base import DraftRequest
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
@@ -73,6 +74,12 @@ class Decoder:
         self._gated: str | None = None  # the gate's source of this step's draft
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         self._last_emitted = 1  # tokens the last step emitted
+        # drafting beside a target whose passes are torch's (bf16 on a CPU) runs the drafter's C
+        # kernels on this thread alone (engine.native.capped says why); beside the C pass, on its pool
+        table = getattr(self.target, "_native_table", None)
+        dev = getattr(self.target, "device", None) or getattr(getattr(self.target, "embed", None), "device", "cpu")
+        cpu = torch.device(dev).type == "cpu"
+        self.draft_threads: int | None = 1 if cpu and (table is None or table() is None) else None
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -176,7 +183,8 @@ class Decoder:
             if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
-            tree, draft_s = self._draft(s, gen, min(room - 1, 256))
+            with native.capped(self.draft_threads):
+                tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
             logits, commit = self._verify_pass(s, tree, self.history[-1])
             path, bonus = self._verify(s, tree, logits, gen)
@@ -218,7 +226,7 @@ class Decoder:
             step += 1
             ms = (t2 - t0) * 1000.0
             yield StepEvent(
-                step=step, strategy=s.label(self._tree_nodes(s)), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
+                step=step, strategy=s.label(self.tree_nodes(s)), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
                 tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path),
                 draft_ms=draft_s * 1000.0, verify_ms=(t2 - t1) * 1000.0, ms=ms, position=len(self.history),
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
@@ -320,7 +328,7 @@ class Decoder:
 
     def _final(self, step: int, s: Strategy, decoder, reason: str) -> StepEvent:
         text = decoder.flush() if decoder else ""
-        return StepEvent(step=step, strategy=s.label(self._tree_nodes(s)), drafted=0, accepted=0, emitted=[], text=text,
+        return StepEvent(step=step, strategy=s.label(self.tree_nodes(s)), drafted=0, accepted=0, emitted=[], text=text,
                          position=len(self.history), finished=True, finish_reason=reason, rss_mb=peak_rss_mb())
 
     def _noise(self, s: Strategy, base: int) -> Callable[[int], torch.Tensor]:
@@ -422,7 +430,7 @@ class Decoder:
                                                    tree.parents))
         return tree, time.perf_counter() - t0
 
-    def _tree_nodes(self, s: Strategy) -> int | None:
+    def tree_nodes(self, s: Strategy) -> int | None:
         """The node cap of the best-first trees ``s`` drafts (pld:auto and hybrid:auto with a
         datastore), for its label; None for chains."""
         if not s.adaptive or s.name not in ("pld", "hybrid") or getattr(self.drafters.get("ngram"), "corpus", None) is None:

@@ -296,3 +296,59 @@ def test_the_pool_serves_concurrent_callers_threads_and_a_forked_child():
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung in the pool")
     assert os.WIFEXITED(done[1]) and os.WEXITSTATUS(done[1]) == 0
+
+
+def test_capped_threads_are_per_thread_and_restored():
+    """native.capped(n) caps the threads this thread's kernel calls take (the drafter's C step
+    beside a torch-pass target runs on one); nested caps restore, other threads keep theirs."""
+    import threading
+
+    full = torch.get_num_threads()
+    assert native.threads() == full
+    with native.capped(1):
+        assert native.threads() == 1
+        seen = []
+        t = threading.Thread(target=lambda: seen.append(native.threads()))
+        t.start()
+        t.join()
+        assert seen == [full]  # another thread is not capped
+        with native.capped(None):
+            assert native.threads() == full
+        assert native.threads() == 1
+        with native.capped(10 ** 6):
+            assert native.threads() == full  # a cap never adds threads
+    assert native.threads() == full
+
+
+@needs_native
+def test_a_drafter_beside_a_torch_pass_target_drafts_on_one_thread(tmp_path, monkeypatch):
+    """Beside a bf16 target (torch's passes, OpenMP workers that may spin between them) the
+    drafter's Mamba-2 C step runs on the calling thread alone, and only while drafting: the
+    target's own calls and a q8/fp32 target's drafter keep every thread. Greedy output is
+    unchanged (which thread computes a draft only decides proposals)."""
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.models import mamba2
+    from engine.strategy import preset
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    target = load(str(saved("llama", str(tmp_path))), dtype="bf16").model
+    drafter = load(str(saved("mamba2", str(tmp_path)))).model  # fp32, the C step
+    seen = []
+    real = mamba2.Mamba2._native_step
+    monkeypatch.setattr(mamba2.Mamba2, "_native_step",
+                        lambda self, *a: (lambda lib: seen.append((lib is not None, native.threads())) or lib)(real(self, *a)))
+    dec = Decoder(target, drafter)
+    assert dec.draft_threads == 1
+    prompt = list(range(10, 30))
+    ref = [t for e in run_generation(dec, prompt, preset("ar"), 24)[0] for t in e.emitted]
+    evs, summ = run_generation(dec, prompt, preset("sd", draft_len=4), 24)
+    assert [t for e in evs for t in e.emitted] == ref
+    drafted = [n for c, n in seen if c]
+    assert drafted and set(drafted) == {1}, seen  # the C step ran, on one thread
+    assert native.threads() == torch.get_num_threads()  # restored after the loop
+    fp32 = load(str(saved("llama", str(tmp_path)))).model
+    monkeypatch.setattr(type(fp32), "_native_table", lambda self: torch.zeros(1))  # as a C-pass target has
+    assert Decoder(fp32, drafter).draft_threads is None  # the drafter shares the C pass's pool

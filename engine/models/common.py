@@ -749,10 +749,10 @@ class Linear:
             from .quant import QTYPES
 
             rc = native.lib().linear_rows_q(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._qrec.data_ptr(), QTYPES[self._qtype],
-                                            N, b, y.data_ptr(), torch.get_num_threads())
+                                            N, b, y.data_ptr(), native.threads())
         else:
             rc = native.lib().linear_rows_f32(x2.data_ptr(), x2.stride(0), x2.shape[0], K, self._blocks.data_ptr(), N,
-                                              b, y.data_ptr(), torch.get_num_threads())
+                                              b, y.data_ptr(), native.threads())
         if rc:
             raise MemoryError(f"linear.c failed ({rc}) for {self!r}")
         return y.view(*x.shape[:-1], N)

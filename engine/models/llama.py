@@ -256,7 +256,7 @@ class Llama(CausalLM):
             x.data_ptr(), T, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.rope.rot_dim,
             tab.data_ptr(), tab.shape[0], kc.data_ptr(), vc.data_ptr(), kc.shape[2], start, cos.data_ptr(), sin.data_ptr(),
             None if mask is None else mask.data_ptr(), 0 if mask is None else mask.stride(0), c.rms_norm_eps, self.scale,
-            torch.get_num_threads(), int(kv16))
+            native.threads(), int(kv16))
         if rc:
             raise MemoryError(f"llama_rows_f32 failed ({rc})")
         return rms_norm(x, self.norm, c.rms_norm_eps)

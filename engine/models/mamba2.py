@@ -638,6 +638,8 @@ class Mamba2(CausalLM):
         x = self.embed[tokens].float()  # (B, D)
         lib = self._native_step(conv, ssm)
         if lib is not None:  # a drafter's step on a CPU: each block in one C call (engine/native/mamba2_step.c)
+            from .. import native
+
             c = self.cfg
             x = x.contiguous()
             for i, (norm, m) in enumerate(self.layers):
@@ -646,7 +648,7 @@ class Mamba2(CausalLM):
                     conv[i].data_ptr(), m.conv_w.data_ptr(), None if m.conv_b is None else m.conv_b.data_ptr(), c.conv_kernel,
                     m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), c.gate_norm_eps,
                     *m.w_out.native_weight(), ssm[i].data_ptr(), c.num_heads, c.head_dim, c.state_size, c.n_groups,
-                    c.dt_limit[0], c.dt_limit[1], torch.get_num_threads())
+                    c.dt_limit[0], c.dt_limit[1], native.threads())
                 if rc:
                     raise MemoryError("mamba2 step scratch allocation failed")
         else:
