@@ -20,6 +20,7 @@ from rich.text import Text
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from engine.strategy import ADAPTIVE, BACKTRACK_MODES, SSM_TREE_MODES, STRATEGIES, VERIFIERS, VOCAB_BRIDGES, Strategy, preset
+from engine.session import strategy_label
 
 from .keys import app_keys
 from .strategy_cycle import in_app
@@ -151,7 +152,7 @@ class StrategyCommands(Provider):
         show = getattr(getattr(self.app, "chat", None), "show_strategy", None)
         if show is not None:
             show()
-        self.app.notify(f"strategy: {new.label()}", timeout=3)
+        self.app.notify(f"strategy: {strategy_label(session, new)}", timeout=3)
 
     def _advice(self, reason: str | None) -> str:
         """The refusal with the app's advice (the model picker's key), not the command line's."""

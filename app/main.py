@@ -20,7 +20,7 @@ from textual.binding import Binding
 
 from engine.errors import ConfigError
 from engine.registry import load_registry
-from engine.session import ChatEngine, load_warnings
+from engine.session import ChatEngine, load_warnings, strategy_label
 from engine.strategy import ADAPTIVE, Strategy
 
 from .commands import StrategyCommands
@@ -188,7 +188,7 @@ class SpecChatApp(App[None]):
             try:
                 session.strategy = self.initial_strategy.validate(has_drafter_model=session.has_drafter)
             except ValueError as exc:  # StrategyError, or a bad tree shape
-                self.notify(f"{exc}; using {session.strategy.label()}", severity="warning", timeout=8)
+                self.notify(f"{exc}; using {strategy_label(session)}", severity="warning", timeout=8)
         for line in load_warnings(session):
             self.notify(line, title="Loaded with less", severity="warning", timeout=12, markup=False)
         self.session, self.load_error = session, None

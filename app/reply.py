@@ -38,6 +38,7 @@ class ReplyRun:
         self.error: str | None = None
         self.finished = False
         self.only_ar = True  # every step so far was plain decoding (the dashboard's in-app baseline)
+        self.strategies: list[str] = []  # the steps' strategy labels, each change in order (live switches)
         self.dropped_messages = 0  # the oldest messages the engine left out to fit the context (first event)
         self._queue: SimpleQueue[object] = SimpleQueue()
 
@@ -73,6 +74,8 @@ class ReplyRun:
                 self.summary.add(item)
                 self.dropped_messages = max(self.dropped_messages, item.dropped_messages)
                 self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
+                if item.strategy and (not self.strategies or self.strategies[-1] != item.strategy):
+                    self.strategies.append(item.strategy)
                 self.last_event = item
                 self.new_events.append(item)
                 parts.append(item.text)

@@ -32,7 +32,7 @@ def _add_model_opts(p: argparse.ArgumentParser) -> None:
                    help="compute type; q8: a GGUF's Q4_1/Q8_0 products with 8-bit activations (integer dot products, as llama.cpp); "
                         "auto (default): the fastest a start-up micro-benchmark finds on this machine (q8 for such GGUFs where "
                         "AVX-512 VNNI makes it faster, bf16 where faster than fp32, else fp32)")
-    p.add_argument("--max-context", type=int, default=None, metavar="N", help="cap the context (KV cache rows)")
+    p.add_argument("--max-context", type=int, default=None, metavar="N", help="cap the context (KV cache rows; 0 or unset: the model's full context)")
     p.add_argument("--datastore", default=None, metavar="FILE",
                    help="n-gram datastore of the target's own replies that pld:auto continues its drafts from "
                         "(`specchat distill ngram`); none = prompt lookup only (default: the target's registry entry's)")
@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:
-        for opt in ("max_new_tokens", "max_context"):  # argparse checks the type, not the sign
+        for opt in ("max_new_tokens", "max_context", "warmup"):  # argparse checks the type, not the sign
             if (getattr(args, opt, None) or 0) < 0:
                 raise SpecchatError(f"--{opt.replace('_', '-')} must be >= 0, got {getattr(args, opt)}")
         if args.cmd == "chat":
@@ -343,7 +343,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         sys.stdout.flush()
         s = summary
-        print(f"[{strategy.label()}] {s.new_tokens} tokens in {s.steps} steps, {s.tokens_per_s:.1f} tok/s, "
+        print(f"[{session.strategy_label(strategy)}] {s.new_tokens} tokens in {s.steps} steps, {s.tokens_per_s:.1f} tok/s, "
               f"mean accepted {s.mean_accepted:.2f}, finish {s.finish_reason or ('interrupted' if interrupted else '?')}",
               file=sys.stderr)
     else:

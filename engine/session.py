@@ -42,6 +42,16 @@ class ChatEngine(Protocol):
     ) -> Iterator[StepEvent]: ...
 
     # optional: measure_baseline(new_tokens, stop) -> Baseline (plain-decoding tok/s for the speedup)
+    # optional: strategy_label(strategy=None) -> str (the label its steps carry; see strategy_label below)
+
+
+def strategy_label(session, strategy: Strategy | None = None) -> str:
+    """The label a status line shows for ``strategy`` (default: the session's current one): the same
+    text the session's StepEvents carry (``pld tree<=16 auto`` where the strategy drafts datastore
+    trees), for any ChatEngine; a session without ``strategy_label`` gets the plain label."""
+    s = strategy if strategy is not None else session.strategy
+    own = getattr(session, "strategy_label", None)
+    return own(s) if callable(own) else s.label()
 
 
 class ChatSession:
@@ -161,6 +171,11 @@ class ChatSession:
     @property
     def has_drafter(self) -> bool:
         return self.drafter is not None
+
+    def strategy_label(self, strategy: Strategy | None = None) -> str:
+        """``strategy``'s label (default: the current one) as this session's steps carry it."""
+        s = strategy if strategy is not None else self.strategy
+        return s.label(self.decoder.tree_nodes(s))
 
     @property
     def context_length(self) -> int:

@@ -175,8 +175,14 @@ def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path
     assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
     assert s.datastore and s.datastore.endswith("ngram-smollm2.npz") and s.decoder.drafters["ngram"].corpus is not None
     assert s.decoder.drafters["ngram"].corpus.fits(s.tokenizer)
+    # the status line's label is the one the steps carry: datastore trees, not chains of draft_len
+    from engine.session import strategy_label
+
+    assert strategy_label(s).startswith("pld tree<=16 auto")
+    assert strategy_label(s, from_spec("pld:3")).startswith("pld k=3")  # fixed: chains
     s.attach_datastore("none")
     assert s.datastore is None and s.decoder.drafters["ngram"].corpus is None
+    assert strategy_label(s).startswith("pld k<=8 auto")  # prompt lookup alone drafts chains
     other = CorpusIndex.build(SEQS, n_max=2, min_count=1, meta={"probe": [1, 2, 3]})
     other.save(tmp_path / "other.npz")
     with pytest.raises(SpecchatError, match="built with another tokenizer"):

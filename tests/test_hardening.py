@@ -486,6 +486,11 @@ def test_bad_generate_arguments(argv, expect, tiny, capsys):
     assert expect in err, err
 
 
+def test_bench_refuses_a_negative_warmup(tiny, capsys):
+    err = cli_error(capsys, "bench", "--target", str(tiny), "--warmup", "-1", "--prompt-ids", "1")
+    assert "--warmup must be >= 0, got -1" in err, err
+
+
 # ---------------------------------------------------------------------------------------------
 # Fuzzing: load or SpecchatError, nothing else
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from textual.widgets import Footer, Static
 from textual.widgets.markdown import MarkdownStream
 from textual.worker import get_current_worker
 
-from engine.session import ChatEngine, leading_system
+from engine.session import ChatEngine, leading_system, strategy_label
 from engine.strategy import StrategyError
 
 from ..keys import app_keys
@@ -74,7 +74,8 @@ SETTING_SYSTEM = "system_prompt"  # the system prompt of new chats ("" or missin
 
 
 def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
-    """What is saved with a reply: tokens, steps, tok/s, mean accepted tokens per step, how it ended."""
+    """What is saved with a reply: tokens, steps, tok/s, mean accepted tokens per step, how it ended,
+    the strategy of its last step and, where it was switched mid-reply, every strategy in order."""
     s = run.summary
     stats: dict[str, Any] = {
         "tokens": s.new_tokens, "steps": s.steps, "tok_s": round(s.tokens_per_s, 2),
@@ -82,13 +83,15 @@ def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
     }
     if run.last_event is not None:
         stats["strategy"] = run.last_event.strategy
+    if len(run.strategies) > 1:
+        stats["strategies"] = list(run.strategies)
     return stats
 
 
 def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
     """A continued reply's stats: its parts' tokens and steps added, tok/s over their decode time
     together, mean accepted over all their steps; how it ended and the strategy are the last
-    part's, ``continued`` counts the continuations. A first part without stats (an old database)
+    part's (``strategies`` lists each change across the parts), ``continued`` counts the continuations. A first part without stats (an old database)
     leaves the continuation's own."""
     b = before or {}
     try:
@@ -98,8 +101,16 @@ def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dic
         secs = sum(int(x["tokens"]) / float(x["tok_s"]) for x in (b, after) if int(x["tokens"]) > 0) if timed else 0.0
     except (KeyError, TypeError, ValueError, ZeroDivisionError):
         return {**after, "continued": 1}
-    return {**after, "tokens": tokens, "steps": steps, "tok_s": round(tokens / secs, 2) if secs > 0 else after.get("tok_s", 0.0),
-            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": continued}
+    out = {**after, "tokens": tokens, "steps": steps, "tok_s": round(tokens / secs, 2) if secs > 0 else after.get("tok_s", 0.0),
+           "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": continued}
+    used: list[str] = []  # the strategies of both parts, each change in order
+    for x in (b, after):
+        for label in x.get("strategies") or ([x["strategy"]] if x.get("strategy") else []):
+            if not used or used[-1] != label:
+                used.append(label)
+    if len(used) > 1:
+        out["strategies"] = used
+    return out
 
 
 class ChatScreen(Screen[None]):
@@ -437,7 +448,7 @@ class ChatScreen(Screen[None]):
         self.dashboard.context_length = getattr(session, "context_length", None)
         if session is not None:
             status.model, status.state = session.description, "ready"
-            status.strategy = session.strategy.label()
+            status.strategy = strategy_label(session)
         else:
             status.model, status.strategy, status.state = "No model loaded", "", "load failed"
         self.status_line.refresh()
@@ -450,13 +461,13 @@ class ChatScreen(Screen[None]):
         try:
             session.strategy = strategy_from_dict(saved).validate(has_drafter_model=session.has_drafter)
         except (StrategyError, ValueError) as exc:
-            self.notify(f"Saved strategy not used: {exc}; using {session.strategy.label()}",
+            self.notify(f"Saved strategy not used: {exc}; using {strategy_label(session)}",
                         severity="warning", timeout=8)
 
     def show_strategy(self) -> None:
         """Show the session's current strategy (after a live switch) and remember it."""
         if self.session is not None:
-            self.status_line.status.strategy = self.session.strategy.label()
+            self.status_line.status.strategy = strategy_label(self.session)
             self.status_line.refresh()
             self._save(self.store.set_setting, SETTING_STRATEGY, self.session.strategy.to_dict())
 
@@ -530,7 +541,7 @@ class ChatScreen(Screen[None]):
             self._drop_messages_from(len(self.conversation))
             await self.query_one(MessageList).remove_last()
         assert self.session is not None
-        self.notify(f"Regenerating with {self.session.strategy.label()}.", timeout=3)
+        self.notify(f"Regenerating with {strategy_label(self.session)}.", timeout=3)
         await self._start_reply()
 
     async def _start_reply(self) -> None:
@@ -698,7 +709,7 @@ class ChatScreen(Screen[None]):
         # a reply cut inside a character ends with U+FFFD: the model writes that character again
         self._continuing = (last["content"].rstrip("\ufffd"), stats)
         assert self.session is not None
-        self.notify(f"Continuing with {self.session.strategy.label()}.", timeout=3)
+        self.notify(f"Continuing with {strategy_label(self.session)}.", timeout=3)
         await self._start_reply()
 
     async def _finish_continued(self, run: ReplyRun, failed: bool, reason: str | None) -> None:

@@ -141,10 +141,31 @@ def test_continued_stats_add_the_parts() -> None:
     got = continued_stats(a, b)
     # 24 tokens in 2 s, 30 in 1 s: 54 tokens in 3 s
     assert got == {"tokens": 54, "steps": 22, "tok_s": 18.0, "mean_accepted": round(54 / 22, 3), "finish_reason": "eos",
-                   "strategy": "sd", "continued": 1}
+                   "strategy": "sd", "strategies": ["pld", "sd"], "continued": 1}
     assert continued_stats(got, b)["continued"] == 2 and continued_stats(got, b)["tokens"] == 84
+    assert continued_stats(got, b)["strategies"] == ["pld", "sd"]  # the same strategy again: no new change
+    assert "strategies" not in continued_stats({**a, "strategy": "sd"}, b)  # one strategy throughout
     assert continued_stats(None, b) == {**b, "continued": 1}  # no stats saved with the first part
     assert continued_stats({"finish_reason": "stopped"}, b) == {**b, "continued": 1}
     assert continued_stats({**a, "tok_s": 0.0}, b)["tok_s"] == 30.0  # a part without a rate: the timed part's
     assert continued_stats({**a, "continued": None}, b)["continued"] == 1  # odd values from an old database
     assert continued_stats({**a, "continued": "x"}, b) == {**b, "continued": 1}
+
+
+def test_a_reply_switched_mid_way_saves_every_strategy_in_order() -> None:
+    """A live switch (Ctrl+S) mid-reply: the stats keep the last step's strategy and list each change."""
+    from app.reply import ReplyRun
+    from app.screens.chat import reply_stats
+    from engine.events import StepEvent
+
+    run = ReplyRun([{"role": "user", "content": "hi"}], 16)
+    for i, label in enumerate(["pld k<=8 auto greedy T=0", "pld k<=8 auto greedy T=0", "sd k=4 greedy T=0", "ar greedy T=0"]):
+        run._queue.put(StepEvent(step=i, strategy=label, drafted=0, accepted=0, emitted=[7], text="x"))
+    run.drain()
+    stats = reply_stats(run, "length")
+    assert stats["strategy"] == "ar greedy T=0"
+    assert stats["strategies"] == ["pld k<=8 auto greedy T=0", "sd k=4 greedy T=0", "ar greedy T=0"]
+    one = ReplyRun([{"role": "user", "content": "hi"}], 16)
+    one._queue.put(StepEvent(step=0, strategy="ar greedy T=0", drafted=0, accepted=0, emitted=[7], text="x"))
+    one.drain()
+    assert "strategies" not in reply_stats(one, "length")
