@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from textual import on
+from textual import events, on
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -12,6 +12,8 @@ from textual.widgets import Checkbox, Static
 from ..keys import app_keys
 from ..widgets.prompt import PromptInput
 
+TEXT_ROWS = 8  # the text box's rows in a terminal tall enough
+FULL_HEIGHT = 20  # terminal rows from which the dialog shows its help line (border 2, help ~3 + 1, box 8, checkbox 3)
 SYSTEM_HELP = ("What the model reads before the conversation: a persona, a style, rules. Empty: the "
                "model's own default. A change applies from the next reply (the chat is read again).")
 
@@ -46,6 +48,18 @@ class SystemPromptScreen(ModalScreen[tuple[str, bool] | None]):
         box = self.query_one(SystemPromptInput)
         box.move_cursor(box.document.end)
         box.focus()
+        self._fit(self.size.height)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit(event.size.height)
+
+    def _fit(self, height: int) -> None:
+        """Keep the checkbox on screen in a short terminal: below FULL_HEIGHT rows the help line
+        goes and the text box takes what is left (at least 3 rows, at most its usual 8)."""
+        short = height < FULL_HEIGHT
+        self.query_one("#system-help").display = not short
+        box = self.query_one(SystemPromptInput)
+        box.styles.height = max(3, min(TEXT_ROWS, height - 2 - 3)) if short else TEXT_ROWS
 
     @on(PromptInput.Submitted)
     def _save(self, event: PromptInput.Submitted) -> None:

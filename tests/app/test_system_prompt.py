@@ -166,3 +166,23 @@ def test_the_chat_command_takes_a_system_prompt() -> None:
     args = build_parser().parse_args(["chat", "--system", "Be terse."])
     assert args.system == "Be terse."
     assert build_parser().parse_args(["chat"]).system is None
+
+
+async def test_the_dialog_keeps_its_checkbox_on_a_small_terminal(data_dir: Path) -> None:
+    """At 60x15 (and 60x11) the help line goes and the text box shrinks: the checkbox stays
+    visible and usable; at full height the box has its 8 rows and the help is back."""
+    for size in ((60, 15), (60, 11)):
+        app = make_app(FakeEngine(["Ok"]))
+        async with app.run_test(size=size) as pilot:
+            await ready(pilot)
+            dialog = await open_dialog(pilot, app)
+            await pilot.pause()
+            check = dialog.query_one("#system-default")
+            region = check.region
+            assert region.height >= 1 and region.bottom <= size[1], (size, region)
+            assert not dialog.query_one("#system-help").display
+            assert dialog.query_one("#system-text").region.height >= 3
+            await pilot.resize_terminal(100, 30)
+            await pilot.pause()
+            assert dialog.query_one("#system-help").display and dialog.query_one("#system-text").region.height == 8
+            await pilot.press("escape")
