@@ -339,7 +339,8 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
 # llama.cpp decodes in a child process: this one's OpenMP runtime (shared with llama.cpp's ggml)
 # was loaded with the engine's OMP_WAIT_POLICY=PASSIVE default, under which llama.cpp decoded
 # SmolLM2 at 41 tok/s against ~120 at its own defaults (2-core Zen 4 EPYC, 2026-11-25). The child
-# imports llama_cpp alone, never the engine, with the environment the user started us with.
+# imports llama_cpp alone, never the engine, at OpenMP's own wait policy whatever ours is: an
+# OMP_WAIT_POLICY=ACTIVE given for our bf16 passes took it to 37 tok/s against 113 (2026-11-26).
 _LLAMA_CPP_CHILD = r"""
 import json, sys, time
 import llama_cpp
@@ -373,12 +374,8 @@ def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals) -> 
     generated token and the rate is (n - 1) / (t_n - t_1)."""
     import subprocess
 
-    from . import USER_OMP_WAIT_POLICY
-
     env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)
-    if USER_OMP_WAIT_POLICY is not None:
-        env["OMP_WAIT_POLICY"] = USER_OMP_WAIT_POLICY
+    env.pop("OMP_WAIT_POLICY", None)  # llama.cpp's own default, its fastest (see _LLAMA_CPP_CHILD)
     job = {"path": str(session.target.path), "ctx": max(len(ids) for _, ids in encoded) + N + 8, "threads": _threads(),
            "eos": sorted(session.decoder.eos_ids), "n": N, "prompts": [[name, list(ids)] for name, ids in encoded]}
     proc = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,

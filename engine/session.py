@@ -102,7 +102,10 @@ class ChatSession:
         drafter_error = None
         if drafter_ref and drafter_ref not in ("ngram", "none"):
             try:
-                drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
+                from .models.common import loading_a_drafter
+
+                with loading_a_drafter():  # its fast path whatever the target's measure chose
+                    drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
                 check_bridgeable(tgt, drf)
             except SpecchatError as e:
                 if drafter is not None:  # named by the user: their request fails

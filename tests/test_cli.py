@@ -306,10 +306,11 @@ def test_active_waits_over_the_c_pass_get_a_one_line_warning():
     assert pool_starved_warning(object(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
 
 
-def test_llama_cpp_peer_runs_in_its_own_process_at_the_users_wait_policy(monkeypatch, smollm2_gguf_path):
-    """The llama.cpp peer decodes in a child process whose OMP_WAIT_POLICY is the one the user
-    started us with (unset here), not the engine's PASSIVE default (shared libgomp: llama.cpp fell
-    to ~41 tok/s from ~120 under it); its per-prompt results become rows, failures one-line errors."""
+def test_llama_cpp_peer_runs_in_its_own_process_at_its_own_wait_policy(monkeypatch, smollm2_gguf_path):
+    """The llama.cpp peer decodes in a child process with no OMP_WAIT_POLICY, neither the engine's
+    PASSIVE default (shared libgomp: llama.cpp fell to ~41 tok/s from ~120 under it) nor an ACTIVE
+    the user gave for our passes (37 vs 113); its per-prompt results become rows, failures
+    one-line errors."""
     import subprocess
     from types import SimpleNamespace
 
@@ -338,6 +339,10 @@ def test_llama_cpp_peer_runs_in_its_own_process_at_the_users_wait_policy(monkeyp
     totals = {}
     rows = bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, totals)
     assert "OMP_WAIT_POLICY" not in seen["env"] and "import engine" not in seen["argv"][-1]
+    monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", "ACTIVE")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, {})
+    assert "OMP_WAIT_POLICY" not in seen["env"]  # the user's ACTIVE was for our passes
     assert seen["job"]["prompts"] == [["a", [1, 2, 3]]] and seen["job"]["path"] == str(smollm2_gguf_path)
     assert len(rows) == 1 and rows[0].identical and abs(rows[0].tokens_per_s - 100.0) < 1e-6
     assert totals[("ar", "llama.cpp")][:2] == [2, 0.02]

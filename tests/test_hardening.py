@@ -233,6 +233,27 @@ def test_tensor_with_the_wrong_shape(name, tiny, tmp_path, capsys):
     check_model_dir_error(capsys, d, f"tensor {name} has shape")
 
 
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
+def test_a_weight_with_nan_or_inf_is_refused(value, tiny, tmp_path, capsys):
+    """A damaged weight loaded and decoded garbage; it is named at load now."""
+    from safetensors.torch import load_file, save_file
+
+    d = copy_of(tiny, tmp_path / "m")
+    sd = load_file(str(tiny / "model.safetensors"))
+    sd["model.layers.1.mlp.down_proj.weight"][3, 5] = value
+    save_file(sd, str(d / "model.safetensors"))
+    check_model_dir_error(capsys, d, "tensor model.layers.1.mlp.down_proj.weight holds NaN or infinite values")
+
+
+def test_a_config_with_fewer_layers_than_the_weights_is_refused(tiny, tmp_path, capsys):
+    """num_hidden_layers below the weights' layers ran a truncated model that decoded garbage."""
+    d = copy_of(tiny, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["num_hidden_layers"] = 1
+    (d / "config.json").write_text(json.dumps(cfg))
+    check_model_dir_error(capsys, d, "the weights hold 2 layers but the config says 1 (num_hidden_layers)")
+
+
 def test_missing_tensor_and_missing_weights(tiny, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
 

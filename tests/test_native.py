@@ -352,3 +352,29 @@ def test_a_drafter_beside_a_torch_pass_target_drafts_on_one_thread(tmp_path, mon
     fp32 = load(str(saved("llama", str(tmp_path)))).model
     monkeypatch.setattr(type(fp32), "_native_table", lambda self: torch.zeros(1))  # as a C-pass target has
     assert Decoder(fp32, drafter).draft_threads is None  # the drafter shares the C pass's pool
+
+
+@needs_native
+def test_a_drafter_takes_the_c_path_whatever_the_targets_measure_chose(tmp_path, monkeypatch):
+    """native_linear's measure (for targets) once found linear.c slower at 8 rows beside torch's
+    spinning threads and left the shipped drafter in fp32 oneDNN (4x the bytes a draft token reads);
+    a drafter loaded by a session takes linear.c (then Q8_0) wherever the kernels load, unless
+    SPECCHAT_NATIVE_LINEAR=0 says otherwise."""
+    from engine.session import ChatSession
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": False, "why": "off (test)"})
+    W = torch.randn(48, 32)
+    assert common.Linear(W, torch.float32)._blocks is None
+    with common.loading_a_drafter():
+        assert common.Linear(W, torch.float32)._blocks is not None
+    assert common.Linear(W, torch.float32)._blocks is None  # only inside
+    target, drafter = saved("llama", str(tmp_path)), saved("mamba2", str(tmp_path))
+    s = ChatSession.load(target=str(target), drafter=str(drafter), dtype="bf16")
+    lins = _linears(s.drafter.model)
+    assert lins and all(v.native_weight() is not None for v in lins), lins
+    assert not any(v.native_weight() is not None for v in _linears(s.target.model))  # the target: its own choice
+    monkeypatch.setenv("SPECCHAT_NATIVE_LINEAR", "0")
+    with common.loading_a_drafter():
+        assert common.Linear(W, torch.float32)._blocks is None

@@ -549,12 +549,36 @@ def drafter_numerics(fn):
 _NATIVE_LINEAR: dict[str, object] = {}
 
 
+_FOR_DRAFTING: contextvars.ContextVar[bool] = contextvars.ContextVar("specchat_for_drafting", default=False)
+
+
+@contextlib.contextmanager
+def loading_a_drafter():
+    """Inside (engine.session loading a drafter model): fp32 weights take linear.c wherever the
+    kernels load, whatever ``native_linear`` measured for targets. A drafter's C path (Q8_0 records,
+    a quarter of the bytes, and the Mamba-2 step in one C call a block) is its fast path; the
+    target's measure, taken beside torch's spinning OpenMP threads in a bf16 session, once found
+    the C product slower at 8 rows and left the shipped drafter in fp32 oneDNN: its 16,941-row head
+    then read 32 MB a token and sd:5 ran at 1.07x plain decoding instead of ~1.8x."""
+    token = _FOR_DRAFTING.set(True)
+    try:
+        yield
+    finally:
+        _FOR_DRAFTING.reset(token)
+
+
 def native_linear() -> bool:
     """Whether fp32 weights take engine/native/linear.c: measured once per process on a
     SmolLM2-sized MLP weight (576 x 1536) at 1 and 8 rows against the packed oneDNN product; kept
     where it is >= 10% faster at one row and at most 25% slower at eight (decode steps are one row,
     chain verify passes a few). The reason is in
-    ``native_linear_status()``."""
+    ``native_linear_status()``. Loading a drafter (``loading_a_drafter``): on wherever the kernels
+    load and SPECCHAT_NATIVE_LINEAR is not 0."""
+    if _FOR_DRAFTING.get():
+        from .. import native
+
+        env = os.environ.get("SPECCHAT_NATIVE_LINEAR", "auto").strip().lower()
+        return native.lib() is not None and env not in ("0", "off", "false", "no")
     if "on" in _NATIVE_LINEAR:
         return bool(_NATIVE_LINEAR["on"])
     from .. import native
