@@ -306,6 +306,53 @@ def test_active_waits_over_the_c_pass_get_a_one_line_warning():
     assert pool_starved_warning(object(), {"OMP_WAIT_POLICY": "ACTIVE"}) is None
 
 
+def test_llama_cpp_peer_runs_before_our_model_loads_on_the_same_ids(monkeypatch, smollm2_gguf_path):
+    """bench runs llama.cpp first (our torch threads, once started, spin on a core under ACTIVE for
+    the rest of the process): the ids it decodes are the GGUF tokenizer's chat ids, the same the
+    session encodes, and the rows later reuse that run instead of starting another."""
+    import subprocess
+    import sys as _sys
+    import types
+    from types import SimpleNamespace
+
+    from engine import bench
+    from engine.session import ChatSession
+
+    jobs = []
+
+    class FakePopen:
+        def __init__(self, argv, env, **kw):
+            self.stdin = SimpleNamespace(write=lambda s: jobs.append(json.loads(s)), close=lambda: None)
+            self._lines = None
+            self.stderr = SimpleNamespace(read=lambda: "")
+
+        @property
+        def stdout(self):
+            job = jobs[-1]
+            return iter([json.dumps({"name": n, "out": [7, 8, 9], "secs": 0.02}) for n, _ in job["prompts"]]
+                        + [json.dumps({"version": "fake"})])
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    monkeypatch.setitem(_sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
+    prompts = [{"name": "a", "text": "Name a colour."}, {"name": "b", "text": "Count to three."}]
+    args = SimpleNamespace(compare="transformers,llama.cpp", models=None, target=None, raw=False, ignore_eos=False,
+                           max_new_tokens=5, temperature=0.0)
+    early = bench.llama_cpp_first(args, prompts)
+    assert early is not None and len(jobs) == 1 and jobs[0]["n"] == 5
+    session = ChatSession.load(dtype="q8", drafter="none", max_context=256)
+    encoded = [(p["name"], session.encode_chat([{"role": "user", "content": p["text"]}])) for p in prompts]
+    assert early[0] == encoded and jobs[0]["prompts"] == [[n, ids] for n, ids in encoded]
+    assert set(jobs[0]["eos"]) == session.decoder.eos_ids
+    rows = bench._bench_llama_cpp(session, encoded, 5, args, {"a": 10.0, "b": 10.0}, {}, {}, early=early)
+    assert len(jobs) == 1 and [r.prompt for r in rows] == ["a", "b"]  # the early run, not a second one
+    bench._bench_llama_cpp(session, encoded[:1], 5, args, {"a": 10.0}, {}, {}, early=early)
+    assert len(jobs) == 2  # other ids: run again
+    assert bench.llama_cpp_first(SimpleNamespace(**{**vars(args), "compare": "transformers"}), prompts) is None
+
+
 def test_llama_cpp_peer_runs_in_its_own_process_at_its_own_wait_policy(monkeypatch, smollm2_gguf_path):
     """The llama.cpp peer decodes in a child process with no OMP_WAIT_POLICY, neither the engine's
     PASSIVE default (shared libgomp: llama.cpp fell to ~41 tok/s from ~120 under it) nor an ACTIVE
