@@ -344,7 +344,7 @@ def test_hybrid_auto_mixed_trees_equal_plain_greedy(target_kind, drafter_kind, t
     dec.drafters["ngram"].corpus = None
 
 
-def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_path):
+def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_path, tmp_path):
     """The registry's SmolLM2 pairing in bf16: the drafter loads in fp32 on a CPU (its C step and
     Q8_0 products; its numbers never decide what is emitted) and hybrid:auto, with the shipped
     datastore and drafter in one tree, equals plain greedy decoding in bf16."""
@@ -354,9 +354,19 @@ def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_
 
     s = ChatSession.load(dtype="bf16", max_context=512)
     assert s.target.model.dtype == torch.bfloat16 and s.drafter.model.dtype == torch.float32
-    # the pairing's best measured strategy in bf16 (models.toml strategy_by_compute), pld:auto otherwise
-    assert (s.strategy.name, s.strategy.adaptive) == ("hybrid", True)
+    # the pairing's best measured strategy: pld:auto in q8 and in bf16 (bench/results/2026-11-26-session20)
+    assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
     assert s.registry.default_pairing(s.target.name).strategy_for("q8") == "pld:auto"
+    # a pairing's strategy_by_compute picks by the compute type in use
+    toml = tmp_path / "models.toml"
+    text = s.registry.path.read_text().replace('local = "assets/', f'local = "{s.registry.path.parent}/assets/')
+    text = text.replace('datastore = "assets/', f'datastore = "{s.registry.path.parent}/assets/')
+    marker = 'drafter = "mamba-drafter-smollm2"\nvocab = "same"\nstrategy = "pld:auto"\n'
+    assert marker in text
+    toml.write_text(text.replace(marker, marker + 'strategy_by_compute = { bf16 = "hybrid:auto" }\n'))
+    s2 = ChatSession.load(dtype="bf16", max_context=512, models_file=str(toml))
+    assert (s2.strategy.name, s2.strategy.adaptive) == ("hybrid", True) and s2.decoder.drafters["ngram"].corpus is not None
+    assert s2.registry.default_pairing(s2.target.name).strategy_for("q8") == "pld:auto"
     dec = s.decoder
     assert dec.drafters["ngram"].corpus is not None and dec._mixes(dec.drafters["model"])
     ids = s.encode_chat([{"role": "user", "content": "Write a SQL query that counts the orders of each customer."}])
