@@ -210,6 +210,8 @@ class StrategyCommands(Provider):
         for toggle, text, help_text in self._entries():
             score = matcher.match(toggle.label)
             if score > 0:
-                hl = matcher.highlight(toggle.label)
-                hl.stylize(text.style or "")
+                # a Content (immutable): its methods return the changed copy
+                hl = matcher.highlight(toggle.label).append(text.plain[len(toggle.label):])  # " (current)", as discover shows
+                if text.style:
+                    hl = hl.stylize(str(text.style))  # dim: unavailable here
                 yield Hit(score, hl, lambda t=toggle: self._apply(t), help=help_text)

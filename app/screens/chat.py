@@ -410,7 +410,16 @@ class ChatScreen(Screen[None]):
         wide = width >= DASHBOARD_MIN_WIDTH
         if wide != self._wide:
             self._wide, self._dashboard_choice = wide, None
-        self._show_dashboard(wide if self._dashboard_choice is None else self._dashboard_choice)
+        visible = wide if self._dashboard_choice is None else self._dashboard_choice
+        if visible and self._dashboard_choice is None and self.chat_list.display and self._crushes_messages(width):
+            visible, self._dashboard_for_list = False, True  # as the list's opening does: back when it closes
+        self._show_dashboard(visible)
+
+    def _crushes_messages(self, width: int) -> bool:
+        """Whether the chat list and the dashboard side by side leave the messages under
+        CHAT_MIN_WIDTH columns in a terminal ``width`` columns wide."""
+        taken = sum(w.styles.width.value for w in (self.chat_list, self.dashboard) if w.styles.width is not None)
+        return width - taken < CHAT_MIN_WIDTH
 
     def _show_dashboard(self, visible: bool) -> None:
         was = self.dashboard.display
@@ -535,6 +544,9 @@ class ChatScreen(Screen[None]):
             self.notify("Nothing to regenerate yet: send a message first.", timeout=4)
             return
         if not self._ready_to_generate():
+            return
+        if self._editing is not None:  # the send would then replace the new reply too
+            self.notify(self._keys(EDIT_OPEN_NOTICE), severity="warning", timeout=4)
             return
         if self.conversation[-1]["role"] == "assistant":
             self._replaced = (self.conversation.pop()["content"], self._last_reply_stats())

@@ -142,7 +142,8 @@ def policy_only_text(policy: dict | None) -> Text:
     if policy.get("policy") == "gate":  # engine/gate.py: the :auto strategies' draft length
         src = {"ngram": "prompt lookup", "tree": "copy + datastore + drafter"}.get(policy.get("source"), "drafter model")
         out.append(f"draft-length gate · {src}\n", style="bold")
-        k, kmax = policy.get("k", 0), policy.get("k_max", 0)
+        # a tree cut by its own confidence (pld's lookup trie) can keep more nodes than the chain cap
+        k, kmax = policy.get("k", 0), max(policy.get("k_max", 0), policy.get("drafted", 0))
         what = "plain step (a draft would not pay)" if k == 0 else ("probe, 1 token" if policy.get("probe") else f"k = {k} of {kmax}")
         out.append(f"α {policy.get('alpha', 0):.2f} · {what}")
         if "drafter" in policy:  # hybrid:auto's mixed trees: whether the drafter model's cost pays (gate.with_drafter)

@@ -182,6 +182,30 @@ async def test_edit_the_last_message_replaces_it_and_its_reply(data_dir: Path) -
         assert len(app.chat.conversation) == 6
 
 
+async def test_ctrl_r_is_refused_while_an_edit_is_open(data_dir: Path) -> None:
+    """Ctrl+R with an edit of the last message open is refused, as "Continue" is: it ran and left
+    the edit pending with nothing saying so (the status line went back to "done"), so the next
+    message sent replaced the last exchange, new reply included, instead of following it."""
+    engine = FakeEngine(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "hello", "tell me more")
+        app.chat.action_edit_last()
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await pilot.pause()
+        assert len(engine.calls) == 2 and not app.chat.busy
+        assert any("edit of your last message first" in m for m, _ in notices(app))
+        assert "editing your last message" in status(app) and prompt(app).text == "tell me more"
+        await pilot.press("escape")  # cancel the edit: then Ctrl+R and a new turn work as usual
+        await pilot.pause()
+        await pilot.press("ctrl+r")
+        await reply_done(pilot)
+        await chat(pilot, "and then?")
+        assert [m["content"] for m in app.chat.conversation] == ["hello", "Sure.", "tell me more", "Sure.", "and then?", "Sure."]
+
+
 async def test_ctrl_r_needs_a_reply_and_waits_for_the_running_one() -> None:
     engine = BlockingEngine(["..."])
     app = make_app(engine)

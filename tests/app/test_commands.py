@@ -162,3 +162,19 @@ async def test_palette_refusals_give_the_apps_advice_not_the_command_lines():
     assert engine.strategy == preset("ar")
     note = next(n for n in notes if "unavailable" in n)
     assert "needs a drafter model: Ctrl+O picks a target with its drafter" in note and "--drafter" not in note
+
+
+async def test_palette_search_keeps_the_current_mark_and_the_dimming():
+    """Typing in the palette ("strategy") still marks the entry in force "(current)" and dims the
+    unavailable ones, as the list shown before any typing does (the search showed every entry
+    bare and undimmed: nothing said which one ran, nor which would be refused)."""
+    engine = FakeEngine(strategy=preset("pld"), has_drafter=False)
+    app = PaletteApp(engine)
+    async with app.run_test(size=(100, 30)):
+        provider = StrategyCommands(app.screen)
+        hits = {str(h.match_display): h.match_display async for h in provider.search("strategy")}
+    assert "Strategy: pld (current)" in hits and "Strategy: ar" in hits
+    dim = {label for label, content in hits.items()
+           if any("dim" in str(span.style) and span.start == 0 and span.end >= len(label) for span in content.spans)}
+    assert "Strategy: mab" in dim and "Strategy: tree" in dim  # need a drafter model
+    assert "Strategy: ar" not in dim and "Strategy: pld (current)" not in dim

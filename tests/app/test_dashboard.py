@@ -205,6 +205,35 @@ async def test_the_chat_list_never_crushes_the_messages_between_it_and_the_dashb
         assert app.chat.query_one("#chat-column").size.width >= CHAT_MIN_WIDTH
 
 
+async def test_resizing_with_the_chat_list_open_keeps_the_messages_uncrushed() -> None:
+    """A resize while the chat list is open (it had hidden the dashboard for room) brought the
+    dashboard back between them, the messages squeezed to ~26 columns; it comes back once the
+    terminal has room for all three, or when the list closes."""
+    from app.screens.chat import CHAT_MIN_WIDTH
+
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        panel = dashboard(app)
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.chat.chat_list.display and not panel.display
+        for size in ((104, 30), (90, 30), (104, 30)):  # within the wide range, then across the threshold and back
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            assert app.chat.chat_list.display and not panel.display, size
+            assert app.chat.query_one("#chat-column").size.width >= CHAT_MIN_WIDTH, size
+        await pilot.resize_terminal(140, 40)  # room for all three
+        await pilot.pause()
+        assert app.chat.chat_list.display and panel.display
+        await pilot.resize_terminal(104, 30)
+        await pilot.pause()
+        assert not panel.display
+        await pilot.press("escape")  # the list closes: the dashboard is back
+        await pilot.pause()
+        assert not app.chat.chat_list.display and panel.display
+
+
 async def test_dashboard_repaints_are_bounded_during_a_fast_reply() -> None:
     steps = 200
     events = [tree_step(i, ["x", "y"], [-1, 0], [0], "z", ms=1.0) for i in range(1, steps + 1)]
@@ -368,6 +397,17 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     assert "drafter model out · 2.1 ms a step vs a 3.3 ms plain step" in text
     spans = policy_text(cut).spans
     assert sum(1 for sp in spans if "green" in str(sp.style)) == 2  # the kept two
+
+
+def test_policy_panel_never_shows_more_kept_nodes_than_its_maximum() -> None:
+    """pld:auto with a datastore cuts a lookup tree of up to 15 nodes by confidence, while the
+    gate's k_max is the chain cap (8): the panel read "k = 15 of 8"; the most is what was drafted."""
+    from app.widgets.dashboard import policy_text
+
+    tree_cut = {"policy": "gate", "source": "ngram", "alpha": 0.81, "k": 15, "k_max": 8, "probe": False,
+                "drafted": 15, "confidence": [-1.0] * 15, "expected": 9.5}
+    text = policy_text(tree_cut).plain
+    assert "k = 15 of 15" in text and "of 8" not in text
 
 
 def test_engine_measures_a_plain_decoding_baseline_on_its_own_cache(smollm2_gguf_path) -> None:
