@@ -9,6 +9,7 @@ Nothing here touches torch: availability is read from the cache layout (``engine
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,10 +106,17 @@ def pairing_notes(registry: Registry, name: str) -> str:
     return "; ".join(parts)
 
 
-def drafter_after_switch(registry: Registry, target: str, current_drafter: str | None) -> str:
-    """The current drafter stays only if models.toml pairs it with the new target; else none."""
+def drafter_after_switch(registry: Registry, target: str, current_drafter: str | None,
+                         available: Callable[[str], bool] | None = None) -> str:
+    """The drafter loaded with ``target``: the current one where models.toml pairs it with the new
+    target; else the target's default pairing's, as at start-up, where that drafter is on disk
+    (``available``; None: assume it is); else none. (Switching away from a target and back left
+    it without its drafter, and nothing in the app could bring the drafter back.)"""
     if current_drafter and any(p.target == target and p.drafter == current_drafter for p in registry.pairings):
         return current_drafter
+    paired = registry.default_pairing(target)
+    if paired is not None and (available is None or available(paired.drafter)):
+        return paired.drafter
     return NO_DRAFTER
 
 
@@ -149,7 +157,8 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         height: 1fr;
     }
     #models-detail {
-        height: 3;
+        height: auto;
+        max-height: 5;  /* facts, pairings, what the switch loads and the notes (wrapped) */
         padding: 0 1;
         color: $text-muted;
     }
@@ -213,9 +222,14 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         e = self.rows[name].entry
         facts = " · ".join(x for x in (e.hub_id or e.local, e.family, e.license) if x)
         pairs = pairing_notes(self.registry, name) or "no pairings in models.toml"
-        drafter = drafter_after_switch(self.registry, name, self.current_drafter)
-        after = f"keeps drafter {drafter}" if drafter != NO_DRAFTER else "loads without a drafter model"
+        drafter = self._drafter_for(name)
+        after = (f"keeps drafter {drafter}" if drafter == self.current_drafter else f"loads with its drafter {drafter}"
+                 ) if drafter != NO_DRAFTER else "loads without a drafter model"
         detail.update(f"{facts}\n{pairs}\n{after}" + (f" · {e.notes}" if e.notes else ""))
+
+    def _drafter_for(self, target: str) -> str:
+        return drafter_after_switch(self.registry, target, self.current_drafter,
+                                    lambda name: name in self.rows and self.rows[name].available)
 
     # ---- choosing ------------------------------------------------------------------------------------
     @on(DataTable.RowSelected)
@@ -249,7 +263,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         if self.job is not None:
             self.notify(app_keys(self, "A download is running: wait for it or cancel it ({close_models})."), severity="warning")
             return
-        choice = ModelChoice(name, drafter_after_switch(self.registry, name, self.current_drafter))
+        choice = ModelChoice(name, self._drafter_for(name))
         if row.status == "loaded" and choice.drafter == (self.current_drafter or NO_DRAFTER):
             self.notify(f"{name} is already loaded.")
             return

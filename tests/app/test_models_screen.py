@@ -57,6 +57,7 @@ role = ["target"]
 target = "remote-model"
 drafter = "local-model"
 vocab = "same"
+default = true
 """
 
 
@@ -167,7 +168,10 @@ def test_rows_show_availability_size_and_pairings(fake: FakeHub, models_file: Pa
     assert pairing_notes(reg, "cached-model") == ""
     assert drafter_after_switch(reg, "remote-model", "local-model") == "local-model"
     assert drafter_after_switch(reg, "cached-model", "local-model") == "none"
-    assert drafter_after_switch(reg, "remote-model", None) == "none"
+    # no drafter now (or one not paired): the target's default pairing's, as at start-up, if on disk
+    assert drafter_after_switch(reg, "remote-model", None) == "local-model"
+    assert drafter_after_switch(reg, "remote-model", None, available=lambda name: False) == "none"
+    assert drafter_after_switch(reg, "gated-model", None) == "none"  # no pairing
 
 
 # ---- the picker ----------------------------------------------------------------------------------------
@@ -346,3 +350,19 @@ async def test_help_lists_ctrl_o(fake: FakeHub, models_file: Path) -> None:
         await pilot.pause()
         text = "\n".join(strip.text for strip in app.screen._compositor.render_strips())
         assert "Ctrl+O" in text and "models" in text
+
+
+async def test_switching_back_to_a_target_brings_its_paired_drafter_back(fake: FakeHub, models_file: Path) -> None:
+    """A switch to a target whose default pairing's drafter is on disk loads that drafter too, as
+    start-up does: switching away (to a target it does not pair with) and back left the target
+    without its drafter, and the app then advised a picker that could not bring it back."""
+    loader = Loader()
+    app = make_app(models_file, loader, engine_named("cached-model"))  # no drafter now
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot)
+        screen.query_one(DataTable).move_cursor(row=list(screen.rows).index("remote-model"))
+        await pilot.pause()
+        assert "loads with its drafter local-model" in str(screen.query_one("#models-detail").render())
+        await pick(pilot, screen, "remote-model")  # downloads it, then loads it with its drafter
+        await wait_for(pilot, lambda: loader.calls and app.session is not None and "remote-model" in app.session.description)
+        assert loader.calls == [("remote-model", "local-model")]
