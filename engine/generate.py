@@ -74,6 +74,7 @@ class Decoder:
         self._gated: str | None = None  # the gate's source of this step's draft
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         self._last_emitted = 1  # tokens the last step emitted
+        self._mixed_used: bool | None = None  # this step's mixed tree took the drafter model in
         # drafting beside a target whose passes are torch's (bf16 on a CPU) runs the drafter's C
         # kernels on this thread alone (engine.native.capped says why); beside the C pass, on its pool
         table = getattr(self.target, "_native_table", None)
@@ -183,6 +184,7 @@ class Decoder:
             if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
+            self._mixed_used = None  # hybrid:auto's mixed tree: whether it took the drafter in (set by _mixed_tree)
             with native.capped(self.draft_threads):
                 tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
@@ -193,6 +195,8 @@ class Decoder:
             policy = self._book(s, tree, path, draft_s * 1000.0, (t2 - t1) * 1000.0)
             if s.adaptive and self.gate is not None:
                 self.gate.observe_step(len(tree) + 1, (t2 - t1) * 1000.0)
+                if self._mixed_used is not None:  # what the drafter model brings, measured (gate.with_drafter)
+                    self.gate.observe_mixed(self._mixed_used, len(path) + 1, draft_s * 1000.0 + (t2 - t1) * 1000.0)
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
                                   max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)
@@ -468,6 +472,7 @@ class Decoder:
         if spine is not None:
             gate.observe_drafter(spine.spent_ms - self._catch_up_excess(spine))
         gate.last.update(drafter=use, drafter_ms=round(gate.drafter_ms or 0.0, 2), step_ms=round(gate.at(1), 2))
+        self._mixed_used = use
         self._drafted_nodes = len(tree)
         spent = (time.perf_counter() - t0) * 1000.0
         if not len(tree):

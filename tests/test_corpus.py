@@ -402,6 +402,36 @@ def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
     assert not slow.with_drafter()
 
 
+def test_gate_keeps_the_drafter_model_in_only_while_its_measured_tokens_per_ms_beat_going_without():
+    """Past the cost rule, the mixed steps' outcomes decide: tokens per ms with the drafter against
+    without (its larger verify pass counts too); one step in MIXED_EXPLORE takes the other arm, so
+    both stay measured and a change of text or machine can turn the choice back."""
+    from engine.gate import MIXED_EXPLORE, MIXED_MIN
+
+    g = DraftGate(fit({1: 23.0, 2: 23.2, 4: 23.5, 8: 24.0, 16: 30.0}))  # a bf16-like step
+    g.observe_drafter(3.0)
+    g.observe_drafter(3.0)  # cheap enough by the cost rule
+    for _ in range(MIXED_EXPLORE - 1):  # not yet measured with it: it is taken
+        assert g.with_drafter()
+        g.observe_mixed(True, 2, 30.0)  # 2 tokens in 30 ms with it
+    arms = []
+    for _ in range(200):
+        use = g.with_drafter()
+        arms.append(use)
+        g.observe_mixed(use, 2 if use else 2, 30.0 if use else 24.0)  # the same tokens, faster without
+    settled = arms[(MIXED_MIN + 1) * MIXED_EXPLORE:]
+    assert arms.count(False) >= MIXED_MIN
+    assert abs(settled.count(True) - len(settled) / MIXED_EXPLORE) <= 1  # only the exploring steps take it
+    # the text changes: now it brings enough tokens to pay for its time
+    for _ in range(400):
+        use = g.with_drafter()
+        arms.append(use)
+        g.observe_mixed(use, 4 if use else 2, 30.0 if use else 24.0)
+    assert abs(arms[-80:].count(False) - 80 / MIXED_EXPLORE) <= 1
+    nxt = g.carried()
+    assert nxt.mixed == g.mixed and nxt.mixed is not g.mixed  # what it brings carries to the next conversation
+
+
 def test_hybrid_auto_goes_on_without_a_drafter_whose_context_is_full(tmp_path, monkeypatch):
     """A drafter with a shorter context than the target's: once it is full, mixed trees go on
     from the copy and the datastore alone (plain greedy output, no error)."""
