@@ -157,6 +157,7 @@ class ChatScreen(Screen[None]):
         self.conversation: list[dict[str, str]] = []
         self.chat_id: int | None = None  # None: a new chat, saved when its first message is sent
         self.chat_title = ""
+        self._kept_title = ""  # a renamed chat emptied by an edit of its only message: its title, for the chat saved again
         self.status_line = StatusLine(id="status")
         self.title_bar = Static(id="chat-title")
         self.chat_list = ChatList(id="chat-list")
@@ -225,7 +226,8 @@ class ChatScreen(Screen[None]):
         model = session.description if session is not None else None
         strategy = session.strategy.to_dict() if session is not None else None
         if self.chat_id is None:
-            self.chat_id = self._save(self.store.new_chat, model=model or "", strategy=strategy)
+            self.chat_id = self._save(self.store.new_chat, title=self._kept_title, model=model or "", strategy=strategy)
+            self._kept_title = ""
             if self.chat_id is None:
                 return
             for m in self.conversation[: self._n_system]:  # the new chat's system prompt comes first
@@ -259,10 +261,15 @@ class ChatScreen(Screen[None]):
         message but its system prompt goes too)."""
         if self.chat_id is None:
             return
+        renamed = False
+        if keep <= self._n_system:  # a title the user gave (not the first message's) comes back with the chat
+            first = next((m.content for m in self._load(self.store.messages, [], self.chat_id) if m.role == "user"), None)
+            renamed = bool(self.chat_title) and (first is None or self.chat_title != title_from(first))
         self._save(self.store.truncate, self.chat_id, keep)
         if keep <= self._n_system:
             self._save(self.store.delete_chat, self.chat_id)
-            self.chat_id, self.chat_title = None, ""
+            self._kept_title = self.chat_title if renamed else ""
+            self.chat_id, self.chat_title = None, self._kept_title
             self._show_title()
 
     def _restore_settings(self) -> None:
@@ -296,6 +303,7 @@ class ChatScreen(Screen[None]):
         self.chat_id = chat_id
         self._editing = None
         self.chat_title = record.title if record is not None else ""
+        self._kept_title = ""
         self.conversation = [{"role": m.role, "content": m.content} for m in records]
         shown = [(m.role, m.content, m.finish_reason) for m in records]
         if chat_id is None and self.default_system:  # a new chat starts with the default system prompt

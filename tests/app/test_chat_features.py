@@ -321,6 +321,32 @@ async def test_rename_and_delete_from_the_chat_list(data_dir: Path) -> None:
         assert prompt(app).text == "keep me"  # the deleted chat's prompts left the history
 
 
+async def test_editing_the_only_message_of_a_renamed_chat_keeps_its_name(data_dir: Path) -> None:
+    """The edit of a chat's only message saves the chat again; a name the user gave it stays (it
+    came back titled after the edited message), an automatic title follows the new message."""
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "hi")
+        await pilot.press("ctrl+l", "r", "ctrl+u", *"My chat", "enter", "escape")
+        await pilot.pause()
+        app.chat.action_edit_last()
+        await pilot.pause()
+        prompt(app).text = "hello"
+        await pilot.press("enter")
+        await reply_done(pilot)
+        assert [c.title for c in saved(data_dir).chats()] == ["My chat"] and app.chat.chat_title == "My chat"
+        assert [m.content for m in saved(data_dir).messages(saved(data_dir).chats()[0].id)] == ["hello", "ok"]
+        await pilot.press("ctrl+n")
+        await chat(pilot, "first words")
+        app.chat.action_edit_last()
+        await pilot.pause()
+        prompt(app).text = "other words"
+        await pilot.press("enter")
+        await reply_done(pilot)
+        assert [c.title for c in saved(data_dir).chats()] == ["other words", "My chat"]  # automatic: follows
+
+
 async def test_a_renamed_chat_stays_highlighted_and_down_moves_on(data_dir: Path) -> None:
     """Renaming a chat that is not the open one: the highlight stays on it (it jumped back to the open
     chat, so the next Down seemed swallowed and Delete offered the wrong chat)."""
