@@ -304,6 +304,7 @@ class ChatScreen(Screen[None]):
         self._editing = None
         self.chat_title = record.title if record is not None else ""
         self._kept_title = ""
+        self.dashboard.start_reply()  # the last reply's numbers belonged to the chat left
         self.conversation = [{"role": m.role, "content": m.content} for m in records]
         shown = [(m.role, m.content, m.finish_reason) for m in records]
         if chat_id is None and self.default_system:  # a new chat starts with the default system prompt

@@ -122,6 +122,21 @@ async def test_dashboard_shows_speed_mean_and_last_step_after_a_reply() -> None:
         assert "GPU" not in text  # no pynvml / no device: no GPU line, no error
 
 
+async def test_opening_another_chat_clears_the_last_replys_numbers() -> None:
+    """The dashboard's numbers belong to the chat they were measured in: a new chat (or another
+    saved one) starts the panel empty, as a new reply does."""
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await reply_done(pilot)
+        assert "step 4: drafted 4, accepted 3" in screen_text(app)
+        await pilot.press("ctrl+n")
+        await pilot.pause(0.3)
+        assert dashboard(app).stats.last is None and not dashboard(app).stats.events
+        assert "step 4: drafted 4" not in screen_text(app) and "tok/s now 200.0" not in screen_text(app)
+
+
 async def test_gpu_line_shows_when_a_device_is_found(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("app.sysinfo.GpuProbe", OneGpu)
     app = make_app(ScriptedEngine(script()))
