@@ -75,6 +75,7 @@ class Decoder:
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         self._last_emitted = 1  # tokens the last step emitted
         self._mixed_used: bool | None = None  # this step's mixed tree took the drafter model in
+        self._mixed_excess_ms = 0.0  # and the drafter's catch-up beyond a steady step's (_catch_up_excess)
         # drafting beside a target whose passes are torch's (bf16 on a CPU) runs the drafter's C
         # kernels on this thread alone (engine.native.capped says why); beside the C pass, on its pool
         table = getattr(self.target, "_native_table", None)
@@ -196,7 +197,8 @@ class Decoder:
             if s.adaptive and self.gate is not None:
                 self.gate.observe_step(len(tree) + 1, (t2 - t1) * 1000.0)
                 if self._mixed_used is not None:  # what the drafter model brings, measured (gate.with_drafter)
-                    self.gate.observe_mixed(self._mixed_used, len(path) + 1, draft_s * 1000.0 + (t2 - t1) * 1000.0)
+                    self.gate.observe_mixed(self._mixed_used, len(path) + 1,
+                                            max(0.0, draft_s * 1000.0 - self._mixed_excess_ms) + (t2 - t1) * 1000.0)
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
                                   max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)
@@ -469,10 +471,13 @@ class Decoder:
         tree = self.drafters["ngram"].corpus_tree(self.history, cap, lambda p: gate.calibrated("tree", p), gate.worth("tree"),
                                                   ngram_min=s.ngram_min, ngram_max=s.ngram_max,
                                                   spine=spine)
+        excess = 0.0
         if spine is not None:
-            gate.observe_drafter(spine.spent_ms - self._catch_up_excess(spine))
+            excess = self._catch_up_excess(spine)
+            gate.observe_drafter(spine.spent_ms - excess)
         gate.last.update(drafter=use, drafter_ms=round(gate.drafter_ms or 0.0, 2), step_ms=round(gate.at(1), 2))
-        self._mixed_used = use
+        # the step's outcome is booked without the catch-up on tokens of steps that went without it
+        self._mixed_used, self._mixed_excess_ms = use, excess
         self._drafted_nodes = len(tree)
         spent = (time.perf_counter() - t0) * 1000.0
         if not len(tree):
