@@ -390,7 +390,8 @@ class Decoder:
             corpus = s.name == "pld" and getattr(drafter, "corpus", None) is not None
             # (with a datastore the chain costs microseconds and its own confidence cut decides,
             # a plain step included; the acceptance-rate gate would shut the copies off with it)
-            k = self._budget(s, source, min(s.draft_len, max_nodes), by_confidence=corpus)
+            # (a datastore's tree is capped at tree_nodes, not draft_len: the dashboard shows that cap)
+            k = self._budget(s, source, min(s.tree_nodes if corpus else s.draft_len, max_nodes), by_confidence=corpus)
             if k == 0:
                 return TokenTree.empty(), time.perf_counter() - t0
             # a drafter model's greedy chain, or prompt lookup continued from the target's n-gram

@@ -166,6 +166,8 @@ def test_pld_auto_with_a_datastore_equals_plain_greedy(tmp_path, monkeypatch):
         assert summ.accepted >= 10 and summ.accepted >= 0.6 * summ.drafted, (prompt, summ)
         assert any(e.policy and e.policy.get("confidence") and e.accepted for e in evs)
         assert all(e.strategy.startswith("pld tree<=16 auto") for e in evs)
+        # the gate's panel: the tree's node cap, never fewer than the nodes it kept ("k = 15 of 8")
+        assert all(e.policy["k_max"] == 16 and e.policy["k"] <= e.policy["k_max"] for e in evs if e.policy)
 
 
 def test_session_attaches_the_registry_datastore_only_for_its_tokenizer(tmp_path, smollm2_gguf_path):
