@@ -20,6 +20,12 @@ from .messages import error_line
 _DONE = object()  # the pump's last item: the engine loop has returned (or raised)
 
 
+def add_change(labels: list[str], label: str | None) -> None:
+    """Append ``label`` to ``labels`` unless it is empty or the last one (each change, in order)."""
+    if label and (not labels or labels[-1] != label):
+        labels.append(label)
+
+
 class ReplyRun:
     """The state of one reply: stop flag, queue, and what the UI has drained so far.
 
@@ -74,8 +80,7 @@ class ReplyRun:
                 self.summary.add(item)
                 self.dropped_messages = max(self.dropped_messages, item.dropped_messages)
                 self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
-                if item.strategy and (not self.strategies or self.strategies[-1] != item.strategy):
-                    self.strategies.append(item.strategy)
+                add_change(self.strategies, item.strategy)
                 self.last_event = item
                 self.new_events.append(item)
                 parts.append(item.text)

@@ -65,24 +65,26 @@ def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
     return out
 
 
+LLAMA_CPP_NAMES = ("llama.cpp", "llama-cpp", "llamacpp")  # --compare's names for the llama.cpp peer
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from .cli import load_session, strategy_from_args
 
-    prompts = load_prompts(args.prompts)
     from .strategy import from_spec
 
-    for spec in (s.strip() for s in args.strategies.split(",") if s.strip()):  # a typo fails before the peer's minutes
+    prompts = load_prompts(args.prompts)
+    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    for spec in names:  # a typo fails before the peer's minutes
         try:
             from_spec(spec.partition("@")[0])
         except ValueError as e:
-            msg = str(e)
-            raise SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}") from None
+            raise _spec_error(spec, e) from None
     early_llama = llama_cpp_first(args, prompts)  # before our model loads (see there)
     session = load_session(args)
     peers = _check_peers(args.compare, session)  # before the long part: a bad --compare fails at once
     if args.ignore_eos:
         session.decoder.eos_ids = set()
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     # speedups are against our own plain decoding, measured here, first on every prompt
     names = ["ar"] + [n for n in names if n != "ar"]
     strategies = []
@@ -182,7 +184,7 @@ def _check_peers(compare: str | None, session) -> list[str]:
                 import transformers  # noqa: F401
             except ImportError:
                 raise SpecchatError("--compare transformers needs the transformers package (pip install transformers)") from None
-        elif peer in ("llama.cpp", "llama-cpp", "llamacpp"):
+        elif peer in LLAMA_CPP_NAMES:
             peer = "llama.cpp"
             try:
                 import llama_cpp  # noqa: F401
@@ -210,8 +212,13 @@ def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, st
     try:
         return from_spec(spec, s).validate(has_drafter)
     except ValueError as e:
-        msg = str(e)
-        raise SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}") from None
+        raise _spec_error(spec, e) from None
+
+
+def _spec_error(spec: str, e: ValueError) -> SpecchatError:
+    """A --strategies entry's error, in one line naming the entry (StrategyError's own text names it)."""
+    msg = str(e)
+    return SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}")
 
 
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
@@ -402,7 +409,7 @@ def llama_cpp_first(args, prompts) -> tuple[list, tuple[str, list[dict]]] | None
     Zen 4, 2026-11-26). The GGUF's tokenizer alone (read without running a parallel region) gives
     the same prompt ids as the session will. None where that does not apply (not a GGUF target,
     llama.cpp not asked for): then it runs after ours, as other peers do. Returns (encoded, result)."""
-    if not any(p.strip() in ("llama.cpp", "llama-cpp", "llamacpp") for p in (args.compare or "").split(",")):
+    if not any(p.strip() in LLAMA_CPP_NAMES for p in (args.compare or "").split(",")):
         return None
     from .gguf import load_gguf
     from .loading import resolve

@@ -306,8 +306,8 @@ def _check_shapes(family: str, c: Any, sd: dict[str, torch.Tensor]) -> None:
             raise ModelLoadError(f"tensor {name} has shape {tuple(t.shape)}, config implies {shape}")
     prefix = _LAYER_PREFIX.get(family)
     if prefix is not None:  # a config with fewer layers than the weights would run a truncated model
-        have = 1 + max((int(k[len(prefix):].split(".", 1)[0]) for k in sd if k.startswith(prefix)
-                        and k[len(prefix):].split(".", 1)[0].isdigit()), default=-1)
+        indices = (k[len(prefix):].split(".", 1)[0] for k in sd if k.startswith(prefix))
+        have = 1 + max((int(i) for i in indices if i.isdigit()), default=-1)
         if have > c.num_layers:
             raise ModelLoadError(f"the weights hold {have} layers but the config says {c.num_layers} "
                                  "(num_hidden_layers): config.json does not belong to these weights")

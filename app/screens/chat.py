@@ -22,7 +22,7 @@ from engine.session import ChatEngine, leading_system, strategy_label
 from engine.strategy import StrategyError
 
 from ..keys import app_keys
-from ..reply import ReplyRun
+from ..reply import ReplyRun, add_change
 from ..store import ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.chat_list import ChatList
@@ -91,8 +91,8 @@ def reply_stats(run: ReplyRun, finish_reason: str | None) -> dict[str, Any]:
 def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dict[str, Any]:
     """A continued reply's stats: its parts' tokens and steps added, tok/s over their decode time
     together, mean accepted over all their steps; how it ended and the strategy are the last
-    part's (``strategies`` lists each change across the parts), ``continued`` counts the continuations. A first part without stats (an old database)
-    leaves the continuation's own."""
+    part's (``strategies`` lists each change across the parts), ``continued`` counts the
+    continuations. A first part without stats (an old database) leaves the continuation's own."""
     b = before or {}
     try:
         tokens, steps = int(b["tokens"]) + int(after["tokens"]), int(b["steps"]) + int(after["steps"])
@@ -105,9 +105,8 @@ def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dic
            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": continued}
     used: list[str] = []  # the strategies of both parts, each change in order
     for x in (b, after):
-        for label in x.get("strategies") or ([x["strategy"]] if x.get("strategy") else []):
-            if not used or used[-1] != label:
-                used.append(label)
+        for label in x.get("strategies") or [x.get("strategy")]:
+            add_change(used, label)
     if len(used) > 1:
         out["strategies"] = used
     return out
