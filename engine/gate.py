@@ -107,8 +107,14 @@ DRAFTER_RECHECK = 32  # steps without the drafter model before its cost is measu
 DRAFTER_SAMPLES = 5  # the drafter's cost is the least of its last 5 measures
 DRAFTER_RECHECK_MAX = 512  # while it keeps not paying (a re-measure catches the drafter up on them all)
 MIXED_EXPLORE = 8  # hybrid:auto: one step in 8 takes the arm (with / without the drafter) measured worse
+MIXED_EXPLORE_MAX = 64  # each exploring step that leaves the verdict as it was doubles the wait, up to 64
 MIXED_MIN = 4  # steps each arm needs before their measured rates decide
 MIXED_DECAY = 0.97  # the arms' token and time sums decay per step of that arm (~30 steps of memory)
+ARMS = ("tree", "chain")  # hybrid:auto's mixed trees, sd:auto's chains: each measured on its own
+
+
+def _arm() -> dict[bool, list[float]]:
+    return {True: [0.0, 0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0, 0.0]}  # decayed tokens, ms; steps; decayed steps
 
 
 @dataclass
@@ -121,9 +127,14 @@ class DraftGate:
     drafter_costs: list[float] = field(default_factory=list)  # its last DRAFTER_SAMPLES measured costs (ms)
     _without: int = 0
     _recheck: int = DRAFTER_RECHECK
-    # hybrid:auto's steps with (True) and without (False) the drafter: decayed [tokens, ms, steps]
-    mixed: dict[bool, list[float]] = field(default_factory=lambda: {True: [0.0, 0.0, 0.0], False: [0.0, 0.0, 0.0]})
-    _since_other: int = 0
+    catch_up_ms: float = 0.0  # the drafter model's catch-up cost a token (EMA; observe_catch_up)
+    # steps with (True) and without (False) the drafter model, [decayed tokens, decayed ms, steps,
+    # decayed steps], per arm:
+    # "tree" for hybrid:auto's mixed trees, "chain" for sd:auto's chains (with_drafter, drafting_pays)
+    arms: dict[str, dict[bool, list[float]]] = field(default_factory=lambda: {a: _arm() for a in ARMS})
+    _since_other: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, 0))
+    _explore_every: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, MIXED_EXPLORE))
+    _explored: dict[str, bool] = field(default_factory=dict)  # the verdict an exploring step went against
     _fit: tuple[float, float] | None = None  # at(): (s, e) of the loop's step times, None = refit
     last: dict = field(default_factory=dict)  # the last decision, for the dashboard / tests
     # the verify step's wall time as the decode loop sees it, per row count n: [EMA ms, steps]
@@ -137,7 +148,9 @@ class DraftGate:
         for name, src in self.sources.items():
             g.sources[name] = _Source(cal_hits=list(src.cal_hits), cal_n=list(src.cal_n))
         g.drafter_costs, g._recheck = list(self.drafter_costs), self._recheck  # what the drafter model costs here
-        g.mixed = {k: list(v) for k, v in self.mixed.items()}  # and what it brings (tokens per ms, with vs without)
+        g.catch_up_ms = self.catch_up_ms
+        # and what it brings (tokens per ms, with vs without)
+        g.arms = {a: {k: list(v) for k, v in arm.items()} for a, arm in self.arms.items()}
         return g
 
     # ---- hybrid:auto: whether the drafter model joins the tree -------------------------------------
@@ -160,27 +173,68 @@ class DraftGate:
         self._without, self._recheck = 0, min(2 * self._recheck, DRAFTER_RECHECK_MAX)
         return True
 
-    def _mixed_arm(self) -> bool:
+    def _mixed_arm(self, name: str = "tree", extra_ms: float = 0.0) -> bool:
         """Where the drafter's cost passes the rule above, whether it pays as measured: the tokens
         per ms of the mixed steps taken with it against those taken without (``observe_mixed``;
         the rule counts only its drafting, not the larger verify pass its nodes make: bf16 SmolLM2
         on a 2-core Zen 4 took 2.52 tokens a step with it and 2.25 without, yet ran 1.97x against
         2.15x plain decoding). One step in MIXED_EXPLORE takes the arm measured worse, so both
         stay measured as the text changes; with no outcomes reported the drafter is taken."""
-        w, wo = self.mixed[True], self.mixed[False]
+        w, wo = self.arms[name][True], self.arms[name][False]
         if w[2] < MIXED_EXPLORE:  # not measured with it yet
             return True
-        better = wo[2] < MIXED_MIN or w[0] * wo[1] >= wo[0] * w[1]  # tokens/ms with >= without
-        self._since_other += 1
-        if self._since_other >= MIXED_EXPLORE:
-            self._since_other = 0
+        # tokens/ms with (its steps' ms, plus ``extra_ms`` each: a catch-up this step needs) >= without
+        better = wo[2] < MIXED_MIN or w[0] * wo[1] >= wo[0] * (w[1] + extra_ms * w[3])
+        last = self._explored.pop(name, None)
+        if last is not None:  # the step after an exploring one: did it change a verdict of both arms measured?
+            self._explore_every[name] = (min(2 * self._explore_every[name], MIXED_EXPLORE_MAX)
+                                         if last == better and wo[2] >= MIXED_MIN else MIXED_EXPLORE)
+        self._since_other[name] += 1
+        if self._since_other[name] >= self._explore_every[name]:
+            self._since_other[name] = 0
+            self._explored[name] = better
             return not better
         return better
 
-    def observe_mixed(self, with_drafter: bool, tokens: int, ms: float) -> None:
-        """A mixed step's outcome: ``tokens`` emitted in ``ms`` (drafting and verifying)."""
-        arm = self.mixed[with_drafter]
-        arm[0], arm[1], arm[2] = MIXED_DECAY * arm[0] + tokens, MIXED_DECAY * arm[1] + ms, arm[2] + 1
+    def drafting_pays(self, lag: int = 0) -> bool:
+        """sd:auto (a drafter model's chain, once ``budget`` allows one): whether to run the
+        drafter this step at all, by the same measured rule as hybrid:auto's (``_mixed_arm``):
+        tokens per ms of the steps that drafted against those that did not. The cost-benefit cut
+        of a drafted chain (``choose``) can only weigh what a draft adds against its rows; what
+        it cost to learn the drafter's confidence (catching the drafter up on the last step's
+        tokens and its first step) is spent either way. In q8 on a 2-core Zen 4 that was 0.7 ms
+        beside a 4 ms step, and 85% of the chains were cut to nothing (sd:auto 0.9x plain
+        decoding, 1.04-1.14 tokens a step; bench/results/2026-11-27-session21/).
+
+        The steps with it are booked at a steady drafter's cost (without catching up on the tokens
+        of the steps before that went without it); ``lag``, the tokens the drafter would catch
+        up on now beyond a steady step's, is charged to this step's decision at the measured
+        catch-up cost a token (``observe_catch_up``): a recurrent drafter run now and then pays
+        for every token since, and where a plain step's acceptance gate (``budget``) lets it in
+        only every few steps that cost decides."""
+        return self._mixed_arm("chain", max(0, lag) * self.catch_up_ms)
+
+    def observe_catch_up(self, tokens: int, ms: float) -> None:
+        """The drafter model caught up on ``tokens`` tokens in ``ms`` (kept: the cost a token, EMA)."""
+        if tokens >= 2:
+            per = ms / tokens
+            self.catch_up_ms = per if self.catch_up_ms == 0.0 else 0.8 * self.catch_up_ms + 0.2 * per
+
+    def arm_rates(self, name: str) -> tuple[float | None, float | None]:
+        """The measured tokens per ms of arm ``name``'s steps with and without the drafter model
+        (None where not measured yet): for the dashboard."""
+        return tuple(a[0] / a[1] if a[2] and a[1] > 0 else None for a in (self.arms[name][True], self.arms[name][False]))
+
+    def observe_mixed(self, with_drafter: bool, tokens: int, ms: float, name: str = "tree") -> None:
+        """A step's outcome for arm ``name``: ``tokens`` emitted in ``ms`` (drafting and verifying)."""
+        if self._explored.get(name) is (not with_drafter):  # an exploring step beat the arm preferred:
+            other = self.arms[name][not with_drafter]  # look again soon (the arms' sums change slowly)
+            if tokens * other[1] > other[0] * ms:
+                self._explore_every[name] = MIXED_EXPLORE
+                del self._explored[name]
+        arm = self.arms[name][with_drafter]
+        arm[0], arm[1], arm[2], arm[3] = (MIXED_DECAY * arm[0] + tokens, MIXED_DECAY * arm[1] + ms, arm[2] + 1,
+                                          MIXED_DECAY * arm[3] + 1)
 
     @property
     def drafter_ms(self) -> float | None:

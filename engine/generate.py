@@ -74,8 +74,10 @@ class Decoder:
         self._gated: str | None = None  # the gate's source of this step's draft
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         self._last_emitted = 1  # tokens the last step emitted
-        self._mixed_used: bool | None = None  # this step's mixed tree took the drafter model in
-        self._mixed_excess_ms = 0.0  # and the drafter's catch-up beyond a steady step's (_catch_up_excess)
+        # this step's measured arm (gate.with_drafter, gate.drafting_pays): ("tree" | "chain", whether
+        # the drafter model ran), None for none
+        self._arm_used: tuple[str, bool] | None = None
+        self._arm_excess_ms = 0.0  # and the drafter's catch-up beyond a steady step's (_catch_up_excess)
         # drafting beside a target whose passes are torch's (bf16 on a CPU) runs the drafter's C
         # kernels on this thread alone (engine.native.capped says why); beside the C pass, on its pool
         table = getattr(self.target, "_native_table", None)
@@ -185,7 +187,7 @@ class Decoder:
             if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
-            self._mixed_used = None  # hybrid:auto's mixed tree: whether it took the drafter in (set by _mixed_tree)
+            self._arm_used = None  # whether the drafter model ran, where a measured arm decided (set by _draft)
             with native.capped(self.draft_threads):
                 tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
@@ -196,9 +198,10 @@ class Decoder:
             policy = self._book(s, tree, path, draft_s * 1000.0, (t2 - t1) * 1000.0)
             if s.adaptive and self.gate is not None:
                 self.gate.observe_step(len(tree) + 1, (t2 - t1) * 1000.0)
-                if self._mixed_used is not None:  # what the drafter model brings, measured (gate.with_drafter)
-                    self.gate.observe_mixed(self._mixed_used, len(path) + 1,
-                                            max(0.0, draft_s * 1000.0 - self._mixed_excess_ms) + (t2 - t1) * 1000.0)
+                if self._arm_used is not None:  # what the drafter model brings, measured (gate.with_drafter)
+                    arm, used = self._arm_used
+                    self.gate.observe_mixed(used, len(path) + 1,
+                                            max(0.0, draft_s * 1000.0 - self._arm_excess_ms) + (t2 - t1) * 1000.0, arm)
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
                                   max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)
@@ -393,7 +396,18 @@ class Decoder:
             # (a datastore's tree is capped at tree_nodes, not draft_len: the dashboard shows that cap)
             k = self._budget(s, source, min(s.tree_nodes if corpus else s.draft_len, max_nodes), by_confidence=corpus)
             if k == 0:
+                if source == "model":  # a plain step: the measure of the arm without the drafter too
+                    self._arm_used, self._arm_excess_ms = ("chain", False), 0.0
                 return TokenTree.empty(), time.perf_counter() - t0
+            if source == "model":  # whether running the drafter pays here at all, as measured (gate.drafting_pays)
+                # the tokens it would catch up on beyond a steady step's (the last step's)
+                lag = len(self.history) - len(getattr(drafter, "seen", self.history)) - self._last_emitted
+                use = self.gate.drafting_pays(lag)
+                self._arm_used, self._arm_excess_ms = ("chain", use), 0.0
+                self.gate.last.update(drafting=use, rates=self.gate.arm_rates("chain"))
+                if not use:
+                    self.gate.last["k"] = 0
+                    return TokenTree.empty(), time.perf_counter() - t0
             # a drafter model's greedy chain, or prompt lookup continued from the target's n-gram
             # datastore: up to the full length, cut by the draft's own confidence (gate.py)
             confident = source == "model" and mode == "greedy" and getattr(drafter, "supports_confidence", False)
@@ -430,6 +444,10 @@ class Decoder:
                 raise StrategyError(str(e)) from None
             raise
         self._drafted_nodes = len(tree)
+        if self._arm_used is not None:  # booked without the catch-up on the tokens of steps without it
+            synced, sync_ms = getattr(drafter, "caught_up", 0), getattr(drafter, "sync_ms", 0.0)
+            self._arm_excess_ms = self._catch_up_excess(synced, sync_ms)
+            self.gate.observe_catch_up(synced, sync_ms)
         if corpus and not len(tree):
             self.gate.choose(self._gated, [], 0.0)  # nothing drafted: a plain step (counts toward the next probe)
         if (confident or corpus) and tree.confidence:
@@ -474,11 +492,11 @@ class Decoder:
                                                   spine=spine)
         excess = 0.0
         if spine is not None:
-            excess = self._catch_up_excess(spine)
+            excess = self._catch_up_excess(spine.synced, spine.sync_ms)
             gate.observe_drafter(spine.spent_ms - excess)
         gate.last.update(drafter=use, drafter_ms=round(gate.drafter_ms or 0.0, 2), step_ms=round(gate.at(1), 2))
         # the step's outcome is booked without the catch-up on tokens of steps that went without it
-        self._mixed_used, self._mixed_excess_ms = use, excess
+        self._arm_used, self._arm_excess_ms = ("tree", use), excess
         self._drafted_nodes = len(tree)
         spent = (time.perf_counter() - t0) * 1000.0
         if not len(tree):
@@ -486,14 +504,15 @@ class Decoder:
             return tree, time.perf_counter() - t0
         return tree.truncated(gate.choose("tree", tree.confidence, spent, tree.parents)), time.perf_counter() - t0
 
-    def _catch_up_excess(self, sp) -> float:
-        """Milliseconds of this step's drafter catch-up beyond what a drafter used every step
-        would have spent (the last step's tokens): after steps without it, or at a reply's start,
-        it catches up on many tokens at once, which says nothing of what it costs when used."""
-        if sp.synced <= 0:
+    def _catch_up_excess(self, synced: int, sync_ms: float) -> float:
+        """Milliseconds of this step's drafter catch-up (``synced`` tokens in ``sync_ms``) beyond
+        what a drafter used every step would have spent (the last step's tokens): after steps
+        without it, or at a reply's start, it catches up on many tokens at once, which says
+        nothing of what it costs when used."""
+        if synced <= 0:
             return 0.0
-        steady = min(1.0, max(1, self._last_emitted) / sp.synced)
-        return sp.sync_ms * (1.0 - steady)
+        steady = min(1.0, max(1, self._last_emitted) / synced)
+        return sync_ms * (1.0 - steady)
 
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
         v = s.resolved_verify()

@@ -407,8 +407,9 @@ def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():
 def test_gate_keeps_the_drafter_model_in_only_while_its_measured_tokens_per_ms_beat_going_without():
     """Past the cost rule, the mixed steps' outcomes decide: tokens per ms with the drafter against
     without (its larger verify pass counts too); one step in MIXED_EXPLORE takes the other arm, so
-    both stay measured and a change of text or machine can turn the choice back."""
-    from engine.gate import MIXED_EXPLORE, MIXED_MIN
+    both stay measured and a change of text or machine can turn the choice back, the wait doubling
+    (up to MIXED_EXPLORE_MAX) while exploring leaves the verdict as it was."""
+    from engine.gate import MIXED_EXPLORE, MIXED_EXPLORE_MAX, MIXED_MIN
 
     g = DraftGate(fit({1: 23.0, 2: 23.2, 4: 23.5, 8: 24.0, 16: 30.0}))  # a bf16-like step
     g.observe_drafter(3.0)
@@ -423,15 +424,18 @@ def test_gate_keeps_the_drafter_model_in_only_while_its_measured_tokens_per_ms_b
         g.observe_mixed(use, 2 if use else 2, 30.0 if use else 24.0)  # the same tokens, faster without
     settled = arms[(MIXED_MIN + 1) * MIXED_EXPLORE:]
     assert arms.count(False) >= MIXED_MIN
-    assert abs(settled.count(True) - len(settled) / MIXED_EXPLORE) <= 1  # only the exploring steps take it
+    assert 1 <= settled.count(True) <= len(settled) / MIXED_EXPLORE  # only the exploring steps take it,
+    explored = [i for i, a in enumerate(arms) if a and i >= (MIXED_MIN + 1) * MIXED_EXPLORE]
+    gaps = [b - a for a, b in zip(explored, explored[1:])]
+    assert gaps == sorted(gaps) and gaps[-1] == MIXED_EXPLORE_MAX and gaps[0] < MIXED_EXPLORE_MAX  # less and less often
     # the text changes: now it brings enough tokens to pay for its time
     for _ in range(400):
         use = g.with_drafter()
         arms.append(use)
         g.observe_mixed(use, 4 if use else 2, 30.0 if use else 24.0)
-    assert abs(arms[-80:].count(False) - 80 / MIXED_EXPLORE) <= 1
+    assert arms[-80:].count(False) <= 80 / MIXED_EXPLORE  # in again, exploring going without now and then
     nxt = g.carried()
-    assert nxt.mixed == g.mixed and nxt.mixed is not g.mixed  # what it brings carries to the next conversation
+    assert nxt.arms == g.arms and nxt.arms["tree"] is not g.arms["tree"]  # what it brings carries to the next conversation
 
 
 def test_hybrid_auto_goes_on_without_a_drafter_whose_context_is_full(tmp_path, monkeypatch):

@@ -163,3 +163,75 @@ def test_confident_chains_record_p_and_stop_early(tmp_path):
     sampled = drafter.propose(history, DraftRequest(shape=(1,) * 3, mode="sample", temperature=1.0,
                                                     generator=torch.Generator().manual_seed(0), confidence=True))
     assert sampled.confidence == [] and len(sampled) == 3  # greedy chains only
+
+
+def test_sd_auto_runs_the_drafter_only_while_drafting_measures_faster_than_plain_steps():
+    """gate.drafting_pays: sd:auto's chains are the "chain" arm of the measured rule (tokens per ms
+    with the drafter against plain steps); a drafter that steadily pays still loses a step whose
+    catch-up (``lag`` tokens at the measured cost a token) would eat its gain."""
+    from engine.gate import MIXED_EXPLORE
+
+    g = DraftGate(_cost())
+    for _ in range(MIXED_EXPLORE):  # not measured yet: it drafts
+        assert g.drafting_pays()
+        g.observe_mixed(True, 3, 15.0, "chain")  # 0.2 tokens/ms drafting
+    for _ in range(8):
+        g.observe_mixed(False, 1, 9.0, "chain")  # 0.111 tokens/ms plain
+    assert g.drafting_pays(lag=0)
+    g.observe_catch_up(1, 50.0)  # one token: a step's own sync, not a catch-up cost (ignored)
+    assert g.catch_up_ms == 0.0
+    g.observe_catch_up(20, 10.0)  # 0.5 ms a token
+    assert g.catch_up_ms == pytest.approx(0.5)
+    assert g.drafting_pays(lag=10)  # 3 tokens in 20 ms: still beats 1 in 9 ms
+    assert not g.drafting_pays(lag=40)  # 3 tokens in 35 ms does not
+    assert g.arms["tree"][True][2] == 0  # hybrid:auto's arm is apart
+    nxt = g.carried()
+    assert nxt.catch_up_ms == g.catch_up_ms and nxt.arms["chain"] == g.arms["chain"]
+
+
+def test_an_exploring_step_that_beats_the_preferred_arm_brings_exploration_back_to_every_few_steps():
+    from engine.gate import MIXED_EXPLORE
+
+    g = DraftGate(_cost())
+    for _ in range(MIXED_EXPLORE):
+        g.observe_mixed(True, 1, 20.0, "chain")
+    for _ in range(MIXED_EXPLORE):
+        g.observe_mixed(False, 1, 9.0, "chain")
+    taken = []
+    for _ in range(300):  # plain steps win; exploring confirms it, so it comes less and less often
+        use = g.drafting_pays()
+        taken.append(use)
+        g.observe_mixed(use, 1, 20.0 if use else 9.0, "chain")
+    assert g._explore_every["chain"] > MIXED_EXPLORE and taken.count(True) < 300 / MIXED_EXPLORE
+    while not g.drafting_pays():  # the next exploring step ...
+        g.observe_mixed(False, 1, 9.0, "chain")
+    g.observe_mixed(True, 4, 12.0, "chain")  # ... drafts 4 tokens in 12 ms: worth looking again soon
+    assert g._explore_every["chain"] == MIXED_EXPLORE
+
+
+def test_sd_auto_with_a_drafter_that_never_pays_decodes_plain_steps_without_running_it(tmp_path, monkeypatch):
+    """Where the chain arm says plain steps measure faster, sd:auto does not run the drafter model
+    at all (no catch-up, no first step) and stays identical to plain greedy; the steps that drafted
+    are booked to the chain arm, those that did not to the plain one."""
+    from engine.drafters.model import ModelDrafter
+
+    from .tiny import saved
+
+    target = load(str(saved("llama", str(tmp_path)))).model
+    drafter = load(str(saved("draft", str(tmp_path)))).model
+    dec = Decoder(target, drafter)
+    prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9, 3, 5, 9]
+    ref = [t for e in run_generation(dec, prompt, preset("ar"), 32)[0] for t in e.emitted]
+    calls = []
+    real = ModelDrafter.propose
+    monkeypatch.setattr(ModelDrafter, "propose", lambda self, h, req: calls.append(len(h)) or real(self, h, req))
+    monkeypatch.setattr(DraftGate, "budget", lambda self, source, k_max: k_max)  # the acceptance gate always lets it in
+    monkeypatch.setattr(DraftGate, "drafting_pays", lambda self, lag=0: False)
+    evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 32)
+    assert [t for e in evs for t in e.emitted] == ref and calls == []
+    assert all(e.drafted == 0 and e.policy.get("drafting") is False for e in evs)
+    assert dec.gate.arms["chain"][False][2] == len(evs) and dec.gate.arms["chain"][True][2] == 0
+    monkeypatch.setattr(DraftGate, "drafting_pays", lambda self, lag=0: True)
+    evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 32)
+    assert [t for e in evs for t in e.emitted] == ref and len(calls) == len(evs)
+    assert dec.gate.arms["chain"][True][2] == len(evs)

@@ -150,6 +150,11 @@ def policy_only_text(policy: dict | None) -> Text:
             state = "in" if policy["drafter"] else "out"
             out.append(f"\ndrafter model {state} · {policy.get('drafter_ms', 0):.1f} ms a step vs a "
                        f"{policy.get('step_ms', 0):.1f} ms plain step", style="green" if policy["drafter"] else "dim")
+        if "drafting" in policy:  # sd:auto: whether running the drafter pays at all, measured (gate.drafting_pays)
+            w, wo = policy.get("rates") or (None, None)
+            rates = " · ".join(f"{r:.3f} tok/ms {what}" for r, what in ((w, "drafting"), (wo, "plain")) if r is not None)
+            state = "drafter runs" if policy["drafting"] else "drafter rests (plain steps measure faster)"
+            out.append(f"\n{state}" + (f" · {rates}" if rates else ""), style="green" if policy["drafting"] else "dim")
         conf = policy.get("confidence")
         if conf:  # a drafter chain cut by its own confidence: p of each drafted token, the kept ones bold
             out.append(f"\ndrafted {len(conf)} · p ")

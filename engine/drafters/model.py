@@ -64,6 +64,7 @@ class ModelDrafter:
         self._root_logits: torch.Tensor | None = None
         self.step_ms = 0.0  # a Spine step's recent cost (ms, EMA)
         self.caught_up = 0  # tokens the last _sync ran the drafter over
+        self.sync_ms = 0.0  # and what that took (propose's catch-up: the decoder books it apart)
 
     def restrict(self, ids: torch.Tensor | None) -> None:
         """Propose only tokens in ``ids`` (None: every token): q is renormalised over them. The
@@ -172,7 +173,9 @@ class ModelDrafter:
     def propose(self, history: Sequence[int], req: DraftRequest) -> TokenTree:
         """A tree of ``req.shape`` grown depth by depth: every node of depth d gets up to N_(d+1)
         children chosen from its logits, then one forward over all new nodes gives theirs."""
+        t0 = time.perf_counter()
         root_logits = self._sync(history)
+        self.sync_ms = (time.perf_counter() - t0) * 1000.0
         cache = self.model.cache
         kids = _plan_children(req)
         tokens: list[int] = []

@@ -410,6 +410,11 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     assert "draft-length gate · copy + datastore + drafter" in text and "p 0.93= 0.41m 0.30 copy ·" in text
     text = policy_text(dict(cut, source="tree", drafter=False, drafter_ms=2.14, step_ms=3.31)).plain
     assert "drafter model out · 2.1 ms a step vs a 3.3 ms plain step" in text
+    # sd:auto: whether running the drafter pays at all, with the two measured rates once there are
+    text = policy_text(dict(gate, source="model", k=0, drafting=False, rates=(0.21, 0.25))).plain
+    assert "drafter rests (plain steps measure faster) · 0.210 tok/ms drafting · 0.250 tok/ms plain" in text
+    text = policy_text(dict(gate, source="model", drafting=True, rates=(None, None))).plain
+    assert text.endswith("drafter runs") and "tok/ms" not in text
     spans = policy_text(cut).spans
     assert sum(1 for sp in spans if "green" in str(sp.style)) == 2  # the kept two
 
