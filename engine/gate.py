@@ -228,9 +228,9 @@ class DraftGate:
     def observe_mixed(self, with_drafter: bool, tokens: int, ms: float, name: str = "tree") -> None:
         """A step's outcome for arm ``name``: ``tokens`` emitted in ``ms`` (drafting and verifying)."""
         if self._explored.get(name) is (not with_drafter):  # an exploring step beat the arm preferred:
-            other = self.arms[name][not with_drafter]  # look again soon (the arms' sums change slowly)
+            other = self.arms[name][not with_drafter]  # look again sooner (the arms' sums change slowly)
             if tokens * other[1] > other[0] * ms:
-                self._explore_every[name] = MIXED_EXPLORE
+                self._explore_every[name] = max(MIXED_EXPLORE, self._explore_every[name] // 2)
                 del self._explored[name]
         arm = self.arms[name][with_drafter]
         arm[0], arm[1], arm[2], arm[3] = (MIXED_DECAY * arm[0] + tokens, MIXED_DECAY * arm[1] + ms, arm[2] + 1,

@@ -189,7 +189,7 @@ def test_sd_auto_runs_the_drafter_only_while_drafting_measures_faster_than_plain
     assert nxt.catch_up_ms == g.catch_up_ms and nxt.arms["chain"] == g.arms["chain"]
 
 
-def test_an_exploring_step_that_beats_the_preferred_arm_brings_exploration_back_to_every_few_steps():
+def test_an_exploring_step_that_beats_the_preferred_arm_halves_the_wait_for_the_next():
     from engine.gate import MIXED_EXPLORE
 
     g = DraftGate(_cost())
@@ -203,10 +203,11 @@ def test_an_exploring_step_that_beats_the_preferred_arm_brings_exploration_back_
         taken.append(use)
         g.observe_mixed(use, 1, 20.0 if use else 9.0, "chain")
     assert g._explore_every["chain"] > MIXED_EXPLORE and taken.count(True) < 300 / MIXED_EXPLORE
+    wait = g._explore_every["chain"]
     while not g.drafting_pays():  # the next exploring step ...
         g.observe_mixed(False, 1, 9.0, "chain")
-    g.observe_mixed(True, 4, 12.0, "chain")  # ... drafts 4 tokens in 12 ms: worth looking again soon
-    assert g._explore_every["chain"] == MIXED_EXPLORE
+    g.observe_mixed(True, 4, 12.0, "chain")  # ... drafts 4 tokens in 12 ms: worth looking again sooner
+    assert g._explore_every["chain"] == wait // 2
 
 
 def test_sd_auto_with_a_drafter_that_never_pays_decodes_plain_steps_without_running_it(tmp_path, monkeypatch):
