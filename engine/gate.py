@@ -106,11 +106,11 @@ DRAFTER_GAIN = 0.2  # hybrid:auto: the drafter model's proposals raise tokens a 
 DRAFTER_RECHECK = 32  # steps without the drafter model before its cost is measured again, doubling
 DRAFTER_SAMPLES = 5  # the drafter's cost is the least of its last 5 measures
 DRAFTER_RECHECK_MAX = 512  # while it keeps not paying (a re-measure catches the drafter up on them all)
-MIXED_EXPLORE = 8  # hybrid:auto: one step in 8 takes the arm (with / without the drafter) measured worse
-MIXED_EXPLORE_MAX = 64  # each exploring step that leaves the verdict as it was doubles the wait, up to 64
+MIXED_EXPLORE = 8  # the measured arms: at least one decision in 64, at most one in 8, takes the arm measured worse
+MIXED_EXPLORE_MAX = 64  # an exploring step that loses doubles the wait, up to 64 (one that wins halves it)
 MIXED_MIN = 4  # steps each arm needs before their measured rates decide
 MIXED_DECAY = 0.97  # the arms' token and time sums decay per step of that arm (~30 steps of memory)
-ARMS = ("tree", "chain")  # hybrid:auto's mixed trees, sd:auto's chains: each measured on its own
+ARMS = ("tree", "chain")  # hybrid:auto's mixed trees; drafter-model chains (sd:auto, hybrid:auto without a datastore)
 
 
 def _arm() -> dict[bool, list[float]]:
@@ -178,17 +178,14 @@ class DraftGate:
         per ms of the mixed steps taken with it against those taken without (``observe_mixed``;
         the rule counts only its drafting, not the larger verify pass its nodes make: bf16 SmolLM2
         on a 2-core Zen 4 took 2.52 tokens a step with it and 2.25 without, yet ran 1.97x against
-        2.15x plain decoding). One step in MIXED_EXPLORE takes the arm measured worse, so both
+        2.15x plain decoding). Every ``_explore_every`` decisions (MIXED_EXPLORE up to
+        MIXED_EXPLORE_MAX; ``observe_mixed`` adapts it) one takes the arm measured worse, so both
         stay measured as the text changes; with no outcomes reported the drafter is taken."""
         w, wo = self.arms[name][True], self.arms[name][False]
         if w[2] < MIXED_EXPLORE:  # not measured with it yet
             return True
         # tokens/ms with (its steps' ms, plus ``extra_ms`` each: a catch-up this step needs) >= without
         better = wo[2] < MIXED_MIN or w[0] * wo[1] >= wo[0] * (w[1] + extra_ms * w[3])
-        last = self._explored.pop(name, None)
-        if last is not None:  # the step after an exploring one: did it change a verdict of both arms measured?
-            self._explore_every[name] = (min(2 * self._explore_every[name], MIXED_EXPLORE_MAX)
-                                         if last == better and wo[2] >= MIXED_MIN else MIXED_EXPLORE)
         self._since_other[name] += 1
         if self._since_other[name] >= self._explore_every[name]:
             self._since_other[name] = 0
@@ -197,9 +194,10 @@ class DraftGate:
         return better
 
     def drafting_pays(self, lag: int = 0) -> bool:
-        """sd:auto (a drafter model's chain, once ``budget`` allows one): whether to run the
-        drafter this step at all, by the same measured rule as hybrid:auto's (``_mixed_arm``):
-        tokens per ms of the steps that drafted against those that did not. The cost-benefit cut
+        """sd:auto (and hybrid:auto without a datastore), once ``budget`` allows a drafter model's
+        chain that is not a probe: whether to run the drafter this step at all, by the measured
+        rule of hybrid:auto's trees (``_mixed_arm``): tokens per ms of the steps that drafted
+        against those that did not. The cost-benefit cut
         of a drafted chain (``choose``) can only weigh what a draft adds against its rows; what
         it cost to learn the drafter's confidence (catching the drafter up on the last step's
         tokens and its first step) is spent either way. In q8 on a 2-core Zen 4 that was 0.7 ms
@@ -211,7 +209,8 @@ class DraftGate:
         up on now beyond a steady step's, is charged to this step's decision at the measured
         catch-up cost a token (``observe_catch_up``): a recurrent drafter run now and then pays
         for every token since, and where a plain step's acceptance gate (``budget``) lets it in
-        only every few steps that cost decides."""
+        only every few steps that cost decides. (The decoder counts ``lag`` from the start of
+        the reply: catching up on the prompt is paid once whenever the drafter first runs.)"""
         return self._mixed_arm("chain", max(0, lag) * self.catch_up_ms)
 
     def observe_catch_up(self, tokens: int, ms: float) -> None:
@@ -227,14 +226,22 @@ class DraftGate:
 
     def observe_mixed(self, with_drafter: bool, tokens: int, ms: float, name: str = "tree") -> None:
         """A step's outcome for arm ``name``: ``tokens`` emitted in ``ms`` (drafting and verifying)."""
-        if self._explored.get(name) is (not with_drafter):  # an exploring step beat the arm preferred:
-            other = self.arms[name][not with_drafter]  # look again sooner (the arms' sums change slowly)
-            if tokens * other[1] > other[0] * ms:
-                self._explore_every[name] = max(MIXED_EXPLORE, self._explore_every[name] // 2)
-                del self._explored[name]
+        explored = self._explored.pop(name, None)  # the verdict this step's decision explored against, if it did
+        other = self.arms[name][not with_drafter]
+        measured = other[2] >= MIXED_MIN and self.arms[name][with_drafter][2] >= MIXED_MIN
         arm = self.arms[name][with_drafter]
         arm[0], arm[1], arm[2], arm[3] = (MIXED_DECAY * arm[0] + tokens, MIXED_DECAY * arm[1] + ms, arm[2] + 1,
                                           MIXED_DECAY * arm[3] + 1)
+        if explored is None or explored is with_drafter or not measured:
+            return
+        # the exploring step: its arm now measures better (the verdict turns), or this step beat the
+        # arm preferred (look again sooner: the sums change slowly), or neither (look again later)
+        if arm[0] * other[1] >= other[0] * arm[1]:
+            self._explore_every[name] = MIXED_EXPLORE
+        elif tokens * other[1] > other[0] * ms:
+            self._explore_every[name] = max(MIXED_EXPLORE, self._explore_every[name] // 2)
+        else:
+            self._explore_every[name] = min(2 * self._explore_every[name], MIXED_EXPLORE_MAX)
 
     @property
     def drafter_ms(self) -> float | None:

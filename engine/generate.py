@@ -78,6 +78,7 @@ class Decoder:
         # the drafter model ran), None for none
         self._arm_used: tuple[str, bool] | None = None
         self._arm_excess_ms = 0.0  # and the drafter's catch-up beyond a steady step's (_catch_up_excess)
+        self._turn_start = 0  # the context's length when the reply began (start)
         # drafting beside a target whose passes are torch's (bf16 on a CPU) runs the drafter's C
         # kernels on this thread alone (engine.native.capped says why); beside the C pass, on its pool
         table = getattr(self.target, "_native_table", None)
@@ -159,6 +160,7 @@ class Decoder:
             done += min(piece, len(todo) - done)
         self.history = prompt_ids if done == len(todo) else prompt_ids[:n + done + 1]
         self.prefilled = done
+        self._turn_start, self._last_emitted = len(self.history), 1
         return time.perf_counter() - t0
 
     # ---- steps ------------------------------------------------------------------------------------------------
@@ -396,13 +398,17 @@ class Decoder:
             # (a datastore's tree is capped at tree_nodes, not draft_len: the dashboard shows that cap)
             k = self._budget(s, source, min(s.tree_nodes if corpus else s.draft_len, max_nodes), by_confidence=corpus)
             if k == 0:
-                if source == "model":  # a plain step: the measure of the arm without the drafter too
+                if source == "model" and not self.bridged:  # a plain step: the measure of the arm without the drafter too
                     self._arm_used, self._arm_excess_ms = ("chain", False), 0.0
                 return TokenTree.empty(), time.perf_counter() - t0
-            if source == "model":  # whether running the drafter pays here at all, as measured (gate.drafting_pays)
-                # the tokens it would catch up on beyond a steady step's (the last step's)
-                lag = len(self.history) - len(getattr(drafter, "seen", self.history)) - self._last_emitted
-                use = self.gate.drafting_pays(lag)
+            if source == "model" and not self.bridged:
+                # whether running the drafter pays here at all, as measured (gate.drafting_pays):
+                # the tokens it would catch up on beyond a steady step's (the last step's), counted
+                # from the reply's start (a bridged drafter drafts in its own tokens: not measured;
+                # the acceptance gate's probe drafts, or the probe would be lost)
+                seen = max(len(getattr(drafter, "seen", ())), self._turn_start)
+                lag = len(self.history) - seen - self._last_emitted
+                use = True if self.gate.last.get("probe") else self.gate.drafting_pays(lag)
                 self._arm_used, self._arm_excess_ms = ("chain", use), 0.0
                 self.gate.last.update(drafting=use, rates=self.gate.arm_rates("chain"))
                 if not use:

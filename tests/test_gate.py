@@ -208,6 +208,12 @@ def test_an_exploring_step_that_beats_the_preferred_arm_halves_the_wait_for_the_
         g.observe_mixed(False, 1, 9.0, "chain")
     g.observe_mixed(True, 4, 12.0, "chain")  # ... drafts 4 tokens in 12 ms: worth looking again sooner
     assert g._explore_every["chain"] == wait // 2
+    g.observe_mixed(False, 1, 4.0, "chain")  # a plain step no decision explored (the acceptance gate's):
+    assert g._explore_every["chain"] == wait // 2  # it says nothing of the wait
+    while not g.drafting_pays():
+        g.observe_mixed(False, 1, 9.0, "chain")
+    g.observe_mixed(True, 1, 20.0, "chain")  # an exploring step that loses: look again later
+    assert g._explore_every["chain"] == wait
 
 
 def test_sd_auto_with_a_drafter_that_never_pays_decodes_plain_steps_without_running_it(tmp_path, monkeypatch):
@@ -236,3 +242,46 @@ def test_sd_auto_with_a_drafter_that_never_pays_decodes_plain_steps_without_runn
     evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 32)
     assert [t for e in evs for t in e.emitted] == ref and len(calls) == len(evs)
     assert dec.gate.arms["chain"][True][2] == len(evs)
+
+
+def test_sd_auto_charges_the_catch_up_from_the_replys_start_and_never_skips_a_probe(tmp_path, monkeypatch):
+    """The lag gate.drafting_pays is charged counts the tokens since the drafter last ran beyond
+    the last step's, from the reply's start (catching up on the prompt is paid once, whenever it
+    first runs: charging it would keep the drafter out of every reply's first steps); the
+    acceptance gate's probe drafts whatever the arm says (a probe skipped would leave the
+    acceptance rate where it was)."""
+    from engine.drafters.model import ModelDrafter
+
+    from .tiny import saved
+
+    target = load(str(saved("llama", str(tmp_path)))).model
+    drafter = load(str(saved("draft", str(tmp_path)))).model
+    dec = Decoder(target, drafter)
+    prompt = list(range(10, 40))
+    ref = [t for e in run_generation(dec, prompt, preset("ar"), 24)[0] for t in e.emitted]
+    lags = []
+
+    def pays(self, lag=0):
+        lags.append(lag)
+        return len(lags) % 4 == 0  # every 4th step drafts
+
+    monkeypatch.setattr(DraftGate, "budget", lambda self, source, k_max: k_max)
+    monkeypatch.setattr(DraftGate, "drafting_pays", pays)
+    evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 24)
+    assert [t for e in evs for t in e.emitted] == ref
+    assert lags[0] <= 0  # the prompt is not charged
+    # three plain steps of one token each, then the drafter runs: it catches up on 3 tokens, 2 beyond a steady step's
+    assert lags[1:4] == [0, 1, 2] and evs[3].policy["drafting"] and lags[4] <= 0
+    assert dec.gate.arms["chain"][True][2] == len(evs) // 4
+    calls = []
+    real = ModelDrafter.propose
+    monkeypatch.setattr(ModelDrafter, "propose", lambda self, h, req: calls.append(1) or real(self, h, req))
+
+    def probe(self, source, k_max):
+        self.last = {"policy": "gate", "source": source, "k": 1, "k_max": k_max, "probe": True}
+        return 1
+
+    monkeypatch.setattr(DraftGate, "budget", probe)
+    monkeypatch.setattr(DraftGate, "drafting_pays", lambda self, lag=0: False)
+    evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 12)
+    assert [t for e in evs for t in e.emitted] == ref[:12] and len(calls) == len(evs)

@@ -153,7 +153,7 @@ def policy_only_text(policy: dict | None) -> Text:
         if "drafting" in policy:  # sd:auto: whether running the drafter pays at all, measured (gate.drafting_pays)
             w, wo = policy.get("rates") or (None, None)
             rates = " · ".join(f"{r:.3f} tok/ms {what}" for r, what in ((w, "drafting"), (wo, "plain")) if r is not None)
-            state = "drafter runs" if policy["drafting"] else "drafter rests (plain steps measure faster)"
+            state = "drafter runs" if policy["drafting"] else "drafter rests (plain steps pay better now)"
             out.append(f"\n{state}" + (f" · {rates}" if rates else ""), style="green" if policy["drafting"] else "dim")
         conf = policy.get("confidence")
         if conf:  # a drafter chain cut by its own confidence: p of each drafted token, the kept ones bold

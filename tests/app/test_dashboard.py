@@ -412,7 +412,7 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     assert "drafter model out · 2.1 ms a step vs a 3.3 ms plain step" in text
     # sd:auto: whether running the drafter pays at all, with the two measured rates once there are
     text = policy_text(dict(gate, source="model", k=0, drafting=False, rates=(0.21, 0.25))).plain
-    assert "drafter rests (plain steps measure faster) · 0.210 tok/ms drafting · 0.250 tok/ms plain" in text
+    assert "drafter rests (plain steps pay better now) · 0.210 tok/ms drafting · 0.250 tok/ms plain" in text
     text = policy_text(dict(gate, source="model", drafting=True, rates=(None, None))).plain
     assert text.endswith("drafter runs") and "tok/ms" not in text
     spans = policy_text(cut).spans
