@@ -80,7 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     chat = sub.add_parser("chat", help="the chat TUI (default)")
     _add_model_opts(chat)
-    chat.add_argument("--strategy", default=None)
+    chat.add_argument("--strategy", default=None, metavar="NAME[:PARAM][:auto]",
+                      help="the strategy the app starts with, in bench's spec forms: pld, sd:4, tree:3-2-1, sd:auto "
+                           "(default: the model pairing's best measured one)")
     chat.add_argument("--max-new-tokens", type=int, default=512)
     chat.add_argument("--system", default=None, metavar="TEXT",
                       help="system prompt of the chats started in this run (default: the one set in the app, if any)")
@@ -414,9 +416,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise SpecchatError(f"--keymap {args.keymap}: no such file")
     from app.main import run_app  # lazy: only the chat command needs the UI
 
-    from .strategy import preset
+    from .strategy import from_spec
 
-    initial = preset(args.strategy) if args.strategy else None
+    initial = from_spec(args.strategy) if args.strategy else None  # a bad spec: one line, before the app starts
 
     def factory():
         from .session import ChatSession

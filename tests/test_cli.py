@@ -488,3 +488,22 @@ def test_ctrl_c_during_a_download_waiting_on_the_network_is_a_cancel(capsys, mon
     assert main(["download", "some/repo"]) == 130
     err = capsys.readouterr().err
     assert "download of some/repo cancelled" in err and "timed out" not in err
+
+
+def test_chat_takes_the_strategy_in_benchs_spec_forms(monkeypatch, capsys):
+    """`specchat chat --strategy sd:auto` (the forms bench and generate take) starts the app with
+    that strategy; it said "unknown strategy 'sd:auto'". A bad spec is one line, before the UI."""
+    import app.main
+
+    from engine.cli import main
+    from engine.strategy import from_spec
+
+    seen = {}
+    monkeypatch.setattr(app.main, "run_app", lambda factory, **kw: seen.update(kw))
+    for spec in ("sd:auto", "tree:3-2-1", "pld", "sd:3:auto"):
+        assert main(["chat", "--strategy", spec]) == 0
+        assert seen["initial_strategy"] == from_spec(spec)
+    seen.clear()
+    assert main(["chat", "--strategy", "sd:x"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert not seen and len(err.splitlines()) == 1 and "sd:x" in err and "Traceback" not in err
