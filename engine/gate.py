@@ -128,9 +128,8 @@ class DraftGate:
     _without: int = 0
     _recheck: int = DRAFTER_RECHECK
     catch_up_ms: float = 0.0  # the drafter model's catch-up cost a token (EMA; observe_catch_up)
-    # steps with (True) and without (False) the drafter model, [decayed tokens, decayed ms, steps,
-    # decayed steps], per arm:
-    # "tree" for hybrid:auto's mixed trees, "chain" for sd:auto's chains (with_drafter, drafting_pays)
+    # per arm (ARMS: with_drafter's "tree", drafting_pays' "chain"), the steps with (True) and
+    # without (False) the drafter model: [decayed tokens, decayed ms, steps, decayed steps]
     arms: dict[str, dict[bool, list[float]]] = field(default_factory=lambda: {a: _arm() for a in ARMS})
     _since_other: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, 0))
     _explore_every: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, MIXED_EXPLORE))
@@ -227,9 +226,8 @@ class DraftGate:
     def observe_mixed(self, with_drafter: bool, tokens: int, ms: float, name: str = "tree") -> None:
         """A step's outcome for arm ``name``: ``tokens`` emitted in ``ms`` (drafting and verifying)."""
         explored = self._explored.pop(name, None)  # the verdict this step's decision explored against, if it did
-        other = self.arms[name][not with_drafter]
-        measured = other[2] >= MIXED_MIN and self.arms[name][with_drafter][2] >= MIXED_MIN
-        arm = self.arms[name][with_drafter]
+        arm, other = self.arms[name][with_drafter], self.arms[name][not with_drafter]
+        measured = arm[2] >= MIXED_MIN and other[2] >= MIXED_MIN  # (before this step)
         arm[0], arm[1], arm[2], arm[3] = (MIXED_DECAY * arm[0] + tokens, MIXED_DECAY * arm[1] + ms, arm[2] + 1,
                                           MIXED_DECAY * arm[3] + 1)
         if explored is None or explored is with_drafter or not measured:

@@ -189,7 +189,8 @@ class Decoder:
             if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
-            self._arm_used = None  # whether the drafter model ran, where a measured arm decided (set by _draft)
+            # whether the drafter model ran, where a measured arm decided, and its catch-up excess (set by _draft)
+            self._arm_used, self._arm_excess_ms = None, 0.0
             with native.capped(self.draft_threads):
                 tree, draft_s = self._draft(s, gen, min(room - 1, 256))
             t1 = time.perf_counter()
@@ -399,7 +400,7 @@ class Decoder:
             k = self._budget(s, source, min(s.tree_nodes if corpus else s.draft_len, max_nodes), by_confidence=corpus)
             if k == 0:
                 if source == "model" and not self.bridged:  # a plain step: the measure of the arm without the drafter too
-                    self._arm_used, self._arm_excess_ms = ("chain", False), 0.0
+                    self._arm_used = ("chain", False)
                 return TokenTree.empty(), time.perf_counter() - t0
             if source == "model" and not self.bridged:
                 # whether running the drafter pays here at all, as measured (gate.drafting_pays):
@@ -409,7 +410,7 @@ class Decoder:
                 seen = max(len(getattr(drafter, "seen", ())), self._turn_start)
                 lag = len(self.history) - seen - self._last_emitted
                 use = True if self.gate.last.get("probe") else self.gate.drafting_pays(lag)
-                self._arm_used, self._arm_excess_ms = ("chain", use), 0.0
+                self._arm_used = ("chain", use)
                 self.gate.last.update(drafting=use, rates=self.gate.arm_rates("chain"))
                 if not use:
                     self.gate.last["k"] = 0
