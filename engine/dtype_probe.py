@@ -150,6 +150,30 @@ def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str
     return f"note: bf16 products run {ratio:.1f}x slower than fp32 on this CPU (no native bf16); --dtype fp32 is faster here"
 
 
+def packed_rows(dtype: torch.dtype) -> int:
+    """Rows a oneDNN packed product of 1-3 rows should run as in ``dtype``: 4 where the probe
+    (remembered per machine) finds a 4-row pass over weights streamed from memory at least 5%
+    faster than a 2-row one, else 2 (the least the row-independent path takes)."""
+    name = str(dtype).replace("torch.", "")
+    c = _remembered(f"packed_rows/{name}", lambda: _measure_packed_rows(dtype))
+    return 4 if c["4"] < 0.95 * c["2"] else 2
+
+
+def _measure_packed_rows(dtype: torch.dtype, mb: int = 96) -> dict[str, float]:
+    """Seconds for a pass of 2 and of 4 rows over ~``mb`` MB of packed 576 x 3072 weights (more
+    than a server CPU's last-level cache: a decode step streams its weights from memory)."""
+    from .models.common import Linear
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(3072, 576, generator=g)
+    n = max(2, mb * 2**20 // (w.numel() * torch.empty((), dtype=dtype).element_size()))
+    ws = [Linear(w + i, dtype, pack=True, native=False) for i in range(n)]  # distinct copies: nothing shared in cache
+    xs = {r: torch.randn(r, 576, generator=g).to(dtype) for r in (2, 4)}
+    op = torch.ops.mkldnn._linear_pointwise
+    fns = {str(r): lambda x=x: [op(x, lin._packed, None, "none", [], "") for lin in ws] for r, x in xs.items()}
+    return _interleaved(fns, rounds=5, inner=2)
+
+
 @functools.lru_cache(maxsize=None)
 def q8_costs(K: int = 576, N: int = 1536) -> dict[str, float]:
     """Seconds for a Q4_1 product at 1 and 8 rows, fp32 activations vs the q8 compute type's 8-bit

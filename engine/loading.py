@@ -138,15 +138,27 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
     dt = parse_dtype(dtype) if dtype not in ("auto", "q8") else dtype  # "auto" waits for the model's type
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _trimmed(_load_gguf(name, path, dt, max_context, dev))
+            return _ready(_load_gguf(name, path, dt, max_context, dev))
         raise ModelLoadError(f"{path}: not a model (expected a .gguf file or an HF-format directory)")
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
-        return _trimmed(_load_gguf(name, ggufs[0], dt, max_context, dev))
-    loaded = _trimmed(_load_hf_dir(name, path, dt, max_context, dev))
+        return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev))
+    loaded = _ready(_load_hf_dir(name, path, dt, max_context, dev))
     if need_tokenizer and loaded.tokenizer is None:
         raise ModelLoadError(f"{path}: no tokenizer (tokenizer.json) found; pass --prompt-ids to decode from token ids")
     return loaded
+
+
+def _ready(loaded: Loaded) -> Loaded:
+    """The loaded model, its loader's heap trimmed (``_trimmed``) and, on CPU, the row count of its
+    small packed products decided (engine/models/common.pad_rows: measured once per machine, here
+    rather than inside the first reply's first step)."""
+    model = loaded.model
+    if getattr(model, "device", torch.device("cpu")).type == "cpu" and model.dtype in (torch.float32, torch.bfloat16):
+        from .models.common import pad_rows
+
+        pad_rows(model.dtype)
+    return _trimmed(loaded)
 
 
 def _trimmed(loaded: Loaded) -> Loaded:

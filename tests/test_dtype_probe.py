@@ -92,3 +92,25 @@ def test_the_real_probes_measure_positive_costs(probe_dir):
         q = dtype_probe.q8_costs()
         assert set(q) == {"fp32", "q8"} and min(q.values()) > 0
     assert probe_dir.is_file()
+
+
+def test_packed_rows_verdict_is_remembered_and_needs_a_clear_gain(probe_dir, monkeypatch):
+    """dtype_probe.packed_rows: 4 rows only where a 4-row pass measured at least 5% faster than a
+    2-row one, and that verdict kept per machine (a busy launch must not flip the kernels' rows)."""
+    import torch
+
+    calls = _counting(monkeypatch, "_measure_packed_rows", [{"2": 1.0, "4": 0.9}, {"2": 1.0, "4": 0.99}])
+    assert dtype_probe.packed_rows(torch.bfloat16) == 4 and len(calls) == 1
+    assert dtype_probe.packed_rows(torch.bfloat16) == 4 and len(calls) == 1  # remembered
+    assert dtype_probe.packed_rows(torch.float32) == 2 and len(calls) == 2  # its own measure: 1% is not enough
+
+
+def test_packed_rows_measure_times_both_row_counts():
+    import torch
+
+    from engine.models import common
+
+    if not common.packs(torch.bfloat16):
+        pytest.skip("oneDNN does not pack bf16 on this CPU")
+    c = dtype_probe._measure_packed_rows(torch.bfloat16, mb=8)
+    assert set(c) == {"2", "4"} and all(0 < v < 1 for v in c.values())

@@ -627,6 +627,32 @@ def _best_of(f, reps: int = 5) -> float:
     return best
 
 
+# Rows a packed product of fewer rows runs as, per dtype (``pad_rows``); 2 where not decided: one row is
+# always run as two (``Linear``'s docstring)
+_PAD_ROWS: dict[torch.dtype, int] = {}
+
+
+def pad_rows(dtype: torch.dtype) -> int:
+    """Decide (once per process and dtype; measured once per machine, engine/dtype_probe.packed_rows)
+    how many rows a small oneDNN packed product runs as, and return it. On the AVX-512 BF16 EPYC a
+    bf16 pass over SmolLM2-135M's weights (streamed from memory) took 14.2 ms at 2 rows and 12.1 at
+    4, and a whole 1-row decode step 22.3 -> 19.7 ms (bench/results/2026-11-27-session22): oneDNN
+    picks a slower kernel for 1-2 rows there. SPECCHAT_PAD_ROWS=N sets it."""
+    n = _PAD_ROWS.get(dtype)
+    if n is None:
+        env = os.environ.get("SPECCHAT_PAD_ROWS", "").strip()
+        if env.isdigit() and int(env) >= 2:
+            n = int(env)
+        elif packs(dtype):
+            from ..dtype_probe import packed_rows
+
+            n = packed_rows(dtype)
+        else:
+            n = 2
+        _PAD_ROWS[dtype] = n
+    return n
+
+
 class Linear:
     """A projection weight as the engine multiplies it: ``x @ W_t`` for a checkpoint weight W
     stored [out, in]. ``shape`` is W_t's, (in, out), as for the plain tensor it replaces.
@@ -747,6 +773,10 @@ class Linear:
     def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._blocks is not None or self._qrec is not None:
             return self._native(x.float(), bias)
+        if self._packed is not None and x.dim() == 2 and x.shape[0] < _PAD_ROWS.get(self.dtype, 0):
+            m = x.shape[0]  # a small product padded (its rows' bits do not depend on the others)
+            x = torch.cat((x, x[:1].expand(_PAD_ROWS[self.dtype] - m, -1)))
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")[:m]
         one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
         if one:
             x = x.expand(2, -1)
