@@ -175,7 +175,6 @@ def test_native_linear_rows_are_exact_whatever_rides_with_them(K, N, monkeypatch
 def test_greedy_strategies_equal_plain_greedy_through_the_native_linear(kind, tmp_path, monkeypatch):
     """With fp32 weights forced through linear.c (whatever this CPU's probe chose), every greedy
     strategy still emits plain greedy decoding's tokens, and the weights really took the kernel."""
-    from engine.generate import Decoder, run_generation
     from engine.loading import load
     from engine.strategy import preset
 
@@ -185,8 +184,14 @@ def test_greedy_strategies_equal_plain_greedy_through_the_native_linear(kind, tm
     target = load(str(saved(kind, str(tmp_path)))).model
     assert any(getattr(v, "_blocks", None) is not None for v in _linears(target))
     drafter = load(str(saved("draft", str(tmp_path)))).model
-    strategies = [preset("sd", draft_len=3), preset("sd", draft_len=6), preset("tree", tree=(3, 2, 2, 1, 1)), preset("pld"),
-                  preset("mab"), preset("optimal"), preset("hybrid")]
+    _greedy_strategies_equal_ar(target, drafter, [preset("sd", draft_len=3), preset("sd", draft_len=6), preset("tree", tree=(3, 2, 2, 1, 1)),
+                                                  preset("pld"), preset("mab"), preset("optimal"), preset("hybrid")])
+
+
+def _greedy_strategies_equal_ar(target, drafter, strategies):
+    from engine.generate import Decoder, run_generation
+    from engine.strategy import preset
+
     for prompt in ([1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9], list(range(10, 40))):
         dec = Decoder(target, drafter)
         ref, _ = run_generation(dec, prompt, preset("ar"), 40)
@@ -378,3 +383,134 @@ def test_a_drafter_takes_the_c_path_whatever_the_targets_measure_chose(tmp_path,
     monkeypatch.setenv("SPECCHAT_NATIVE_LINEAR", "0")
     with common.loading_a_drafter():
         assert common.Linear(W, torch.float32)._blocks is None
+
+
+# ---------------------------------------------------------------------------------------------
+# glue_bf16.c: the operations between a bf16 llama pass's products (engine/models/llama._glue_rows)
+# ---------------------------------------------------------------------------------------------
+def _p(t):
+    return t.data_ptr()
+
+
+@needs_native
+@pytest.mark.parametrize("D", [576, 64, 37])
+def test_glue_add_rmsnorm_adds_as_torch_and_normalises_within_an_ulp(D):
+    from engine.models.common import rms_norm
+
+    g = torch.Generator().manual_seed(0)
+    T = 5
+    x = (3 * torch.randn(T, D, generator=g)).to(torch.bfloat16)
+    a = torch.randn(T, D, generator=g).to(torch.bfloat16)
+    w = torch.randn(D, generator=g).to(torch.bfloat16)
+    out = torch.zeros(T, D, dtype=torch.bfloat16)
+    x1 = x.clone()
+    assert native.lib().bf16_add_rmsnorm(_p(x1), D, _p(a), D, T, D, _p(w), 1e-5, _p(out), D) == 0
+    assert torch.equal(x1, x + a)  # the residual add: torch's bits
+    ref = rms_norm(x + a, w, 1e-5)
+    assert (out.float() - ref.float()).abs().max() <= (ref.float().abs() * 2 ** -7).max()  # a bf16 ulp at most
+    assert (out != ref).float().mean() < 0.05
+    # no residual: x unchanged; each row on its own (a row's bits do not depend on the others)
+    one = torch.zeros(1, D, dtype=torch.bfloat16)
+    x2 = x.clone()
+    assert native.lib().bf16_add_rmsnorm(_p(x2), D, None, 0, T, D, _p(w), 1e-5, _p(out), D) == 0
+    assert torch.equal(x2, x)
+    for t in range(T):
+        native.lib().bf16_add_rmsnorm(_p(x2[t]), D, None, 0, 1, D, _p(w), 1e-5, _p(one), D)
+        assert torch.equal(one[0], out[t])
+
+
+@needs_native
+def test_glue_silu_mul_is_torchs_within_an_ulp_and_handles_extremes():
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    T, Fi = 3, 1536
+    gu = (4 * torch.randn(T, 2 * Fi, generator=g)).to(torch.bfloat16)
+    gu[0, :6] = torch.tensor([-200.0, -90.0, -1e-3, 0.0, 90.0, 200.0])
+    out = torch.zeros(T, Fi, dtype=torch.bfloat16)
+    assert native.lib().bf16_silu_mul(_p(gu), 2 * Fi, T, Fi, _p(out), Fi) == 0
+    gate, up = gu.chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref.float()).abs().max() <= (ref.float().abs() * 2 ** -7).max() + 1e-30
+    assert (out != ref).float().mean() < 0.02
+
+
+@needs_native
+@pytest.mark.parametrize("R", [64, 32])
+def test_glue_rope_is_torchs_exactly_and_writes_the_kv_rows(R):
+    from engine.models.common import Rope
+
+    g = torch.Generator().manual_seed(2)
+    T, H, K, E, P, start = 4, 9, 3, 64, 50, 17
+    rope = Rope(R, {"rope_theta": 10000.0}, 128, torch.bfloat16)
+    pos = torch.tensor([17, 18, 18, 19])
+    cos, sin = rope.cos[pos].contiguous(), rope.sin[pos].contiguous()
+    qkv = torch.randn(T, (H + 2 * K) * E, generator=g).to(torch.bfloat16)
+    kc = torch.zeros(K, P, E, dtype=torch.bfloat16)
+    vc = torch.zeros(K, P, E, dtype=torch.bfloat16)
+    heads = qkv.view(T, H + 2 * K, E).transpose(0, 1)
+    ref_qk = rope.rotate(heads[:H + K], cos, sin)
+    ref_v = heads[H + K:].clone()
+    got = qkv.clone()
+    assert native.lib().bf16_rope_kv(_p(got), got.stride(0), T, H, K, E, R, _p(cos), _p(sin), R,
+                                     _p(kc), _p(vc), P, start) == 0
+    gh = got.view(T, H + 2 * K, E).transpose(0, 1)
+    assert torch.equal(gh[:H + K], ref_qk)  # bit for bit: every product and sum rounded as torch's
+    assert torch.equal(kc[:, start:start + T], ref_qk[H:]) and torch.equal(vc[:, start:start + T], ref_v)
+    assert not kc[:, :start].any() and not kc[:, start + T:].any()
+
+
+@needs_native
+@pytest.mark.parametrize("kind", ["llama", "llama_hd64", "llama3_rope", "mistral"])
+def test_glue_pass_is_close_to_the_torch_pass_and_its_rows_agree(kind, tmp_path, monkeypatch):
+    """A bf16 llama pass through glue_bf16.c: close to the torch pass (the norm's and SiLU's last
+    bits may differ), and a chain's verify rows equal one-token steps bit for bit."""
+    from engine.loading import load
+    from engine.models import llama
+
+    from .tiny import saved
+
+    path = str(saved(kind, str(tmp_path)))
+    monkeypatch.setattr(llama, "GLUE_BF16", False)
+    ref = load(path, dtype="bf16").model
+    assert ref._glue() is None
+    monkeypatch.setattr(llama, "GLUE_BF16", True)
+    m = load(path, dtype="bf16").model
+    assert m._glue() is not None
+    ids = list(range(3, 40))
+    a, b = m.full_logits(ids).float(), ref.full_logits(ids).float()
+    assert (a - b).abs().max() <= 0.05 * b.abs().max() + 0.05
+    m.allocate()
+    m.prefill(ids[:20])
+    chain = m.verify(ids[20:28], list(range(-1, 7))).clone()
+    for i in range(8):
+        step = m.verify([ids[20 + i]], [-1])
+        assert torch.equal(step[0], chain[i]), i
+        m.commit([0])
+
+
+@needs_native
+def test_glue_is_off_where_it_does_not_apply(tmp_path, monkeypatch):
+    from engine.loading import load
+
+    from .tiny import saved
+
+    assert load(str(saved("qwen2", str(tmp_path))), dtype="bf16").model._glue() is None  # qkv bias
+    assert load(str(saved("llama", str(tmp_path)))).model._glue() is None  # fp32
+    monkeypatch.setenv("SPECCHAT_NATIVE_GLUE", "0")
+    assert load(str(saved("llama", str(tmp_path))), dtype="bf16").model._glue() is None
+
+
+@needs_native
+def test_greedy_strategies_equal_plain_greedy_through_the_bf16_glue(tmp_path):
+    from engine.loading import load
+    from engine.strategy import preset
+
+    from .tiny import saved
+
+    target = load(str(saved("llama", str(tmp_path))), dtype="bf16").model
+    assert target._glue() is not None
+    drafter = load(str(saved("draft", str(tmp_path)))).model
+    _greedy_strategies_equal_ar(target, drafter, [preset("sd", draft_len=4), preset("tree", tree=(3, 2, 2, 1, 1)), preset("pld"),
+                                                  preset("hybrid")])

@@ -21,6 +21,7 @@ from .common import (Linear, Rope, as_t, attn_plan, cached_attention, context_li
                      rms_norm, rope_params, rotate_half, tensor_getter)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
+GLUE_BF16 = True  # bf16 passes through engine/native/glue_bf16.c where it applies (tests switch it)
 
 
 @dataclass
@@ -261,10 +262,75 @@ class Llama(CausalLM):
             raise MemoryError(f"llama_rows_f32 failed ({rc})")
         return rms_norm(x, self.norm, c.rms_norm_eps)
 
+    # engine/native/glue_bf16.c: a bf16 pass on CPU with the operations between its products (norms,
+    # rotary and the K/V writes, SiLU, residual adds) in one C call each. Decided once per model: every
+    # pass (prefill, decode, verify) then takes it, as a row's bits must not depend on the pass.
+    def _glue(self):
+        lib = self.__dict__.get("_glue_lib", False)
+        if lib is not False:
+            return lib
+        from .. import native
+        from .common import NATIVE_ATTN
+
+        c = self.cfg
+        lib = native.lib()
+        ok = (lib is not None and GLUE_BF16 and native.glue_enabled() and NATIVE_ATTN and self._dtype == torch.bfloat16
+              and self.embed.device.type == "cpu" and c.head_dim % 16 == 0 and self.rope.rot_dim % 2 == 0
+              and self.rope.rot_dim <= min(c.head_dim, 1024) and c.num_heads // c.num_kv_heads <= 64
+              and all(L[b] is None for L in self.layers for b in ("bqkv", "bo", "bgu", "bd")))
+        self.__dict__["_glue_lib"] = lib = lib if ok else None
+        return lib
+
+    def _glue_rows(self, lib, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        from .common import attn_plan, pad_rows
+
+        c = self.cfg
+        H, K, E, D, Fi = c.num_heads, c.num_kv_heads, c.head_dim, c.hidden_size, c.intermediate_size
+        T = tokens.shape[0]
+        R = self.rope.rot_dim
+        kc, vc = self.cache.k, self.cache.v
+        P = kc.shape[2]
+        bf = torch.bfloat16
+        Tp = max(T, pad_rows(bf))  # the products' rows: a small pass runs padded (zero rows, discarded)
+        x = self.embed[tokens].contiguous()  # (T, D) the residual stream, a copy
+        h = torch.zeros(Tp, D, dtype=bf)  # the normed rows the next product takes
+        att = torch.zeros(Tp, H * E, dtype=bf)
+        act = torch.zeros(Tp, Fi, dtype=bf)
+        cos, sin = self.rope.cos[positions].contiguous(), self.rope.sin[positions].contiguous()
+        plan = attn_plan(mask, start + T, T, H // K)
+        np_ = plan.native
+        eps, xp, hp = c.rms_norm_eps, x.data_ptr(), h.data_ptr()
+        lib.bf16_add_rmsnorm(xp, D, None, 0, T, D, self.layers[0]["ln1"].data_ptr(), eps, hp, D)
+        for i, L in enumerate(self.layers):
+            qkv = L["wqkv"](h)  # (Tp, (H + 2K) E)
+            rc = lib.bf16_rope_kv(qkv.data_ptr(), qkv.stride(0), T, H, K, E, R, cos.data_ptr(), sin.data_ptr(), R,
+                                  kc[i].data_ptr(), vc[i].data_ptr(), P, start)
+            if np_ is not None:
+                rc |= np_.lib.attn_rows_bf16(
+                    qkv.data_ptr(), E, qkv.stride(0), kc[i].data_ptr(), vc[i].data_ptr(), P, K, H // K, E,
+                    np_.lead.data_ptr(), 0 if np_.tail is None else np_.tail.data_ptr(),
+                    0 if np_.ntail is None else np_.ntail.data_ptr(), np_.stride, self.scale, att.data_ptr(), 0, T)
+            else:  # the torch attention (common.NATIVE_ATTN off): the same rows (written again: the same values)
+                qk = qkv[:T, :(H + 2 * K) * E].view(T, H + 2 * K, E).transpose(0, 1)
+                att[:T] = cached_attention(qk[:H], qk[H:H + K], qk[H + K:], kc[i], vc[i], start, mask, self.scale, plan)
+            a = L["wo"](att)
+            lib.bf16_add_rmsnorm(xp, D, a.data_ptr(), a.stride(0), T, D, L["ln2"].data_ptr(), eps, hp, D)
+            gu = L["wgu"](h)
+            lib.bf16_silu_mul(gu.data_ptr(), gu.stride(0), T, Fi, act.data_ptr(), Fi)
+            m = L["wd"](act)
+            nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.norm
+            lib.bf16_add_rmsnorm(xp, D, m.data_ptr(), m.stride(0), T, D, nxt.data_ptr(), eps, hp, D)
+            if rc:
+                raise MemoryError(f"bf16 glue kernels failed ({rc})")
+        return h[:T]
+
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
         if tab is not None and not (self._prefilling and tokens.shape[0] > NATIVE_PREFILL_ROWS):
             return self._native_rows(tab, tokens, positions, start, mask)
+        glue = self._glue() if self._dtype == torch.bfloat16 else None
+        if glue is not None:
+            return self._glue_rows(glue, tokens, positions, start, mask)
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
         T = tokens.shape[0]

@@ -77,6 +77,11 @@ def rows_enabled() -> bool:
     return os.environ.get("SPECCHAT_NATIVE_ROWS", "1").strip().lower() not in ("0", "off", "false", "no")
 
 
+def glue_enabled() -> bool:
+    """glue_bf16.c between the products of bf16 llama passes (SPECCHAT_NATIVE_GLUE=0: torch's ops)."""
+    return os.environ.get("SPECCHAT_NATIVE_GLUE", "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def _cpu_key() -> str:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
@@ -90,7 +95,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
+SOURCES = ("attn.c", "glue_bf16.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:
@@ -137,6 +142,12 @@ def _load() -> ctypes.CDLL | None:
         p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
         lib.attn_rows_bf16.argtypes = [p, i64, i64, p, p, i64, i32, i32, i32, p, p, p, i32, f32, p, i32, i32]
         lib.attn_rows_bf16.restype = ctypes.c_int
+        lib.bf16_add_rmsnorm.argtypes = [p, i64, p, i64, i64, i64, p, f32, p, i64]
+        lib.bf16_add_rmsnorm.restype = ctypes.c_int
+        lib.bf16_silu_mul.argtypes = [p, i64, i64, i64, p, i64]
+        lib.bf16_silu_mul.restype = ctypes.c_int
+        lib.bf16_rope_kv.argtypes = [p, i64, i64, i32, i32, i32, i32, p, p, i64, p, p, i64, i64]
+        lib.bf16_rope_kv.restype = ctypes.c_int
         lib.linear_rows_f32.argtypes = [p, i64, i64, i64, p, i64, p, p, i32]
         lib.linear_rows_f32.restype = ctypes.c_int
         lib.linear_rows_q.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i32]
