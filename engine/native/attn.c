@@ -8,7 +8,7 @@
  * a decode row, a chain-verify row, a tree row and a prefill row that see the same keys get the
  * same bits: what lossless means in bf16 (DESIGN.md; engine/models/common.cached_attention).
  *
- * No intrinsics: the 8-lane accumulators below are what gcc -O3 vectorizes (AVX2 here).
+ * No intrinsics: the 16-lane accumulators below are what gcc -O3 vectorizes.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +16,10 @@
 #include <math.h>
 
 #include "bf16.h"
+/* multiply-adds fused (one rounding): the attention of one decode row over 300 keys 26.7 -> 22.6 us
+ * a layer, 16 rows 177 -> 148 us (2-core Zen 4). The same code computes every row, so rows stay
+ * independent of each other. */
+#pragma GCC optimize("fp-contract=fast")
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
