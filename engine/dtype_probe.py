@@ -120,21 +120,38 @@ def native_fp32_pass() -> bool:
     return native.lib() is not None and native.rows_enabled() and bool(native_linear())
 
 
-def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None) -> str:
+def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None, hf_config: dict | None = None) -> str:
     """"bf16" or "fp32" for ``device``: bf16 on CUDA; on CPU fp32 for a llama-family model the C
-    pass takes (there is no bf16 C pass: on an AVX-512 BF16 EPYC, where the product probe favours
+    pass takes (its GGUF blocks kept: on an AVX-512 BF16 EPYC, where the product probe favours
     bf16 1.8x, SmolLM2's fp32 C-pass decode step took 6.6-7.2 ms against the bf16 torch pass's
-    22.8-22.9, `bench/decode_step.py --last 1`, 2026-11-24); otherwise bf16 when the probe finds it
-    at least 10% faster."""
+    22.8-22.9, `bench/decode_step.py --last 1`, 2026-11-24) unless ``hf_config`` (the config of an
+    HF-format checkpoint: full-width weights) says its bf16 passes take the C glue
+    (``bf16_glue_pass``: there the fp32 C pass streams twice the bytes, 31-35 ms a step against the
+    bf16 pass's 17-20 ms, 2026-11-27); otherwise bf16 when the probe finds it at least 10% faster."""
     if torch.device(device).type == "cuda":
         return "bf16"
     if model_type is not None:
         from .models.llama import MODEL_TYPES
 
-        if model_type in MODEL_TYPES and native_fp32_pass():
+        if model_type in MODEL_TYPES and native_fp32_pass() and not (hf_config is not None and bf16_glue_pass(hf_config)):
             return "fp32"
     c = cpu_costs()
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
+
+
+def bf16_glue_pass(hf_config: dict) -> bool:
+    """Whether bf16 passes of the llama-family model of this HF config would run with
+    engine/native/glue_bf16.c (the kernels load, nothing switches them off, the shapes fit)."""
+    from . import native
+    from .errors import ModelLoadError
+    from .models import common, llama
+
+    if native.lib() is None or not native.glue_enabled() or not llama.GLUE_BF16 or not common.NATIVE_ATTN:
+        return False
+    try:
+        return llama.glue_fits(llama.LlamaConfig.from_hf(hf_config))
+    except (ModelLoadError, TypeError, ValueError):
+        return False
 
 
 def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:

@@ -61,7 +61,7 @@ class Loaded:
         return f"{self.name} ({self.fmt}{q}, {self.compute}{kept})"
 
 
-def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None) -> torch.dtype:
+def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None, hf_config: dict | None = None) -> torch.dtype:
     """None is fp32 (the library default); "auto" is the faster of fp32 and bf16 on this machine
     for a model of ``model_type`` (engine/dtype_probe.py), the CLI's default. "q8" is fp32 here
     (its 8-bit activations are a property of the GGUF products: ``load``)."""
@@ -70,7 +70,7 @@ def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None) -
     if name == "auto":
         from .dtype_probe import auto_dtype
 
-        name = auto_dtype(model_type=model_type)
+        name = auto_dtype(model_type=model_type, hf_config=hf_config)
     table = {None: torch.float32, "fp32": torch.float32, "float32": torch.float32, "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
              "q8": torch.float32}
     if name not in table:
@@ -138,23 +138,23 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
     dt = parse_dtype(dtype) if dtype not in ("auto", "q8") else dtype  # "auto" waits for the model's type
     if path.is_file():
         if path.suffix.lower() == ".gguf":
-            return _ready(_load_gguf(name, path, dt, max_context, dev))
+            return _ready(_load_gguf(name, path, dt, max_context, dev), dev)
         raise ModelLoadError(f"{path}: not a model (expected a .gguf file or an HF-format directory)")
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
-        return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev))
-    loaded = _ready(_load_hf_dir(name, path, dt, max_context, dev))
+        return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev), dev)
+    loaded = _ready(_load_hf_dir(name, path, dt, max_context, dev), dev)
     if need_tokenizer and loaded.tokenizer is None:
         raise ModelLoadError(f"{path}: no tokenizer (tokenizer.json) found; pass --prompt-ids to decode from token ids")
     return loaded
 
 
-def _ready(loaded: Loaded) -> Loaded:
-    """The loaded model, its loader's heap trimmed (``_trimmed``) and, on CPU, the row count of its
-    small packed products decided (engine/models/common.pad_rows: measured once per machine, here
-    rather than inside the first reply's first step)."""
+def _ready(loaded: Loaded, device: torch.device | None) -> Loaded:
+    """The loaded model, its loader's heap trimmed (``_trimmed``) and, on CPU (``device`` None), the
+    row count of its small packed products decided (engine/models/common.pad_rows: measured once
+    per machine, here rather than inside the first reply's first step)."""
     model = loaded.model
-    if getattr(model, "device", torch.device("cpu")).type == "cpu" and model.dtype in (torch.float32, torch.bfloat16):
+    if device is None and model.dtype in (torch.float32, torch.bfloat16):
         from .models.common import pad_rows
 
         pad_rows(model.dtype)
@@ -402,7 +402,7 @@ def _on(sd: dict[str, torch.Tensor], device: torch.device | None) -> dict[str, t
 def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None,
                  device: torch.device | None = None) -> Loaded:
     cfg = read_config(path)
-    dtype = parse_dtype(dtype, cfg.get("model_type"))
+    dtype = parse_dtype(dtype, cfg.get("model_type"), cfg)
     sd = _on(read_state_dict(path), device)
     model = build(cfg, sd, dtype, max_context, str(path))
     tok = None

@@ -312,20 +312,30 @@ def test_dtype_auto_picks_a_dtype_by_measurement():
 
 
 def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkeypatch):
-    """A llama-family model runs fp32 in engine/native/llama_rows.c and bf16 only through torch, so
-    "auto" keeps fp32 for it even where the product probe favours bf16 (an AVX-512 BF16 CPU);
-    other families follow the probe, and a drafter follows its target's dtype."""
-    from engine import dtype_probe
+    """A llama-family model runs fp32 in engine/native/llama_rows.c, so "auto" keeps fp32 for it
+    even where the product probe favours bf16 (an AVX-512 BF16 CPU) -- unless its weights are
+    full-width (an HF checkpoint) and its bf16 passes take the C glue (glue_bf16.c: then bf16
+    streams half the bytes; 17-20 ms a SmolLM2 step against the fp32 C pass's 31-35). Other
+    families follow the probe."""
+    from engine import dtype_probe, native
     from engine.loading import load, parse_dtype
 
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: True)
-    assert dtype_probe.auto_dtype("cpu", "llama") == "fp32"
+    assert dtype_probe.auto_dtype("cpu", "llama") == "fp32"  # no config: GGUF blocks
     assert dtype_probe.auto_dtype("cpu", "mamba2") == "bf16"
     assert dtype_probe.auto_dtype("cpu") == "bf16"
     assert parse_dtype("auto", "qwen2") == torch.float32
-    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
+    glue = native.lib() is not None
+    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == (torch.bfloat16 if glue else torch.float32)
+    assert load(str(saved("qwen2", str(tmp_path))), dtype="auto").model.dtype == torch.float32  # biases: no glue
     assert load(str(saved("mamba2", str(tmp_path))), dtype="auto").model.dtype == torch.bfloat16
+    monkeypatch.setenv("SPECCHAT_NATIVE_GLUE", "0")
+    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.95})  # bf16 not 10% faster
+    monkeypatch.delenv("SPECCHAT_NATIVE_GLUE")
+    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: False)
     assert dtype_probe.auto_dtype("cpu", "llama") == "bf16"
 

@@ -491,6 +491,41 @@ def test_glue_pass_is_close_to_the_torch_pass_and_its_rows_agree(kind, tmp_path,
 
 
 @needs_native
+@pytest.mark.parametrize("pad, native_attn", [(2, True), (4, True), (7, True), (4, False)])
+def test_glue_rows_do_not_depend_on_the_padding_or_the_pass(pad, native_attn, tmp_path, monkeypatch):
+    """Whatever the products' padding (the rows of a 1-3 row pass beyond T are zeros, never read)
+    and with the torch attention in place of the C kernel: a prefill in chunks then 1-token steps,
+    one whole pass, and a tree verify with masked siblings give the same bits for the same rows."""
+    from engine.loading import load
+
+    from .tiny import saved
+
+    m = load(str(saved("llama_hd64", str(tmp_path))), dtype="bf16").model
+    assert m._glue() is not None
+    monkeypatch.setattr(common, "_PAD_ROWS", {torch.bfloat16: pad})
+    monkeypatch.setattr(common, "NATIVE_ATTN", native_attn)
+    ids = [(7 * i + 3) % 90 + 1 for i in range(40)]
+    whole = m.full_logits(ids)
+    m.allocate()
+    m.prefill(ids[:13], chunk=5)
+    for i in range(13, 40):
+        step = m.verify([ids[i]], [-1])
+        assert torch.equal(step[0], whole[i]), i
+        m.commit([0])
+    m.rollback(30)  # a tree after ids[:30]: ids[30] with two children, the second one ids[31]
+    tree = m.verify([ids[30], 5, ids[31], ids[32]], [-1, 0, 0, 2])
+    assert torch.equal(tree[0], whole[30]) and torch.equal(tree[2], whole[31]) and torch.equal(tree[3], whole[32])
+
+
+def test_a_zero_row_product_stays_empty(monkeypatch):
+    if not common.packs(torch.bfloat16):
+        pytest.skip("oneDNN does not pack bf16 here")
+    lin = common.Linear(torch.randn(32, 16), torch.bfloat16)
+    monkeypatch.setattr(common, "_PAD_ROWS", {torch.bfloat16: 4})
+    assert lin(torch.zeros(0, 16, dtype=torch.bfloat16)).shape == (0, 32)
+
+
+@needs_native
 def test_glue_is_off_where_it_does_not_apply(tmp_path, monkeypatch):
     from engine.loading import load
 

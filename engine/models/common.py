@@ -773,7 +773,7 @@ class Linear:
     def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._blocks is not None or self._qrec is not None:
             return self._native(x.float(), bias)
-        if self._packed is not None and x.dim() == 2 and x.shape[0] < _PAD_ROWS.get(self.dtype, 0):
+        if self._packed is not None and x.dim() == 2 and 0 < x.shape[0] < _PAD_ROWS.get(self.dtype, 0):
             m = x.shape[0]  # a small product padded (its rows' bits do not depend on the others)
             x = torch.cat((x, x[:1].expand(_PAD_ROWS[self.dtype] - m, -1)))
             return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")[:m]

@@ -80,6 +80,15 @@ NATIVE_PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack re
 PREFILL_ATTENTION = True  # fp32 prefill chunks over NATIVE_PREFILL_ROWS rows: common.prefill_attention (A/Bs switch it)
 
 
+def glue_fits(cfg: LlamaConfig) -> bool:
+    """Whether bf16 passes of a model of this configuration can take engine/native/glue_bf16.c
+    (Llama._glue): no projection biases, heads a multiple of 16 features wide (the attention
+    kernel's), an even rotary width within the kernel's 1024, at most 64 query heads a KV head."""
+    rot = int(cfg.head_dim * float(cfg.rope.get("partial_rotary_factor", 1.0)))
+    return (cfg.head_dim % 16 == 0 and rot % 2 == 0 and 0 < rot <= min(cfg.head_dim, 1024)
+            and cfg.num_heads // cfg.num_kv_heads <= 64 and not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias))
+
+
 def _fuse(ws: list[torch.Tensor]) -> torch.Tensor:
     """[out, in] matrices stacked by rows; "meta" placeholders (engine/gguf.py ``defer``) give a
     placeholder of the stacked shape (torch.cat on meta tensors imports torch._dynamo: seconds)."""
@@ -272,13 +281,19 @@ class Llama(CausalLM):
         from .. import native
         from .common import NATIVE_ATTN
 
-        c = self.cfg
         lib = native.lib()
-        ok = (lib is not None and GLUE_BF16 and native.glue_enabled() and NATIVE_ATTN and self._dtype == torch.bfloat16
-              and self.embed.device.type == "cpu" and c.head_dim % 16 == 0 and self.rope.rot_dim % 2 == 0
-              and self.rope.rot_dim <= min(c.head_dim, 1024) and c.num_heads // c.num_kv_heads <= 64
-              and all(L[b] is None for L in self.layers for b in ("bqkv", "bo", "bgu", "bd")))
+        bf = torch.bfloat16
+        ok = (lib is not None and GLUE_BF16 and native.glue_enabled() and NATIVE_ATTN and self._dtype == bf
+              and self.embed.device.type == "cpu" and glue_fits(self.cfg) and self.rope.rot_dim % 2 == 0
+              and self.embed.is_contiguous() and self.norm.is_contiguous() and self.norm.dtype == bf
+              and self.rope.cos.is_contiguous() and self.rope.sin.is_contiguous()
+              and all(L[b] is None for L in self.layers for b in ("bqkv", "bo", "bgu", "bd"))
+              and all(L[n].is_contiguous() and L[n].dtype == bf for L in self.layers for n in ("ln1", "ln2")))
         self.__dict__["_glue_lib"] = lib = lib if ok else None
+        if lib is not None:
+            from .common import pad_rows
+
+            pad_rows(bf)  # decided here, not inside a pass (load() decides it first)
         return lib
 
     def _glue_rows(self, lib, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -292,6 +307,7 @@ class Llama(CausalLM):
         P = kc.shape[2]
         bf = torch.bfloat16
         Tp = max(T, pad_rows(bf))  # the products' rows: a small pass runs padded (zero rows, discarded)
+        assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == bf, "KV cache layout"
         x = self.embed[tokens].contiguous()  # (T, D) the residual stream, a copy
         h = torch.zeros(Tp, D, dtype=bf)  # the normed rows the next product takes
         att = torch.zeros(Tp, H * E, dtype=bf)
@@ -303,13 +319,16 @@ class Llama(CausalLM):
         lib.bf16_add_rmsnorm(xp, D, None, 0, T, D, self.layers[0]["ln1"].data_ptr(), eps, hp, D)
         for i, L in enumerate(self.layers):
             qkv = L["wqkv"](h)  # (Tp, (H + 2K) E)
-            rc = lib.bf16_rope_kv(qkv.data_ptr(), qkv.stride(0), T, H, K, E, R, cos.data_ptr(), sin.data_ptr(), R,
-                                  kc[i].data_ptr(), vc[i].data_ptr(), P, start)
+            if lib.bf16_rope_kv(qkv.data_ptr(), qkv.stride(0), T, H, K, E, R, cos.data_ptr(), sin.data_ptr(), R,
+                                kc[i].data_ptr(), vc[i].data_ptr(), P, start):
+                raise RuntimeError(f"bf16_rope_kv refused the shape (E {E}, rotary {R})")
             if np_ is not None:
-                rc |= np_.lib.attn_rows_bf16(
+                rc = np_.lib.attn_rows_bf16(
                     qkv.data_ptr(), E, qkv.stride(0), kc[i].data_ptr(), vc[i].data_ptr(), P, K, H // K, E,
                     np_.lead.data_ptr(), 0 if np_.tail is None else np_.tail.data_ptr(),
                     0 if np_.ntail is None else np_.ntail.data_ptr(), np_.stride, self.scale, att.data_ptr(), 0, T)
+                if rc:
+                    raise MemoryError("attention scratch allocation failed")
             else:  # the torch attention (common.NATIVE_ATTN off): the same rows (written again: the same values)
                 qk = qkv[:T, :(H + 2 * K) * E].view(T, H + 2 * K, E).transpose(0, 1)
                 att[:T] = cached_attention(qk[:H], qk[H:H + K], qk[H + K:], kc[i], vc[i], start, mask, self.scale, plan)
@@ -320,8 +339,6 @@ class Llama(CausalLM):
             m = L["wd"](act)
             nxt = self.layers[i + 1]["ln1"] if i + 1 < len(self.layers) else self.norm
             lib.bf16_add_rmsnorm(xp, D, m.data_ptr(), m.stride(0), T, D, nxt.data_ptr(), eps, hp, D)
-            if rc:
-                raise MemoryError(f"bf16 glue kernels failed ({rc})")
         return h[:T]
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
