@@ -188,7 +188,8 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
 
     def on_mount(self) -> None:
         table = self.query_one(DataTable)
-        table.add_columns("model", "status", "size", "params", "role")
+        # what tells models apart first: at 60 columns "role" is what scrolls out of view, not "params"
+        table.add_columns("model", "params", "status", "size", "role")
         self.refresh_rows()
         table.focus()
 
@@ -199,7 +200,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         table.clear()
         self.rows = {r.name: r for r in model_rows(self.registry, self.current_target, self.cache_dir)}
         for r in self.rows.values():
-            table.add_row(r.name, r.status, r.size, r.params, r.role, key=r.name)
+            table.add_row(r.name, r.params, r.status, r.size, r.role, key=r.name)
         names = list(self.rows)
         focus = keep or self.current_target
         if focus in self.rows:

@@ -144,7 +144,7 @@ def notices(app: SpecChatApp) -> list[tuple[str, str]]:
 
 
 def status_cell(screen: ModelsScreen, name: str) -> str:
-    return str(screen.query_one(DataTable).get_row(name)[1])
+    return str(screen.query_one(DataTable).get_row(name)[2])
 
 
 def bar(screen: ModelsScreen, which: str) -> ProgressBar:
@@ -190,6 +190,20 @@ async def test_picker_lists_entries_with_availability_and_closes(fake: FakeHub, 
         assert not screen.query_one(DownloadPanel).active
         await pilot.press("escape")
         await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen))
+
+
+async def test_a_narrow_picker_shows_parameters_and_status_before_the_role(fake: FakeHub, models_file: Path) -> None:
+    """At 60 columns the table scrolls sideways: name, parameters and status stay in view (the
+    parameter count used to be the fourth column, cut off there), the role is what scrolls."""
+    app = make_app(models_file, Loader())
+    async with app.run_test(size=(60, 24)) as pilot:
+        screen = await open_picker(pilot)
+        table = screen.query_one(DataTable)
+        await pilot.pause()
+        cols = list(table.columns.values())
+        assert [str(c.label) for c in cols][:3] == ["model", "params", "status"]
+        end = sum(c.get_render_width(table) for c in cols[:3])  # the status column's right edge
+        assert end <= table.scrollable_content_region.width, (end, table.scrollable_content_region.width)
 
 
 async def test_download_shows_progress_bars_then_switches_keeping_a_paired_drafter(fake: FakeHub, models_file: Path) -> None:
