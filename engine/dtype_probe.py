@@ -142,11 +142,10 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
 def bf16_glue_pass(hf_config: dict) -> bool:
     """Whether bf16 passes of the llama-family model of this HF config would run with
     engine/native/glue_bf16.c (the kernels load, nothing switches them off, the shapes fit)."""
-    from . import native
     from .errors import ModelLoadError
-    from .models import common, llama
+    from .models import llama
 
-    if native.lib() is None or not native.glue_enabled() or not llama.GLUE_BF16 or not common.NATIVE_ATTN:
+    if llama.glue_lib() is None:
         return False
     try:
         return llama.glue_fits(llama.LlamaConfig.from_hf(hf_config))

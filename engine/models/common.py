@@ -773,16 +773,17 @@ class Linear:
     def _exact(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self._blocks is not None or self._qrec is not None:
             return self._native(x.float(), bias)
-        if self._packed is not None and x.dim() == 2 and 0 < x.shape[0] < _PAD_ROWS.get(self.dtype, 0):
-            m = x.shape[0]  # a small product padded (its rows' bits do not depend on the others)
-            x = torch.cat((x, x[:1].expand(_PAD_ROWS[self.dtype] - m, -1)))
-            return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")[:m]
-        one = x.dim() == 2 and x.shape[0] == 1 and (self._packed is not None or x.dtype == torch.bfloat16)
+        rows = x.shape[0] if x.dim() == 2 else 0
+        if self._packed is not None:
+            pad = _PAD_ROWS.get(self.dtype, 2)
+            if 0 < rows < pad:  # a small product padded: its rows' bits do not depend on the others
+                x = torch.cat((x, x[:1].expand(pad - rows, -1)))
+                return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")[:rows]
+            return torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
+        one = rows == 1 and x.dtype == torch.bfloat16
         if one:
             x = x.expand(2, -1)
-        if self._packed is not None:
-            y = torch.ops.mkldnn._linear_pointwise(x, self._packed, bias, "none", [], "")
-        elif bias is not None:
+        if bias is not None:
             y = torch.addmm(bias, x, self._dense) if x.dim() == 2 else x @ self._dense + bias
         else:
             y = x @ self._dense

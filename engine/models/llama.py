@@ -89,6 +89,16 @@ def glue_fits(cfg: LlamaConfig) -> bool:
             and cfg.num_heads // cfg.num_kv_heads <= 64 and not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias))
 
 
+def glue_lib():
+    """engine/native's library where bf16 passes may take glue_bf16.c (it loads and nothing switches
+    the glue or the C attention off), else None."""
+    from .. import native
+    from .common import NATIVE_ATTN
+
+    lib = native.lib()
+    return lib if lib is not None and GLUE_BF16 and native.glue_enabled() and NATIVE_ATTN else None
+
+
 def _fuse(ws: list[torch.Tensor]) -> torch.Tensor:
     """[out, in] matrices stacked by rows; "meta" placeholders (engine/gguf.py ``defer``) give a
     placeholder of the stacked shape (torch.cat on meta tensors imports torch._dynamo: seconds)."""
@@ -278,22 +288,15 @@ class Llama(CausalLM):
         lib = self.__dict__.get("_glue_lib", False)
         if lib is not False:
             return lib
-        from .. import native
-        from .common import NATIVE_ATTN
-
-        lib = native.lib()
+        lib = glue_lib()
         bf = torch.bfloat16
-        ok = (lib is not None and GLUE_BF16 and native.glue_enabled() and NATIVE_ATTN and self._dtype == bf
+        ok = (lib is not None and self._dtype == bf
               and self.embed.device.type == "cpu" and glue_fits(self.cfg) and self.rope.rot_dim % 2 == 0
               and self.embed.is_contiguous() and self.norm.is_contiguous() and self.norm.dtype == bf
               and self.rope.cos.is_contiguous() and self.rope.sin.is_contiguous()
               and all(L[b] is None for L in self.layers for b in ("bqkv", "bo", "bgu", "bd"))
               and all(L[n].is_contiguous() and L[n].dtype == bf for L in self.layers for n in ("ln1", "ln2")))
         self.__dict__["_glue_lib"] = lib = lib if ok else None
-        if lib is not None:
-            from .common import pad_rows
-
-            pad_rows(bf)  # decided here, not inside a pass (load() decides it first)
         return lib
 
     def _glue_rows(self, lib, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:

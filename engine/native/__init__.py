@@ -65,21 +65,26 @@ class capped:
         _threads_local.cap = self._prev
 
 
+def _switch_on(name: str, environ=None) -> bool:
+    """The environment variable ``name`` (default on) does not say 0 / off / false / no."""
+    env = os.environ if environ is None else environ
+    return env.get(name, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def enabled(environ=None) -> bool:
     """SPECCHAT_NATIVE (in ``environ``, default the process's) does not turn the kernels off."""
-    env = os.environ if environ is None else environ
-    return env.get("SPECCHAT_NATIVE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return _switch_on("SPECCHAT_NATIVE", environ)
 
 
 def rows_enabled() -> bool:
     """llama_rows.c for whole fp32 llama passes (SPECCHAT_NATIVE_ROWS=0: the torch pass over the
     same linear.c products)."""
-    return os.environ.get("SPECCHAT_NATIVE_ROWS", "1").strip().lower() not in ("0", "off", "false", "no")
+    return _switch_on("SPECCHAT_NATIVE_ROWS")
 
 
 def glue_enabled() -> bool:
     """glue_bf16.c between the products of bf16 llama passes (SPECCHAT_NATIVE_GLUE=0: torch's ops)."""
-    return os.environ.get("SPECCHAT_NATIVE_GLUE", "1").strip().lower() not in ("0", "off", "false", "no")
+    return _switch_on("SPECCHAT_NATIVE_GLUE")
 
 
 def _cpu_key() -> str:
