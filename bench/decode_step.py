@@ -8,6 +8,7 @@ the CPU hot-path switches, each configuration in its own process (the switches a
     SPECCHAT_NATIVE_ROWS=1  ... and the whole pass in one C call (engine/native/llama_rows.c)
     SPECCHAT_PAD_ROWS=2     bf16 products of 1-3 rows run as 2 rows (else as many as the machine's probe chose)
     SPECCHAT_NATIVE_GLUE=0  bf16 norms, rotary, SiLU, residual adds as torch ops (else engine/native/glue_bf16.c)
+    SPECCHAT_NATIVE_BF16=1  bf16: the C pass with bf16 records (engine/native/bf16_rows.c; needs SPECCHAT_NATIVE_ROWS=1)
 
 Usage: .venv/bin/python bench/decode_step.py [--context 300] [--steps 60] [--dtype bf16|fp32|q8] [--last N]
 (q8: the GGUF blocks' products with 8-bit activations, engine/native/quant_a8.c; its last configuration)
@@ -63,7 +64,7 @@ def verify(parents):
 for n in (4, 6, 16):
     out[f"verify{n}_ms"], out[f"verify{n}_attn_ms"] = verify(list(range(-1, n - 1)))
 out["tree46_ms"], out["tree46_attn_ms"] = verify([-1] + [p + 1 for p in plan_from_shape((3, 2, 2, 1, 1))])
-out["packed"] = common.packs(m.dtype)
+out["packed"] = common.packs(m.compute_dtype)
 out["native"] = native.status()
 print(json.dumps(out))
 """
@@ -76,13 +77,14 @@ def main() -> int:
     ap.add_argument("--dtype", choices=("bf16", "fp32", "q8"), default="bf16")
     ap.add_argument("--last", type=int, default=0, help="run only the last N configurations (the engine's own is last)")
     a = ap.parse_args()
-    # (label, packed, native, native linear, quant, C pass, pad rows, bf16 glue)
+    # (label, packed, native, native linear, quant, C pass, pad rows, bf16 glue[, bf16 records])
     configs = [("plain weights, torch attention", "0", "0", "0", "0", "0", "2", "0"),
                ("packed weights, torch attention", "1", "0", "0", "0", "0", "2", "0"),
                ("packed weights, C attention", "1", "1", "0", "0", "0", "2", "0")]
     if a.dtype == "bf16":
         configs.append(("... small products padded as probed", "1", "1", "0", "0", "0", "", "0"))
         configs.append(("... and the C glue (glue_bf16.c)", "1", "1", "0", "0", "0", "", "1"))
+        configs.append(("C pass, bf16 records (bf16_rows.c)", "1", "1", "1", "1", "1", "", "1", "1"))
     if a.dtype in ("fp32", "q8"):
         configs.append(("C linear (fp32), torch pass", "1", "1", "1", "0", "0", "2", "0"))
         configs.append(("C linear (GGUF blocks), torch pass", "1", "1", "1", "1", "0", "2", "0"))
@@ -91,9 +93,9 @@ def main() -> int:
     if a.last:
         configs = configs[-a.last:]
     print(f"SmolLM2-135M {a.dtype}, context {a.context}, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    for label, packed, nat, lin, quant, rows, pad, glue in configs:
+    for label, packed, nat, lin, quant, rows, pad, glue, *rec in configs:
         env = dict(os.environ, SPECCHAT_PACKED=packed, SPECCHAT_NATIVE=nat, SPECCHAT_NATIVE_LINEAR=lin, SPECCHAT_QUANT=quant,
-                   SPECCHAT_NATIVE_ROWS=rows, SPECCHAT_PAD_ROWS=pad, SPECCHAT_NATIVE_GLUE=glue)
+                   SPECCHAT_NATIVE_ROWS=rows, SPECCHAT_PAD_ROWS=pad, SPECCHAT_NATIVE_GLUE=glue, SPECCHAT_NATIVE_BF16=(rec or ["0"])[0])
         r = subprocess.run([sys.executable, "-c", CHILD, str(a.context), str(a.steps), a.dtype], capture_output=True, text=True, env=env)
         if r.returncode:
             print(f"{label}: failed: {r.stderr.strip().splitlines()[-1:]}")

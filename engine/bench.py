@@ -268,7 +268,7 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
     except ImportError:
         raise SpecchatError("--compare transformers needs the transformers package (pip install transformers)") from None
     loaded = session.target
-    dtype = session.decoder.target.dtype
+    dtype = session.decoder.target.compute_dtype
     if loaded.fmt == "gguf":
         model = AutoModelForCausalLM.from_pretrained(str(loaded.path.parent), gguf_file=loaded.path.name, dtype=dtype)
     else:
@@ -343,7 +343,7 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
                 samples.append((time.perf_counter() - t0) * 1000.0)
         out[label] = statistics.median(samples)
     ratio = out["tree32211"] / out["chain5"]
-    res = {"drafter": session.drafter.description if session.drafter else "", "dtype": str(session.decoder.target.dtype),
+    res = {"drafter": session.drafter.description if session.drafter else "", "dtype": str(session.decoder.target.compute_dtype),
            "chain5_ms": round(out["chain5"], 3), "tree32211_ms": round(out["tree32211"], 3), "ratio": round(ratio, 3),
            "threads": _threads(), "repeats": repeats}
     if args.json:

@@ -125,32 +125,38 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
     pass takes (its GGUF blocks kept: on an AVX-512 BF16 EPYC, where the product probe favours
     bf16 1.8x, SmolLM2's fp32 C-pass decode step took 6.6-7.2 ms against the bf16 torch pass's
     22.8-22.9, `bench/decode_step.py --last 1`, 2026-11-24) unless ``hf_config`` (the config of an
-    HF-format checkpoint: full-width weights) says its bf16 passes take the C glue
-    (``bf16_glue_pass``: there the fp32 C pass streams twice the bytes, 31-35 ms a step against the
-    bf16 pass's 17-20 ms, 2026-11-27); otherwise bf16 when the probe finds it at least 10% faster."""
+    HF-format checkpoint: full-width weights) says its bf16 passes run in C (``bf16_c_pass``: there
+    the fp32 C pass streams twice the bytes, 31-35 ms a step against the glue's 17-20 ms and the bf16
+    C pass's ~9.6, 2026-11-27); otherwise bf16 when the probe finds it at least 10% faster."""
     if torch.device(device).type == "cuda":
         return "bf16"
     if model_type is not None:
         from .models.llama import MODEL_TYPES
 
-        if model_type in MODEL_TYPES and native_fp32_pass() and not (hf_config is not None and bf16_glue_pass(hf_config)):
+        if model_type in MODEL_TYPES and native_fp32_pass() and not (hf_config is not None and bf16_c_pass(hf_config)):
             return "fp32"
     c = cpu_costs()
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
 
 
-def bf16_glue_pass(hf_config: dict) -> bool:
-    """Whether bf16 passes of the llama-family model of this HF config would run with
-    engine/native/glue_bf16.c (the kernels load, nothing switches them off, the shapes fit)."""
+def bf16_c_pass(hf_config: dict) -> bool:
+    """Whether bf16 passes of the llama-family model of this HF config would run in C: the bf16
+    compute type's C pass (``native.bf16_records_on``: AVX-512 BF16; even sizes) or the torch pass
+    with engine/native/glue_bf16.c between its products (the kernels load, nothing switches them
+    off, the shapes fit)."""
+    from . import native
     from .errors import ModelLoadError
     from .models import llama
 
-    if llama.glue_lib() is None:
+    records, glue = native.bf16_records_on(), llama.glue_lib() is not None
+    if not (records or glue):
         return False
     try:
-        return llama.glue_fits(llama.LlamaConfig.from_hf(hf_config))
+        c = llama.LlamaConfig.from_hf(hf_config)
     except (ModelLoadError, TypeError, ValueError):
         return False
+    even = c.hidden_size % 2 == 0 and c.intermediate_size % 2 == 0 and c.num_heads * c.head_dim % 2 == 0
+    return (records and even) or (glue and llama.glue_fits(c))
 
 
 def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:

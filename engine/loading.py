@@ -52,7 +52,7 @@ class Loaded:
     def compute(self) -> str:
         """The compute type: "q8" (fp32 with 8-bit activations in the GGUF blocks' products),
         else the model's dtype ("float32", "bfloat16")."""
-        return "q8" if self.act8 else str(self.model.dtype).replace("torch.", "")
+        return "q8" if self.act8 else str(self.model.compute_dtype).replace("torch.", "")
 
     @property
     def description(self) -> str:
@@ -269,6 +269,14 @@ def _build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype,
     cfg_cls, model_cls = fams[mt]
     model_cfg = cfg_cls.from_hf(cfg, where)
     _check_shapes(model_cls.family, model_cfg, sd)
+    if dtype == torch.bfloat16 and hasattr(model_cls, "keep_bf16") and all(t.device.type == "cpu" for t in sd.values()):
+        from . import native
+
+        if native.bf16_records_on():
+            # the CPU bf16 compute type: bf16 products inside the fp32 C pass (Llama.keep_bf16)
+            model = model_cls(model_cfg, sd, dtype=torch.float32, max_context=max_context)
+            if model.keep_bf16():
+                return model
     return model_cls(model_cfg, sd, dtype=dtype, max_context=max_context)
 
 

@@ -355,7 +355,7 @@ def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_
     from engine.session import ChatSession
 
     s = ChatSession.load(dtype="bf16", max_context=512)
-    assert s.target.model.dtype == torch.bfloat16 and s.drafter.model.dtype == torch.float32
+    assert s.target.model.compute_dtype == torch.bfloat16 and s.drafter.model.dtype == torch.float32
     # the pairing's best measured strategy: pld:auto in q8 and in bf16 (bench/results/2026-11-26-session20)
     assert (s.strategy.name, s.strategy.adaptive) == ("pld", True)
     assert s.registry.default_pairing(s.target.name).strategy_for("q8") == "pld:auto"

@@ -314,9 +314,9 @@ def test_dtype_auto_picks_a_dtype_by_measurement():
 def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkeypatch):
     """A llama-family model runs fp32 in engine/native/llama_rows.c, so "auto" keeps fp32 for it
     even where the product probe favours bf16 (an AVX-512 BF16 CPU) -- unless its weights are
-    full-width (an HF checkpoint) and its bf16 passes take the C glue (glue_bf16.c: then bf16
-    streams half the bytes; 17-20 ms a SmolLM2 step against the fp32 C pass's 31-35). Other
-    families follow the probe."""
+    full-width (an HF checkpoint) and its bf16 passes run in C (the bf16 C pass, bf16_rows.c, or
+    the torch pass with the C glue, glue_bf16.c: then bf16 streams half the bytes). Other families
+    follow the probe."""
     from engine import dtype_probe, native
     from engine.loading import load, parse_dtype
 
@@ -326,15 +326,24 @@ def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkey
     assert dtype_probe.auto_dtype("cpu", "mamba2") == "bf16"
     assert dtype_probe.auto_dtype("cpu") == "bf16"
     assert parse_dtype("auto", "qwen2") == torch.float32
+
+    def compute(kind):
+        return load(str(saved(kind, str(tmp_path))), dtype="auto").model.compute_dtype
+
     glue = native.lib() is not None
-    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == (torch.bfloat16 if glue else torch.float32)
-    assert load(str(saved("qwen2", str(tmp_path))), dtype="auto").model.dtype == torch.float32  # biases: no glue
-    assert load(str(saved("mamba2", str(tmp_path))), dtype="auto").model.dtype == torch.bfloat16
+    records = native.bf16_records_on()
+    assert compute("llama") == (torch.bfloat16 if glue else torch.float32)
+    # biases: no glue, but the bf16 C pass takes them
+    assert compute("qwen2") == (torch.bfloat16 if records else torch.float32)
+    assert compute("mamba2") == torch.bfloat16
     monkeypatch.setenv("SPECCHAT_NATIVE_GLUE", "0")
-    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
-    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.95})  # bf16 not 10% faster
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")
+    assert compute("llama") == torch.float32
     monkeypatch.delenv("SPECCHAT_NATIVE_GLUE")
-    assert load(str(saved("llama", str(tmp_path))), dtype="auto").model.dtype == torch.float32
+    assert compute("llama") == (torch.bfloat16 if glue else torch.float32)  # the glue alone
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.95})  # bf16 not 10% faster
+    monkeypatch.delenv("SPECCHAT_NATIVE_BF16")
+    assert compute("llama") == torch.float32
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: False)
     assert dtype_probe.auto_dtype("cpu", "llama") == "bf16"

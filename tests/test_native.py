@@ -339,6 +339,7 @@ def test_a_drafter_beside_a_torch_pass_target_drafts_on_one_thread(tmp_path, mon
     from .tiny import saved
 
     monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # bf16 through torch (the bf16 C pass shares the pool)
     target = load(str(saved("llama", str(tmp_path))), dtype="bf16").model
     drafter = load(str(saved("mamba2", str(tmp_path)))).model  # fp32, the C step
     seen = []
@@ -370,6 +371,7 @@ def test_a_drafter_takes_the_c_path_whatever_the_targets_measure_chose(tmp_path,
     from .tiny import saved
 
     monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": False, "why": "off (test)"})
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # a bf16 target in torch (the bf16 C pass holds its own records)
     W = torch.randn(48, 32)
     assert common.Linear(W, torch.float32)._blocks is None
     with common.loading_a_drafter():
@@ -472,6 +474,7 @@ def test_glue_pass_is_close_to_the_torch_pass_and_its_rows_agree(kind, tmp_path,
     from .tiny import saved
 
     path = str(saved(kind, str(tmp_path)))
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # the torch bf16 pass (not the bf16 C pass)
     monkeypatch.setattr(llama, "GLUE_BF16", False)
     ref = load(path, dtype="bf16").model
     assert ref._glue() is None
@@ -500,6 +503,7 @@ def test_glue_rows_do_not_depend_on_the_padding_or_the_pass(pad, native_attn, tm
 
     from .tiny import saved
 
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # the torch bf16 pass (not the bf16 C pass)
     m = load(str(saved("llama_hd64", str(tmp_path))), dtype="bf16").model
     assert m._glue() is not None
     monkeypatch.setattr(common, "_PAD_ROWS", {torch.bfloat16: pad})
@@ -531,6 +535,7 @@ def test_glue_is_off_where_it_does_not_apply(tmp_path, monkeypatch):
 
     from .tiny import saved
 
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # the torch bf16 pass (not the bf16 C pass)
     assert load(str(saved("qwen2", str(tmp_path))), dtype="bf16").model._glue() is None  # qkv bias
     assert load(str(saved("llama", str(tmp_path)))).model._glue() is None  # fp32
     monkeypatch.setenv("SPECCHAT_NATIVE_GLUE", "0")
@@ -538,12 +543,13 @@ def test_glue_is_off_where_it_does_not_apply(tmp_path, monkeypatch):
 
 
 @needs_native
-def test_greedy_strategies_equal_plain_greedy_through_the_bf16_glue(tmp_path):
+def test_greedy_strategies_equal_plain_greedy_through_the_bf16_glue(tmp_path, monkeypatch):
     from engine.loading import load
     from engine.strategy import preset
 
     from .tiny import saved
 
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")  # the torch bf16 pass (not the bf16 C pass)
     target = load(str(saved("llama", str(tmp_path))), dtype="bf16").model
     assert target._glue() is not None
     drafter = load(str(saved("draft", str(tmp_path)))).model

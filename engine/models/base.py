@@ -56,7 +56,15 @@ class CausalLM(torch.nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """The dtype of the pass's tensors (activations, cache, logits)."""
         return self._dtype
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype the model computes in, as the user asked for it: ``dtype``, except where the
+        products run in another (the CPU bf16 compute type: bf16 products inside an fp32 pass,
+        engine/models/llama.py ``keep_bf16``)."""
+        return getattr(self, "_compute_dtype", None) or self._dtype
 
     def describe(self) -> dict[str, Any]:
         return {"family": self.family}

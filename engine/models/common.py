@@ -713,6 +713,23 @@ class Linear:
             return self._blocks.data_ptr(), 0
         return None
 
+    @classmethod
+    def bf16(cls, w: torch.Tensor) -> Linear:
+        """An [out, in] weight held as bf16 records (``quant.pack_bf16``) for the CPU bf16 compute
+        type: products through engine/native/bf16_rows.c (activations rounded to bf16, fp32 sums,
+        a row's bits independent of the others)."""
+        from .quant import pack_bf16
+
+        N, K = w.shape
+        return cls.quantized(pack_bf16(w), "BF16", K, N)
+
+    def to_bf16(self) -> Linear:
+        """This weight as bf16 records (``bf16``); itself where it is already quantised or K is odd."""
+        K, N = self.shape
+        if self._qrec is not None or K % 2:
+            return self
+        return Linear.bf16(self.dense().t())
+
     def to_q8_0(self, act8: bool = False) -> Linear:
         """This fp32 weight quantised to GGUF Q8_0 and held in records (engine/models/quant.py), or
         itself where that does not apply (not linear.c's, already quantised, in % 32 != 0). For
@@ -822,6 +839,10 @@ class Linear:
         come back as fp32 blocks, 3.6x the bytes a draft step streams (the shipped drafter's
         480 x 11,327 head: 21.7 MB a token)."""
         K, N = self.shape
+        if self._qrec is not None and self._qtype == "BF16":
+            from .quant import dequantize_rows
+
+            return Linear.bf16(dequantize_rows(self._qrec, self._qtype, N, K, cols))  # exact: bf16 values
         if self._qrec is not None and K % 32 == 0:
             from .quant import dequantize_rows, pack, quantize_rows
 

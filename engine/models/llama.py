@@ -192,6 +192,38 @@ class Llama(CausalLM):
                 layer[key] = new
         return n
 
+    def keep_bf16(self) -> bool:
+        """The CPU bf16 compute type on an fp32-built model: every projection and the head as bf16
+        records (engine/native/bf16_rows.c: bf16 weights, activations rounded to bf16 per product,
+        fp32 sums), the embedding in bf16 (its rows widened on lookup), the KV cache in bf16, and
+        the rest of the pass (norms, rotary, attention, residual stream) in fp32 inside the C pass
+        (llama_rows.c). Where it applies: CPU, fp32-built, ``native.bf16_records_on()``, even input
+        sizes. Returns whether it is on; the model is unchanged otherwise."""
+        from .. import native
+
+        c = self.cfg
+        ok = (native.bf16_records_on()
+              and self._dtype == torch.float32 and self.embed.device.type == "cpu"
+              and c.hidden_size % 2 == 0 and c.intermediate_size % 2 == 0 and c.num_heads * c.head_dim % 2 == 0
+              and all(isinstance(L[k], Linear) for L in self.layers for k in ("wqkv", "wo", "wgu", "wd"))
+              and isinstance(self.lm_head_t, Linear) and self.use_bf16_kv())
+        if not ok:
+            return False
+        self.__dict__.pop("_native_tab", None)  # the native pass's weight table is rebuilt
+        for L in self.layers:
+            for k in ("wqkv", "wo", "wgu", "wd"):
+                L[k] = L[k].to_bf16()
+        self.lm_head_t = self.lm_head_t.to_bf16()
+        self.embed = self.embed.to(torch.bfloat16)
+        self._compute_dtype = torch.bfloat16
+        return True
+
+    def _embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The embedding's rows of ``tokens`` in the pass's dtype (a new tensor; the CPU bf16 compute
+        type keeps the table in bf16 and widens them)."""
+        x = self.embed[tokens]
+        return x.to(self._dtype) if x.dtype != self._dtype else x
+
     def use_bf16_kv(self) -> bool:
         """Keep the KV cache in bf16 (the q8 compute type does; ``keep_quantized(act8=True)``): a
         decode step reads the whole cache, so at long contexts its bytes rival the weights' (SmolLM2
@@ -215,7 +247,7 @@ class Llama(CausalLM):
     def describe(self) -> dict[str, Any]:
         c = self.cfg
         return {"family": c.model_type, "layers": c.num_layers, "hidden": c.hidden_size, "heads": f"{c.num_heads}/{c.num_kv_heads}",
-                "vocab": c.vocab_size, "dtype": str(self._dtype).replace("torch.", "")}
+                "vocab": c.vocab_size, "dtype": str(self.compute_dtype).replace("torch.", "")}
 
     # engine/native/llama_rows.c: the whole pass in one C call when every projection is held by
     # linear.c (fp32 blocks or GGUF records). Built on first use; None = the torch pass. Prefill
@@ -270,7 +302,7 @@ class Llama(CausalLM):
         if mask is not None and (mask.stride(1) != 1 or mask.dtype != torch.bool):
             mask = mask.to(torch.bool).contiguous()
         T = tokens.shape[0]
-        x = self.embed[tokens].contiguous()  # (T, D), a copy
+        x = self._embed_rows(tokens).contiguous()  # (T, D), a copy
         cos, sin = self.rope.cos[positions].contiguous(), self.rope.sin[positions].contiguous()
         rc = native.lib().llama_rows_f32(
             x.data_ptr(), T, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.rope.rot_dim,
@@ -354,7 +386,7 @@ class Llama(CausalLM):
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
         T = tokens.shape[0]
-        x = self.embed[tokens]  # (T, D)
+        x = self._embed_rows(tokens)  # (T, D)
         kc, vc = self.cache.k, self.cache.v
         # shared by every layer: the rotary tables of these positions and the attention's key plan
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]
@@ -405,7 +437,7 @@ class Llama(CausalLM):
         G = H // K
         B, T = tokens.shape
         end = start + T
-        x = self.embed[tokens]  # (B, T, D)
+        x = self._embed_rows(tokens)  # (B, T, D)
         cos = self.rope.cos[positions].unsqueeze(1)  # (B, 1, T, R)
         sin = self.rope.sin[positions].unsqueeze(1)
         r = self.rope.rot_dim

@@ -22,6 +22,10 @@ scheme): a dtype of its own, lossless within itself (every row's bits independen
 with it), not bit-identical to fp32. Layouts in quant_a8.c's header; ``dense()`` and embedding
 lookups still give GGUF's exact weights.
 
+The CPU bf16 compute type (``--dtype bf16`` on a CPU with AVX-512 BF16: ``Llama.keep_bf16``) holds
+its weights as ``BF16`` records (``pack_bf16``) for engine/native/bf16_rows.c: bf16 weights,
+activations rounded to bf16 per product, fp32 sums (the exact form in that file's header).
+
 Switch: ``SPECCHAT_QUANT=0`` keeps the dequantised fp32 weights (A/B benchmarks).
 """
 
@@ -32,7 +36,7 @@ import os
 import numpy as np
 import torch
 
-QTYPES = {"Q4_1": 1, "Q8_0": 2, "Q4_1a8": 3, "Q8_0a8": 4}
+QTYPES = {"Q4_1": 1, "Q8_0": 2, "Q4_1a8": 3, "Q8_0a8": 4, "BF16": 5}
 _RECORD = {"Q4_1": 384, "Q8_0": 576, "Q4_1a8": 320, "Q8_0a8": 544}
 _GGUF_BLOCK = {"Q4_1": 20, "Q8_0": 34}  # bytes per 32 weights in the file
 
@@ -105,6 +109,19 @@ def _pack_a8(blocks: np.ndarray, base: str, nb: int, nkb: int) -> np.ndarray:
     q = np.ascontiguousarray(blocks[..., 2:34]).reshape(nb, nkb, 16, 8, 4)  # inputs 4 h + k
     w = q.transpose(0, 1, 3, 2, 4).reshape(nb, nkb, 512)  # (h, j, k)
     return np.ascontiguousarray(np.concatenate([d16, w], axis=-1))
+
+
+def pack_bf16(w: torch.Tensor) -> torch.Tensor:
+    """An [N, K] weight (K even) -> bf16_rows.c's records: rounded to bf16 (to nearest even, as
+    torch's cast), column blocks of 16 outputs zero-padded, in each block K / 2 vectors whose lane
+    j holds (w[2p][j], w[2p + 1][j]). A flat uint8 tensor of nb * K * 32 bytes."""
+    N, K = w.shape
+    if K % 2:
+        raise ValueError(f"K={K} is odd")
+    nb = -(-N // 16)
+    wp = torch.zeros(nb * 16, K, dtype=torch.bfloat16)
+    wp[:N] = w.detach()
+    return wp.view(nb, 16, K // 2, 2).permute(0, 2, 1, 3).contiguous().view(torch.uint8).reshape(-1)
 
 
 def dequantize_rows(records: torch.Tensor, qtype: str, N: int, K: int, ids: torch.Tensor) -> torch.Tensor:

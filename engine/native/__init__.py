@@ -87,6 +87,18 @@ def glue_enabled() -> bool:
     return _switch_on("SPECCHAT_NATIVE_GLUE")
 
 
+def bf16_records_on() -> bool:
+    """Whether a CPU bf16 llama-family model takes the bf16 compute type's C pass (bf16_rows.c's
+    products inside llama_rows.c; ``Llama.keep_bf16``): the kernels load, the C pass is on,
+    SPECCHAT_NATIVE_BF16 is not 0, and the products are vectorised (AVX-512 BF16), or
+    SPECCHAT_BF16_PATH=scalar asks for their scalar form (tests, on any CPU). Elsewhere bf16 runs
+    through torch (oneDNN products, glue_bf16.c between them)."""
+    if not (_switch_on("SPECCHAT_NATIVE_BF16") and rows_enabled() and lib() is not None):
+        return False
+    path = bf16_path()
+    return path == "avx512" or (path == "scalar" and os.environ.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
+
+
 def _cpu_key() -> str:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
@@ -100,7 +112,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "glue_bf16.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
+SOURCES = ("attn.c", "bf16_rows.c", "glue_bf16.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:
@@ -157,6 +169,10 @@ def _load() -> ctypes.CDLL | None:
         lib.linear_rows_f32.restype = ctypes.c_int
         lib.linear_rows_q.argtypes = [p, i64, i64, i64, p, i32, i64, p, p, i32]
         lib.linear_rows_q.restype = ctypes.c_int
+        lib.linear_rows_bf16.argtypes = [p, i64, i64, i64, p, i64, p, p, i32]
+        lib.linear_rows_bf16.restype = ctypes.c_int
+        lib.bf16_rows_path.argtypes = []
+        lib.bf16_rows_path.restype = ctypes.c_int
         lib.a8_vectorized.argtypes = []
         lib.a8_vectorized.restype = ctypes.c_int
         lib.a8_pack.argtypes = [i32, p, i64, i64, p]
@@ -199,3 +215,11 @@ def reset_for_tests() -> None:
     global _lib, _tried, _reason
     with _lock:
         _lib, _tried, _reason = None, False, "not loaded yet"
+
+
+def bf16_path() -> str:
+    """Which kernel runs the CPU bf16 compute type's products (bf16_rows.c): "avx512" (AVX-512
+    BF16's vdpbf16ps), "scalar" (its exact scalar form: slow, for tests and CPUs without it), or
+    "off" without the library."""
+    lb = lib()
+    return "off" if lb is None else ("scalar", "avx512")[lb.bf16_rows_path()]

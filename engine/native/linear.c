@@ -142,12 +142,15 @@ static void block_rows(const float *x, int64_t ldx, int64_t i0, int64_t i1, cons
  * d * q is exact in fp32 (an fp16 scale times a 4- or 8-bit integer), so fmaf(d, q, m) rounds once,
  * like GGUF's (d * q) + m. */
 #define QK 32
-enum { QT_F32 = 0, QT_Q4_1 = 1, QT_Q8_0 = 2, QT_Q4_1A8 = 3, QT_Q8_0A8 = 4 };
+enum { QT_F32 = 0, QT_Q4_1 = 1, QT_Q8_0 = 2, QT_Q4_1A8 = 3, QT_Q8_0A8 = 4, QT_BF16 = 5 };
 /* the q8 compute type's records and products (quant_a8.c) */
 int64_t a8_record_bytes(int qtype);
 int linear_rows_a8(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8_t *Wq, int qtype, int64_t N, const float *bias,
                    float *y, int nthreads);
 void a8_dequant(int qtype, const uint8_t *rec, float *out);
+int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const uint16_t *W, int64_t N, const float *bias,
+                     float *y, int nthreads);
+int bf16_rows_f32(const uint16_t *W, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out);
 
 static int64_t qrecord_bytes(int qtype) { return qtype == QT_Q4_1 ? 384 : qtype == QT_Q8_0 ? 576 : 0; }
 
@@ -386,12 +389,14 @@ int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const flo
 int linear_rows_q(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8_t *Wq, int qtype, int64_t N,
                   const float *bias, float *y, int nthreads) {
     if (qtype == QT_Q4_1A8 || qtype == QT_Q8_0A8) return linear_rows_a8(x, ldx, R, K, Wq, qtype, N, bias, y, nthreads);
+    if (qtype == QT_BF16) return linear_rows_bf16(x, ldx, R, K, (const uint16_t *)Wq, N, bias, y, nthreads);
     return linear_rows(x, ldx, R, K, NULL, Wq, qtype, N, bias, y, nthreads);
 }
 
 /* Rows `ids` (n of them) of the [N, K] matrix held as quantised records, dequantised into out
  * (n, K): an embedding lookup from the tied head's quantised copy. Returns 2 for a bad qtype. */
 int quant_rows_f32(const uint8_t *Wq, int qtype, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    if (qtype == QT_BF16) return bf16_rows_f32((const uint16_t *)Wq, N, K, ids, n, out);
     const int a8 = qtype == QT_Q4_1A8 || qtype == QT_Q8_0A8;
     const int64_t rb = a8 ? a8_record_bytes(qtype) : qrecord_bytes(qtype);
     float tmp[QK * JB];

@@ -1,0 +1,253 @@
+/* bf16-weight products with bf16-rounded activations and fp32 sums: the CPU `bf16` compute type's
+ * products inside the C pass (engine/native/llama_rows.c; engine/models/llama.py `keep_bf16`).
+ *
+ * Why: through oneDNN a 1-row bf16 decode step of SmolLM2-135M streamed its 270 MB of weights at
+ * ~20 GB/s (12-14 ms of products, bench/results/2026-11-27-session22 section 3) while the q8 C pass
+ * streams its records at ~30 GB/s, and the torch pass spent the rest of a step between products.
+ * Here the weights stream once per pass for up to eight rows at a time and each 64 bytes of them
+ * feed one AVX-512 BF16 `vdpbf16ps` per row (32 multiply-adds).
+ *
+ * Numerics (what lossless is defined against for this compute type): a row x (fp32) is rounded to
+ * bf16 (to nearest even, denormals to zero: `vcvtneps2bf16`), and every output is one chain over the
+ * input pairs (2p, 2p + 1), p = 0 .. K/2 - 1 in order, started from zero:
+ *
+ *     acc = acc + x[2p + 1] w[2p + 1]   then   acc = acc + x[2p] w[2p]
+ *
+ * each a single rounding to nearest even (the bf16 products are exact in fp32) with denormal inputs
+ * and results taken as zero, as `vdpbf16ps` does (checked bit for bit against this scalar form on
+ * the Zen 4 EPYC: 3.2M random lanes, and the denormal cases); the bias is added last. A row's bits
+ * depend on that row alone, whatever the row count, grouping or thread, so a 1-token decode step
+ * and a k-token verify pass agree. SPECCHAT_BF16_PATH=scalar runs the scalar form (tests compare).
+ *
+ * Layout (engine/models/quant.py `pack_bf16`): per column block of 16 outputs, K/2 vectors of 64
+ * bytes; in vector p, 32-bit lane j holds (w[2p][j], w[2p + 1][j]) as two bf16, the even input in
+ * the low half (`vdpbf16ps`'s pair). Outputs past N in the last block are zero.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "pool.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+#define BF_VEC 1
+#endif
+
+#define JB 16
+#define GMAX 8 /* rows per group (the scalar form's; the vector kernels' per block count: GMAX_B) */
+
+enum { BF_SCALAR = 0, BF_AVX512 = 1 };
+
+/* Which kernel runs: the AVX-512 BF16 one where this build has it, else (or when
+ * SPECCHAT_BF16_PATH=scalar) the scalar form. */
+static int bf_path(void) {
+    static int v = -1;
+    if (v < 0) {
+        int best = BF_SCALAR;
+#ifdef BF_VEC
+        best = BF_AVX512;
+#endif
+        const char *e = getenv("SPECCHAT_BF16_PATH");
+        v = (e && !strcmp(e, "scalar")) ? BF_SCALAR : best;
+    }
+    return v;
+}
+
+int bf16_rows_path(void) { return bf_path(); }
+
+static inline float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+/* fp32 -> bf16 as vcvtneps2bf16: to nearest even, denormals to signed zero, NaN quieted */
+static inline uint16_t to_bf16_daz(float f) {
+    const uint32_t u = f2u(f);
+    if ((u & 0x7f800000u) == 0) return (uint16_t)((u >> 16) & 0x8000u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* a denormal as signed zero (vdpbf16ps's DAZ on its inputs and FTZ on each sum) */
+static inline float daz(float f) {
+    const uint32_t u = f2u(f);
+    return (u & 0x7f800000u) == 0 ? u2f(u & 0x80000000u) : f;
+}
+
+static inline float bf(uint16_t h) { return daz(u2f((uint32_t)h << 16)); }
+
+/* one row's bf16 activations as K/2 pairs (even input in the low half) */
+static void convert_row(const float *x, int64_t K, uint32_t *xp) {
+    int64_t i = 0;
+#ifdef BF_VEC
+    if (bf_path() == BF_AVX512)
+        for (; i + 32 <= K; i += 32) {
+            /* cvtne2ps: the second operand's 16 values go to the low half */
+            const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
+            _mm512_storeu_si512((void *)(xp + i / 2), (__m512i)v);
+        }
+#endif
+    for (; i < K; i += 2) xp[i / 2] = (uint32_t)to_bf16_daz(x[i]) | ((uint32_t)to_bf16_daz(x[i + 1]) << 16);
+}
+
+/* acc[g * 16 + j] = the chain of row r0 + g (g < G) over one column block (rec: K/2 vectors) */
+static void rows_scalar(const uint32_t *xp, int64_t K, int64_t r0, int64_t G, const uint32_t *rec, float *acc) {
+    const int64_t P = K / 2;
+    for (int64_t g = 0; g < G; g++) {
+        const uint32_t *xr = xp + (r0 + g) * P;
+        for (int j = 0; j < JB; j++) {
+            float a = 0.0f;
+            for (int64_t p = 0; p < P; p++) {
+                const uint32_t w = rec[p * JB + j], x = xr[p];
+                a = daz(__builtin_fmaf(bf((uint16_t)(x >> 16)), bf((uint16_t)(w >> 16)), a));
+                a = daz(__builtin_fmaf(bf((uint16_t)x), bf((uint16_t)w), a));
+            }
+            acc[g * JB + j] = a;
+        }
+    }
+}
+
+#ifdef BF_VEC
+/* G rows x B column blocks (rec, rec + K/2 vectors, ...) at once: G B independent chains hide
+ * vdpbf16ps's latency (one row of one block is a single chain of K/2 dependent multiply-adds, which
+ * bound a 1-row pass below the memory's rate), and each weight vector and each row's broadcast
+ * feed several of them. acc: B blocks of G x 16. Every chain is the same whatever G and B. */
+static inline __attribute__((always_inline)) void rows_vec(const int G, const int B, const uint32_t *xp, int64_t K, int64_t r0,
+                                                           const uint32_t *rec, float *acc) {
+    const int64_t P = K / 2, stride = P * JB;
+    __m512 a[24];
+    const uint32_t *xr[8];
+    for (int i = 0; i < G * B; i++) a[i] = _mm512_setzero_ps();
+    for (int g = 0; g < G; g++) xr[g] = xp + (r0 + g) * P;
+    for (int64_t p = 0; p < P; p++) {
+        __m512bh w[8];
+        for (int bb = 0; bb < B; bb++) w[bb] = (__m512bh)_mm512_loadu_si512((const void *)(rec + bb * stride + p * JB));
+        for (int g = 0; g < G; g++) {
+            const __m512bh v = (__m512bh)_mm512_set1_epi32((int)xr[g][p]);
+            for (int bb = 0; bb < B; bb++) a[g * B + bb] = _mm512_dpbf16_ps(a[g * B + bb], v, w[bb]);
+        }
+    }
+    for (int bb = 0; bb < B; bb++)
+        for (int g = 0; g < G; g++) _mm512_storeu_ps(acc + (bb * G + g) * JB, a[g * B + bb]);
+}
+
+#define BF_GB(g, b) \
+    static void vec_g##g##_b##b(const uint32_t *xp, int64_t K, int64_t r0, const uint32_t *rec, float *acc) { rows_vec(g, b, xp, K, r0, rec, acc); }
+BF_GB(1, 1) BF_GB(2, 1) BF_GB(3, 1) BF_GB(4, 1) BF_GB(5, 1) BF_GB(6, 1) BF_GB(7, 1) BF_GB(8, 1)
+BF_GB(1, 2) BF_GB(2, 2) BF_GB(3, 2) BF_GB(4, 2) BF_GB(5, 2) BF_GB(6, 2) BF_GB(7, 2) BF_GB(8, 2)
+BF_GB(1, 4) BF_GB(2, 4) BF_GB(3, 4) BF_GB(4, 4) BF_GB(5, 4)
+BF_GB(1, 8) BF_GB(2, 8)
+typedef void (*bf_fn)(const uint32_t *, int64_t, int64_t, const uint32_t *, float *);
+/* VEC[log2 B][G]; NULL where G x B does not fit the registers */
+static const bf_fn VEC[4][9] = {
+    {NULL, vec_g1_b1, vec_g2_b1, vec_g3_b1, vec_g4_b1, vec_g5_b1, vec_g6_b1, vec_g7_b1, vec_g8_b1},
+    {NULL, vec_g1_b2, vec_g2_b2, vec_g3_b2, vec_g4_b2, vec_g5_b2, vec_g6_b2, vec_g7_b2, vec_g8_b2},
+    {NULL, vec_g1_b4, vec_g2_b4, vec_g3_b4, vec_g4_b4, vec_g5_b4, NULL, NULL, NULL},
+    {NULL, vec_g1_b8, vec_g2_b8, NULL, NULL, NULL, NULL, NULL, NULL},
+};
+static const int GMAX_B[4] = {8, 8, 5, 2}; /* rows a group at 1, 2, 4, 8 blocks */
+#endif
+
+/* y rows [r, r + take) of column block b from acc (take x 16) */
+static void put(float *y, const float *bias, const float *acc, int64_t N, int64_t b, int64_t r, int64_t take) {
+    const int64_t j0 = b * JB, nj = N - j0 < JB ? N - j0 : JB;
+    for (int64_t t = 0; t < take; t++) {
+        float *yr = y + (r + t) * N + j0;
+        if (bias) {
+            for (int64_t j = 0; j < nj; j++) yr[j] = acc[t * JB + j] + bias[j0 + j];
+        } else {
+            memcpy(yr, acc + t * JB, sizeof(float) * (size_t)nj);
+        }
+    }
+}
+
+typedef struct {
+    const uint32_t *xp, *W;
+    const float *bias;
+    float *y;
+    int64_t R, K, N;
+} bf_job;
+
+/* log2 of the blocks at once for a pass of R rows: 8 for 1-2 rows, 4 for 3-5, else 2 (row groups
+ * of <= 8). Measured over SmolLM2-135M's weights streamed from memory (2 threads, Zen 4; session
+ * 23): 1 row 10.4 -> 7.7-8.4 ms against 1-2 blocks (a row of a block is one chain of dependent
+ * multiply-adds: more blocks, more chains in flight); at 16 rows 2 blocks x 8 rows beat 1 x 16
+ * (16.6 vs 21.6 ms: every row's broadcast is a load) and 4 x 4 (16.5); a software prefetch did not
+ * pay. */
+static int blocks_for(int64_t R) { return R <= 2 ? 3 : R <= 5 ? 2 : 1; }
+
+static void bf_part(void *ctx, pool_region *region) {
+    const bf_job *J = (const bf_job *)ctx;
+    const int64_t R = J->R, K = J->K, N = J->N;
+    float acc[8 * GMAX * JB];
+    int64_t b0, b1;
+    while (pool_claim(region, &b0, &b1)) {
+        for (int64_t b = b0; b < b1;) {
+            const uint32_t *rec = J->W + b * (K / 2) * JB;
+            int lb = 0;
+#ifdef BF_VEC
+            if (bf_path() == BF_AVX512) {
+                lb = blocks_for(R);
+                while (lb > 0 && b + (1 << lb) > b1) lb--;
+            }
+#endif
+            const int B = 1 << lb;
+            const int64_t gmax = bf_path() == BF_AVX512 ? GMAX_B[lb] : GMAX;
+            const int64_t groups = (R + gmax - 1) / gmax;
+            int64_t r = 0;
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 5 + 5 */
+#ifdef BF_VEC
+                if (bf_path() == BF_AVX512)
+                    VEC[lb][take](J->xp, K, r, rec, acc);
+                else
+#endif
+                    rows_scalar(J->xp, K, r, take, rec, acc);
+                for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, take);
+                r += take;
+            }
+            b += B;
+        }
+    }
+}
+
+/* y (R, N) = x (R, K; row stride ldx) @ W (+ bias), W as above. Returns 0, 1 if the activation
+ * buffer could not be allocated, 2 for an odd K. */
+int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const uint16_t *W, int64_t N, const float *bias,
+                     float *y, int nthreads) {
+    if (K % 2 != 0 || K <= 0) return 2;
+    if (R <= 0) return 0;
+    uint32_t *xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(R * K / 2) + 64);
+    if (!xp) return 1;
+    for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
+    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N};
+    const int64_t nb = (N + JB - 1) / JB;
+    if (nthreads < 1) nthreads = 1;
+    const int nt = R * K * N > 65536 ? nthreads : 1;
+    /* chunks of ~1/8 of a thread's share, in whole groups of 8 blocks */
+    const int64_t chunk = ((nb / (8 * nt) + 7) / 8) * 8;
+    pool_run(nt, nb, chunk > 8 ? chunk : 8, bf_part, &J);
+    free(xp);
+    return 0;
+}
+
+/* Rows `ids` (n) of the [N, K] matrix held as above, widened to fp32 into out (n, K): the
+ * embedding's rows from the tied head's copy. Returns 3 for an id out of range. */
+int bf16_rows_f32(const uint16_t *W, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out) {
+    if (K % 2 != 0) return 2;
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t v = ids[t];
+        if (v < 0 || v >= N) return 3;
+        const uint16_t *rec = W + (v / JB) * K * JB;
+        for (int64_t i = 0; i < K; i++) out[t * K + i] = u2f((uint32_t)rec[(i / 2) * 2 * JB + (v % JB) * 2 + (i & 1)] << 16);
+    }
+    return 0;
+}

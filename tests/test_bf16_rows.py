@@ -1,0 +1,185 @@
+"""The CPU bf16 compute type (engine/native/bf16_rows.c inside llama_rows.c; ``Llama.keep_bf16``):
+bf16 weights, each product's activations rounded to bf16, fp32 sums in one fixed chain per output
+(AVX-512 BF16's vdpbf16ps: the odd input of a pair, then the even one, each one rounding, denormals
+as zero), everything else in fp32.
+
+Checks: the products equal a float64 evaluation of that chain rounded to fp32 at each step, bit for
+bit; a row's bits do not depend on the rows, row count or threads run with it, and the vector path
+equals the scalar form (SPECCHAT_BF16_PATH=scalar, what CPUs without AVX-512 BF16 would run); the
+records hold the bf16 weights exactly; a bf16 llama model takes the C pass, stays close to fp32, and
+every greedy strategy equals its own greedy plain decoding; SPECCHAT_NATIVE_BF16=0 keeps torch's
+bf16 pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from engine import native
+from engine.models import common, quant
+
+from .test_quant import assert_rows_consistent
+from .tiny import saved
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tiny"))
+
+
+needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
+TINY = 1.1754943508222875e-38  # the smallest normal fp32
+
+
+def _flush(t: torch.Tensor) -> torch.Tensor:
+    """Denormals as (signed) zero."""
+    return torch.where(t.abs() < TINY, t * 0.0, t)
+
+
+def _reference(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The chain of bf16_rows.c's header evaluated in float64 and rounded to fp32 after every step
+    (a bf16 x bf16 product is exact; an fp32 + such a product is exact in float64 up to the far
+    tails, so one rounding to fp32 is the fused step's)."""
+    xb = _flush(_flush(x).to(torch.bfloat16).float()).double()
+    wb = _flush(W.to(torch.bfloat16).float()).double()  # (N, K)
+    R, K = x.shape
+    acc = torch.zeros(R, W.shape[0], dtype=torch.float32)
+    for p in range(K // 2):
+        for i in (2 * p + 1, 2 * p):
+            acc = _flush((acc.double() + xb[:, i:i + 1] * wb[:, i][None]).float())
+    return acc if bias is None else acc + bias
+
+
+@needs_native
+@pytest.mark.parametrize("K, N", [(576, 40), (2, 5), (34, 17), (96, 100), (1536, 16)])
+def test_bf16_products_are_the_chain_and_row_consistent(K, N):
+    g = torch.Generator().manual_seed(K + N)
+    W = torch.randn(N, K, generator=g) * 0.2
+    lin = common.Linear.bf16(W)
+    assert "native BF16" in repr(lin) and lin.shape == (K, N)
+    b = torch.randn(N, generator=g)
+    x = torch.randn(40, K, generator=g) * torch.rand(40, 1, generator=g) * 4
+    x[3] = 0.0
+    x[4, : K // 2] = 1e-39  # denormal activations: zero, as vdpbf16ps takes them
+    y = lin(x, b)
+    assert torch.equal(y, _reference(x, W, b))
+    assert torch.equal(lin(x), _reference(x, W, None))
+    # every row's bits alone, whichever rows run with it, on 1 or 2 threads
+    assert_rows_consistent(lin, x, b, y)
+
+
+@needs_native
+def test_bf16_records_hold_the_bf16_weights():
+    g = torch.Generator().manual_seed(1)
+    W = torch.randn(37, 64, generator=g)
+    lin = common.Linear.bf16(W)
+    exact = W.to(torch.bfloat16).float()
+    assert torch.equal(lin.dense(), exact.t())
+    ids = torch.tensor([0, 36, 17, 16, 15])
+    assert torch.equal(quant.dequantize_rows(lin._qrec, "BF16", 37, 64, ids), exact[ids])
+    sub = lin.take_cols(torch.tensor([3, 20, 36]))  # a drafter's draft vocabulary: still bf16 records
+    assert "native BF16" in repr(sub) and torch.equal(sub.dense(), exact[[3, 20, 36]].t())
+    with pytest.raises(ValueError):
+        quant.pack_bf16(torch.randn(4, 7))
+
+
+_PATH_CHILD = r"""
+import json, torch
+from engine import native
+from engine.models import common
+g = torch.Generator().manual_seed(7)
+out = []
+for K, N, R in ((576, 1536, 1), (576, 96, 3), (1536, 40, 8), (64, 33, 11), (34, 5, 2)):
+    W = torch.randn(N, K, generator=g) * 0.3
+    x = torch.randn(R, K, generator=g) * 3
+    x[0, :4] = 1e-39
+    W[:2, :6] = 1e-40
+    y = common.Linear.bf16(W)(x)
+    out.append(y.view(torch.int32).flatten().tolist()[:4000])
+print(json.dumps({"path": native.bf16_path(), "out": out}))
+"""
+
+
+@needs_native
+def test_bf16_kernel_paths_agree_bit_for_bit():
+    """The AVX-512 BF16 kernel and the scalar form (SPECCHAT_BF16_PATH=scalar) give the same bits,
+    denormal weights and activations included. On a CPU without AVX-512 BF16 both runs are the
+    scalar form, which the test above holds to the chain."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outs = {}
+    for path in ("best", "scalar"):
+        env = dict(os.environ, SPECCHAT_BF16_PATH=path, PYTHONPATH=root)
+        r = subprocess.run([sys.executable, "-c", _PATH_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs[path] = json.loads(r.stdout.strip().splitlines()[-1])
+    assert outs["scalar"]["path"] == "scalar"
+    assert outs["best"]["out"] == outs["scalar"]["out"], outs["best"]["path"]
+
+
+def _bf16_env(monkeypatch):
+    """Where this CPU has no AVX-512 BF16, the scalar form stands in (the C pass takes bf16 models
+    only where asked for it then)."""
+    if native.bf16_path() == "scalar":
+        monkeypatch.setenv("SPECCHAT_BF16_PATH", "scalar")
+
+
+@needs_native
+def test_bf16_llama_takes_the_c_pass_and_is_close(root, monkeypatch):
+    from engine.loading import load
+
+    _bf16_env(monkeypatch)
+    ref = load(str(saved("llama", root)))
+    lb = load(str(saved("llama", root)), dtype="bf16")
+    m = lb.model
+    assert lb.compute == "bfloat16" and m.compute_dtype == torch.bfloat16 and m.dtype == torch.float32
+    assert m.kv_bf16 and m.embed.dtype == torch.bfloat16 and m._native_table() is not None
+    kinds = {repr(lin) for lin in [m.lm_head_t] + [lyr[k] for lyr in m.layers for k in ("wqkv", "wo", "wgu", "wd")]}
+    assert all("native BF16" in k for k in kinds)
+    ids = list(range(1, 40))
+    a, b = ref.model.full_logits(ids), m.full_logits(ids)
+    assert b.dtype == torch.float32 and (a - b).abs().max().item() < 0.05 * a.abs().max().item()
+    assert not torch.equal(a, b)
+    # verify rows of a chain are the one-token steps' rows, bit for bit
+    m.allocate(128)
+    m.prefill(ids[:20])
+    chain = m.verify(ids[20:28], list(range(-1, 7)))
+    steps = []
+    m2 = load(str(saved("llama", root)), dtype="bf16").model
+    m2.allocate(128)
+    m2.prefill(ids[:20])
+    for t in ids[20:28]:
+        steps.append(m2.verify([t], [-1])[0])
+        m2.commit([0])
+    assert torch.equal(chain, torch.stack(steps))
+
+
+@needs_native
+def test_bf16_c_pass_is_lossless(root, monkeypatch):
+    """Every greedy strategy equals greedy plain decoding in this compute type, with a separate
+    drafter (fp32 llama) and without (the target drafting for itself)."""
+    from engine.loading import load
+    from engine.strategy import preset
+
+    from .test_native import _greedy_strategies_equal_ar
+
+    _bf16_env(monkeypatch)
+    m = load(str(saved("llama", root)), dtype="bf16").model
+    assert m.compute_dtype == torch.bfloat16 and m._native_table() is not None
+    strategies = [preset("sd", draft_len=4), preset("tree", tree=(3, 2, 2, 1, 1)), preset("pld"), preset("hybrid"), preset("mab")]
+    _greedy_strategies_equal_ar(m, load(str(saved("draft", root))).model, strategies)
+    _greedy_strategies_equal_ar(m, m, strategies[:2])
+
+
+@needs_native
+def test_native_bf16_switch_keeps_the_torch_pass(root, monkeypatch):
+    from engine.loading import load
+
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")
+    lb = load(str(saved("llama", root)), dtype="bf16")
+    assert lb.compute == "bfloat16" and lb.model.dtype == torch.bfloat16
+    assert "BF16" not in repr(lb.model.layers[0]["wqkv"])
