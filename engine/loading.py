@@ -274,7 +274,10 @@ def _build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype,
 
         if native.bf16_records_on():
             # the CPU bf16 compute type: bf16 products inside the fp32 C pass (Llama.keep_bf16)
-            model = model_cls(model_cfg, sd, dtype=torch.float32, max_context=max_context)
+            from .models.common import building_bf16_records
+
+            with building_bf16_records():
+                model = model_cls(model_cfg, sd, dtype=torch.float32, max_context=max_context)
             if model.keep_bf16():
                 return model
     return model_cls(model_cfg, sd, dtype=dtype, max_context=max_context)

@@ -882,8 +882,26 @@ def addmm(b: torch.Tensor, x: torch.Tensor, w: torch.Tensor | Linear) -> torch.T
     return torch.addmm(b, x, w)
 
 
+_BF16_RECORDS: contextvars.ContextVar[bool] = contextvars.ContextVar("specchat_bf16_records", default=False)
+
+
+@contextlib.contextmanager
+def building_bf16_records():
+    """Inside, ``as_t`` holds fp32 weights (K even) as bf16 records (``Linear.bf16``) at once: a
+    model built in fp32 for the CPU bf16 compute type (engine/loading.py, ``Llama.keep_bf16``)
+    skips the fp32 layouts it would drop (SmolLM2's load: ~0.9 s of packing and unpacking)."""
+    token = _BF16_RECORDS.set(True)
+    try:
+        yield
+    finally:
+        _BF16_RECORDS.reset(token)
+
+
 def as_t(w: torch.Tensor, dtype: torch.dtype) -> Linear:
-    """A [out, in] checkpoint weight as the (in, out) operand of ``mm(x, W_t)``: a ``Linear``."""
+    """A [out, in] checkpoint weight as the (in, out) operand of ``mm(x, W_t)``: a ``Linear``
+    (bf16 records inside ``building_bf16_records``)."""
+    if _BF16_RECORDS.get() and dtype == torch.float32 and w.dim() == 2 and w.shape[1] % 2 == 0 and w.device.type == "cpu" and not w.is_meta:
+        return Linear.bf16(w)
     return Linear(w, dtype)
 
 
