@@ -260,53 +260,95 @@ def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
         print(f"{r.strategy:<16} {r.engine:<13} {r.prompt:<12} {r.tokens_per_s:8.1f} {r.speedup:7.2f}x {('-' if r.mean_accepted is None else f'{r.mean_accepted:.2f}'):>9} {rate:>8} {r.peak_mem_mb:8.0f} {same:>10}")
 
 
+# transformers runs in a child process too, at OpenMP's own wait policy: in this process (the
+# engine's PASSIVE default, right for its C passes, whose pool shares the cores with torch's team)
+# generate() ran SmolLM2 bf16 at 16.5 tok/s against 24.9 under ACTIVE (2-core Zen 4, 2026-11-27),
+# and under ACTIVE our C passes lost a third (95 -> 66 tok/s): one process cannot be fair to both.
+_TRANSFORMERS_CHILD = r"""
+import json, resource, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+job = json.load(sys.stdin)
+torch.set_num_threads(job["threads"])
+dtype = getattr(torch, job["dtype"])
+if job["gguf_file"]:
+    model = AutoModelForCausalLM.from_pretrained(job["dir"], gguf_file=job["gguf_file"], dtype=dtype)
+else:
+    model = AutoModelForCausalLM.from_pretrained(job["dir"], dtype=dtype)
+model.eval()
+eos = job["eos"] or None
+def timed(ids, n, extra):
+    x = torch.tensor([ids])
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
+                             eos_token_id=eos, pad_token_id=eos[0] if eos else 0, **extra)
+    return time.perf_counter() - t0, out[0, len(ids):].tolist()
+timed(job["prompts"][0][1], 8, {})  # warm-up
+for label, extra in (("ar", {}), ("pld", {"prompt_lookup_num_tokens": 10})):
+    if extra:
+        try:  # a variant transformers refuses for this model (prompt lookup on a stateful Mamba)
+            timed(job["prompts"][0][1], 2, extra)
+        except (ValueError, NotImplementedError, TypeError) as e:
+            print(json.dumps({"skipped": label, "why": " ".join(str(e).split()) or type(e).__name__}), flush=True)
+            continue
+    for name, ids in job["prompts"]:
+        t1, _ = timed(ids, 1, extra)
+        tn, out = timed(ids, job["n"], extra)
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the child's own peak (MB)
+        print(json.dumps({"label": label, "name": name, "out": out, "t1": t1, "tn": tn, "rss_mb": rss}), flush=True)
+print(json.dumps({"version": __import__("transformers").__version__}), flush=True)
+"""
+
+
+def _run_child(code: str, job: dict, peer: str) -> list[dict]:
+    """A peer's child process (``code``, fed ``job`` as JSON on stdin) at OpenMP's own wait policy,
+    whatever ours is; its JSON lines, the last one {"version": ...}."""
+    import subprocess
+
+    env = dict(os.environ)
+    env.pop("OMP_WAIT_POLICY", None)  # the peer's own default, its fastest (see _LLAMA_CPP_CHILD)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    proc.stdin.write(json.dumps(job))
+    proc.stdin.close()
+    results = [json.loads(line) for line in proc.stdout if line.strip()]
+    err = proc.stderr.read()
+    if proc.wait() != 0 or not results or "version" not in results[-1]:
+        raise SpecchatError(f"{peer} peer failed: {(err.strip().splitlines() or ['no output'])[-1][:200]}")
+    return results
+
+
 def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:
-    """Hugging Face generate(): plain and prompt lookup, same model, dtype, prompts and N."""
+    """Hugging Face generate(): plain and prompt lookup, same model, dtype (the compute type's:
+    bf16 for our bf16 C pass), prompts, N and thread count, in a child process at OpenMP's own
+    wait policy (see _TRANSFORMERS_CHILD). The rate is (n - 1) / (t_n - t_1), prefill excluded."""
     try:
-        import torch
-        from transformers import AutoModelForCausalLM
+        import transformers  # noqa: F401
     except ImportError:
         raise SpecchatError("--compare transformers needs the transformers package (pip install transformers)") from None
     loaded = session.target
-    dtype = session.decoder.target.compute_dtype
-    if loaded.fmt == "gguf":
-        model = AutoModelForCausalLM.from_pretrained(str(loaded.path.parent), gguf_file=loaded.path.name, dtype=dtype)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(str(loaded.path), dtype=dtype)
-    model.eval()
-    eos = sorted(session.decoder.eos_ids) or None  # empty with --ignore-eos: same stopping rule as ours
-    variants = [("ar", {}), ("pld", {"prompt_lookup_num_tokens": 10})]
+    gguf = loaded.fmt == "gguf"
+    job = {"dir": str(loaded.path.parent if gguf else loaded.path), "gguf_file": loaded.path.name if gguf else None,
+           "dtype": str(session.decoder.target.compute_dtype).replace("torch.", ""), "threads": _threads(),
+           "eos": sorted(session.decoder.eos_ids), "n": N, "prompts": [[name, list(ids)] for name, ids in encoded]}
+    results = _run_child(_TRANSFORMERS_CHILD, job, "transformers")
+    results.pop()
     rows = []
-
-    def timed(ids, n, extra):
-        x = torch.tensor([ids])
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            out = model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False,
-                                 eos_token_id=eos, pad_token_id=eos[0] if eos else 0, **extra)
-        return time.perf_counter() - t0, out[0, len(ids):].tolist()
-
-    timed(encoded[0][1], 8, {})  # warm-up
-    for label, extra in variants:
-        if extra:
-            try:  # a variant transformers refuses for this model (prompt lookup on a stateful Mamba)
-                timed(encoded[0][1], 2, extra)
-            except (ValueError, NotImplementedError, TypeError) as e:
-                reason = " ".join(str(e).split()) or type(e).__name__
-                print(f"specchat: note: transformers {label} skipped: {reason}", file=sys.stderr)
-                continue
-        for name, ids in encoded:
-            t1, _ = timed(ids, 1, extra)
-            tn, out = timed(ids, N, extra)
-            n = len(out)
-            rate = (n - 1) / (tn - t1) if n > 1 and tn > t1 else 0.0
-            ident = out == ar_out.get(name) if args.temperature <= 0 else None
-            rows.append(Row(label, "transformers", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, peak_rss_mb(), n, ident))
-            t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0, 0.0])
-            t[0] += n - 1
-            t[1] += tn - t1
-            t[2] += n - 1
-            _progress(f"{label:>8} {name:<12} {rate:7.1f} tok/s  (transformers)")
+    for r in results:
+        if "skipped" in r:
+            print(f"specchat: note: transformers {r['skipped']} skipped: {r['why']}", file=sys.stderr)
+            continue
+        label, name, out, t1, tn = r["label"], r["name"], r["out"], r["t1"], r["tn"]
+        n = len(out)
+        rate = (n - 1) / (tn - t1) if n > 1 and tn > t1 else 0.0
+        ident = out == ar_out.get(name) if args.temperature <= 0 else None
+        rows.append(Row(label, "transformers", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, r["rss_mb"], n, ident))
+        t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0, 0.0])
+        t[0] += n - 1
+        t[1] += tn - t1
+        t[2] += n - 1
+        _progress(f"{label:>8} {name:<12} {rate:7.1f} tok/s  (transformers, own process)")
     return rows
 
 
@@ -360,7 +402,7 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
 # imports llama_cpp alone, never the engine, at OpenMP's own wait policy whatever ours is: an
 # OMP_WAIT_POLICY=ACTIVE given for our bf16 passes took it to 37 tok/s against 113 (2026-11-26).
 _LLAMA_CPP_CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 import llama_cpp
 job = json.load(sys.stdin)
 llm = llama_cpp.Llama(model_path=job["path"], n_ctx=job["ctx"], n_threads=job["threads"], n_threads_batch=job["threads"],
@@ -378,27 +420,17 @@ def run(ids, n):
 run(job["prompts"][0][1], 8)  # warm-up
 for name, ids in job["prompts"]:
     out, times = run(ids, job["n"])
-    print(json.dumps({"name": name, "out": out, "secs": times[-1] - times[0] if len(out) > 1 else 0.0}), flush=True)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the child's own peak (MB)
+    print(json.dumps({"name": name, "out": out, "secs": times[-1] - times[0] if len(out) > 1 else 0.0, "rss_mb": rss}), flush=True)
 print(json.dumps({"version": getattr(llama_cpp, "__version__", "?")}), flush=True)
 """
 
 
 def _run_llama_cpp(path, eos, encoded, N: int) -> tuple[str, list[dict]]:
     """llama.cpp's greedy decoding of each prompt's ids: (its version, per prompt {name, out, secs})."""
-    import subprocess
-
-    env = dict(os.environ)
-    env.pop("OMP_WAIT_POLICY", None)  # llama.cpp's own default, its fastest (see _LLAMA_CPP_CHILD)
     job = {"path": str(path), "ctx": max(len(ids) for _, ids in encoded) + N + 8, "threads": _threads(),
            "eos": sorted(eos), "n": N, "prompts": [[name, list(ids)] for name, ids in encoded]}
-    proc = subprocess.Popen([sys.executable, "-c", _LLAMA_CPP_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env)
-    proc.stdin.write(json.dumps(job))
-    proc.stdin.close()
-    results = [json.loads(line) for line in proc.stdout if line.strip()]
-    err = proc.stderr.read()
-    if proc.wait() != 0 or not results or "version" not in results[-1]:
-        raise SpecchatError(f"llama.cpp peer failed: {(err.strip().splitlines() or ['no output'])[-1][:200]}")
+    results = _run_child(_LLAMA_CPP_CHILD, job, "llama.cpp")
     return results.pop()["version"], results
 
 
@@ -452,7 +484,7 @@ def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals, ear
         n = len(out)
         rate = (n - 1) / secs if n > 1 and secs > 0 else 0.0
         ident = out == ar_out.get(name) if args.temperature <= 0 else None
-        rows.append(Row("ar", "llama.cpp", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, peak_rss_mb(), n, ident))
+        rows.append(Row("ar", "llama.cpp", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, r.get("rss_mb", 0.0), n, ident))
         t = totals.setdefault(("ar", "llama.cpp"), [0.0, 0.0, 0.0, 0.0, 0.0])
         t[0] += n - 1
         t[1] += secs
