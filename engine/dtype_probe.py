@@ -141,7 +141,7 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
 
 def bf16_c_pass(hf_config: dict) -> bool:
     """Whether bf16 passes of the llama-family model of this HF config would run in C: the bf16
-    compute type's C pass (``native.bf16_records_on``: AVX-512 BF16; even sizes) or the torch pass
+    compute type's C pass (``llama.bf16_fits``: AVX-512 BF16, shapes it takes) or the torch pass
     with engine/native/glue_bf16.c between its products (the kernels load, nothing switches them
     off, the shapes fit)."""
     from . import native
@@ -155,8 +155,7 @@ def bf16_c_pass(hf_config: dict) -> bool:
         c = llama.LlamaConfig.from_hf(hf_config)
     except (ModelLoadError, TypeError, ValueError):
         return False
-    even = c.hidden_size % 2 == 0 and c.intermediate_size % 2 == 0 and c.num_heads * c.head_dim % 2 == 0
-    return (records and even) or (glue and llama.glue_fits(c))
+    return (records and llama.bf16_fits(c)) or (glue and llama.glue_fits(c))
 
 
 def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:

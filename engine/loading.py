@@ -154,7 +154,8 @@ def _ready(loaded: Loaded, device: torch.device | None) -> Loaded:
     row count of its small packed products decided (engine/models/common.pad_rows: measured once
     per machine, here rather than inside the first reply's first step)."""
     model = loaded.model
-    if device is None and model.dtype in (torch.float32, torch.bfloat16):
+    # (the CPU bf16 compute type has no packed products: nothing to decide)
+    if device is None and model.dtype in (torch.float32, torch.bfloat16) and model.compute_dtype == model.dtype:
         from .models.common import pad_rows
 
         pad_rows(model.dtype)
@@ -269,17 +270,15 @@ def _build(cfg: dict[str, Any], sd: dict[str, torch.Tensor], dtype: torch.dtype,
     cfg_cls, model_cls = fams[mt]
     model_cfg = cfg_cls.from_hf(cfg, where)
     _check_shapes(model_cls.family, model_cfg, sd)
-    if dtype == torch.bfloat16 and hasattr(model_cls, "keep_bf16") and all(t.device.type == "cpu" for t in sd.values()):
-        from . import native
+    if (dtype == torch.bfloat16 and hasattr(model_cls, "bf16_fits") and all(t.device.type == "cpu" for t in sd.values())
+            and model_cls.bf16_fits(model_cfg)):
+        # the CPU bf16 compute type: bf16 products inside the fp32 C pass (Llama.keep_bf16)
+        from .models.common import building_bf16_records
 
-        if native.bf16_records_on():
-            # the CPU bf16 compute type: bf16 products inside the fp32 C pass (Llama.keep_bf16)
-            from .models.common import building_bf16_records
-
-            with building_bf16_records():
-                model = model_cls(model_cfg, sd, dtype=torch.float32, max_context=max_context)
-            if model.keep_bf16():
-                return model
+        with building_bf16_records():
+            model = model_cls(model_cfg, sd, dtype=torch.float32, max_context=max_context)
+        if model.keep_bf16():
+            return model
     return model_cls(model_cfg, sd, dtype=dtype, max_context=max_context)
 
 

@@ -8,7 +8,9 @@ bit; a row's bits do not depend on the rows, row count or threads run with it, a
 equals the scalar form (SPECCHAT_BF16_PATH=scalar, what CPUs without AVX-512 BF16 would run); the
 records hold the bf16 weights exactly; a bf16 llama model takes the C pass, stays close to fp32, and
 every greedy strategy equals its own greedy plain decoding; SPECCHAT_NATIVE_BF16=0 keeps torch's
-bf16 pass.
+bf16 pass. The scalar chain was matched to vdpbf16ps on a Zen 4 EPYC (3.2M random lanes and the
+denormal cases); a CPU whose instruction rounded otherwise would fail the first test here, not the
+engine's losslessness (one path runs per process).
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ def _reference(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None) -> t
 
 
 @needs_native
-@pytest.mark.parametrize("K, N", [(576, 40), (2, 5), (34, 17), (96, 100), (1536, 16)])
+@pytest.mark.parametrize("K, N", [(576, 40), (2, 5), (34, 17), (96, 100), (1536, 16), (576, 1536), (64, 300)])
 def test_bf16_products_are_the_chain_and_row_consistent(K, N):
     g = torch.Generator().manual_seed(K + N)
     W = torch.randn(N, K, generator=g) * 0.2
@@ -66,10 +68,12 @@ def test_bf16_products_are_the_chain_and_row_consistent(K, N):
     x = torch.randn(40, K, generator=g) * torch.rand(40, 1, generator=g) * 4
     x[3] = 0.0
     x[4, : K // 2] = 1e-39  # denormal activations: zero, as vdpbf16ps takes them
+    x[5] = 3e-38 * (1 + torch.rand(K, generator=g))  # normal, but their products and sums underflow: flushed
     y = lin(x, b)
     assert torch.equal(y, _reference(x, W, b))
     assert torch.equal(lin(x), _reference(x, W, None))
-    # every row's bits alone, whichever rows run with it, on 1 or 2 threads
+    # every row's bits alone, whichever rows run with it, on 1 or 2 threads (N = 1536: the column
+    # blocks split between the threads, 8 at a time for 1-2 rows)
     assert_rows_consistent(lin, x, b, y)
 
 
@@ -94,11 +98,13 @@ from engine import native
 from engine.models import common
 g = torch.Generator().manual_seed(7)
 out = []
-for K, N, R in ((576, 1536, 1), (576, 96, 3), (1536, 40, 8), (64, 33, 11), (34, 5, 2)):
+for K, N, R in ((576, 1536, 1), (576, 96, 3), (1536, 40, 8), (64, 33, 11), (34, 5, 2), (576, 256, 2), (96, 200, 4),
+                (64, 130, 7), (32, 64, 5)):
     W = torch.randn(N, K, generator=g) * 0.3
     x = torch.randn(R, K, generator=g) * 3
     x[0, :4] = 1e-39
     W[:2, :6] = 1e-40
+    x[-1, : K // 2] = 3e-38  # products and partial sums below the normal range: flushed
     y = common.Linear.bf16(W)(x)
     out.append(y.view(torch.int32).flatten().tolist()[:4000])
 print(json.dumps({"path": native.bf16_path(), "out": out}))
@@ -118,7 +124,17 @@ def test_bf16_kernel_paths_agree_bit_for_bit():
         assert r.returncode == 0, r.stderr[-2000:]
         outs[path] = json.loads(r.stdout.strip().splitlines()[-1])
     assert outs["scalar"]["path"] == "scalar"
+    if "avx512_bf16" in _cpu_flags():
+        assert outs["best"]["path"] == "avx512"  # a CPU with the instructions runs them
     assert outs["best"]["out"] == outs["scalar"]["out"], outs["best"]["path"]
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return set(next((ln for ln in f if ln.startswith("flags")), "").split())
+    except OSError:
+        return set()
 
 
 def _bf16_env(monkeypatch):
@@ -179,7 +195,29 @@ def test_bf16_c_pass_is_lossless(root, monkeypatch):
 def test_native_bf16_switch_keeps_the_torch_pass(root, monkeypatch):
     from engine.loading import load
 
+    _bf16_env(monkeypatch)
+    assert "native BF16" in repr(load(str(saved("llama", root)), dtype="bf16").model.layers[0]["wqkv"])
     monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")
     lb = load(str(saved("llama", root)), dtype="bf16")
     assert lb.compute == "bfloat16" and lb.model.dtype == torch.bfloat16
     assert "BF16" not in repr(lb.model.layers[0]["wqkv"])
+
+
+@needs_native
+def test_bf16_c_pass_only_where_its_shapes_fit(monkeypatch):
+    """One test (``llama.bf16_fits``) decides for the loader, ``--dtype auto`` and ``keep_bf16``: a
+    head size the C pass's bf16 KV cache does not take (> 128) stays in torch's bf16 pass, and
+    auto does not pick bf16 for it on that account."""
+    from engine import dtype_probe
+    from engine.models import llama
+
+    _bf16_env(monkeypatch)
+    base = dict(model_type="llama", vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1)
+    assert llama.bf16_fits(llama.LlamaConfig.from_hf(base)) and dtype_probe.bf16_c_pass(base)
+    wide = dict(base, hidden_size=512, num_attention_heads=2, head_dim=256)
+    assert not llama.bf16_fits(llama.LlamaConfig.from_hf(wide))
+    monkeypatch.setenv("SPECCHAT_NATIVE_GLUE", "0")
+    assert not dtype_probe.bf16_c_pass(wide)
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "0")
+    assert not llama.bf16_fits(llama.LlamaConfig.from_hf(base))

@@ -89,6 +89,21 @@ def glue_fits(cfg: LlamaConfig) -> bool:
             and cfg.num_heads // cfg.num_kv_heads <= 64 and not (cfg.qkv_bias or cfg.o_bias or cfg.mlp_bias))
 
 
+def bf16_fits(cfg: LlamaConfig) -> bool:
+    """Whether a model of this configuration takes the CPU bf16 compute type (``Llama.keep_bf16``):
+    the bf16 C pass is on here (``native.bf16_records_on``: AVX-512 BF16), every product's input
+    size is even (bf16 pairs), and the C pass takes the shapes with a bf16 KV cache (even head and
+    rotary widths; head size a multiple of 8 up to 128: ``llama_rows_kv16_ok``). The one test the
+    loader, ``--dtype auto`` (dtype_probe.bf16_c_pass) and ``keep_bf16`` share."""
+    from .. import native
+
+    if not native.bf16_records_on():
+        return False
+    rot = int(cfg.head_dim * float(cfg.rope.get("partial_rotary_factor", 1.0)))
+    return (cfg.hidden_size % 2 == 0 and cfg.intermediate_size % 2 == 0 and cfg.num_heads * cfg.head_dim % 2 == 0
+            and cfg.head_dim % 2 == 0 and rot % 2 == 0 and bool(native.lib().llama_rows_kv16_ok(cfg.head_dim)))
+
+
 def glue_lib():
     """engine/native's library where bf16 passes may take glue_bf16.c (it loads and nothing switches
     the glue or the C attention off), else None."""
@@ -108,6 +123,7 @@ def _fuse(ws: list[torch.Tensor]) -> torch.Tensor:
 
 
 class Llama(CausalLM):
+    bf16_fits = staticmethod(bf16_fits)
     family = "llama"
 
     def __init__(self, cfg: LlamaConfig, sd: dict[str, torch.Tensor], dtype: torch.dtype = torch.float32, max_context: int | None = None):
@@ -197,14 +213,10 @@ class Llama(CausalLM):
         records (engine/native/bf16_rows.c: bf16 weights, activations rounded to bf16 per product,
         fp32 sums), the embedding in bf16 (its rows widened on lookup), the KV cache in bf16, and
         the rest of the pass (norms, rotary, attention, residual stream) in fp32 inside the C pass
-        (llama_rows.c). Where it applies: CPU, fp32-built, ``native.bf16_records_on()``, even input
-        sizes. Returns whether it is on; the model is unchanged otherwise."""
-        from .. import native
-
-        c = self.cfg
-        ok = (native.bf16_records_on()
-              and self._dtype == torch.float32 and self.embed.device.type == "cpu"
-              and c.hidden_size % 2 == 0 and c.intermediate_size % 2 == 0 and c.num_heads * c.head_dim % 2 == 0
+        (llama_rows.c). Where it applies: CPU, fp32-built, ``bf16_fits``. Returns whether it is on;
+        the model is unchanged otherwise. (engine/loading.py builds such a model's projections as
+        bf16 records at once: ``common.building_bf16_records``.)"""
+        ok = (bf16_fits(self.cfg) and self._dtype == torch.float32 and self.embed.device.type == "cpu"
               and all(isinstance(L[k], Linear) for L in self.layers for k in ("wqkv", "wo", "wgu", "wd"))
               and isinstance(self.lm_head_t, Linear) and self.use_bf16_kv())
         if not ok:

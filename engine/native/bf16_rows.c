@@ -40,7 +40,8 @@
 enum { BF_SCALAR = 0, BF_AVX512 = 1 };
 
 /* Which kernel runs: the AVX-512 BF16 one where this build has it, else (or when
- * SPECCHAT_BF16_PATH=scalar) the scalar form. */
+ * SPECCHAT_BF16_PATH=scalar) the scalar form. Read once per process (tests switch it in a child
+ * process); a first call racing on two threads computes the same value either way. */
 static int bf_path(void) {
     static int v = -1;
     if (v < 0) {
@@ -239,8 +240,8 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
     return 0;
 }
 
-/* Rows `ids` (n) of the [N, K] matrix held as above, widened to fp32 into out (n, K): the
- * embedding's rows from the tied head's copy. Returns 3 for an id out of range. */
+/* Rows `ids` (n) of the [N, K] matrix held as above, widened to fp32 into out (n, K) (Linear.dense,
+ * take_cols: a drafter's draft vocabulary). Returns 2 for an odd K, 3 for an id out of range. */
 int bf16_rows_f32(const uint16_t *W, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out) {
     if (K % 2 != 0) return 2;
     for (int64_t t = 0; t < n; t++) {

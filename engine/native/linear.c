@@ -393,8 +393,9 @@ int linear_rows_q(const float *x, int64_t ldx, int64_t R, int64_t K, const uint8
     return linear_rows(x, ldx, R, K, NULL, Wq, qtype, N, bias, y, nthreads);
 }
 
-/* Rows `ids` (n of them) of the [N, K] matrix held as quantised records, dequantised into out
- * (n, K): an embedding lookup from the tied head's quantised copy. Returns 2 for a bad qtype. */
+/* Rows `ids` (n of them) of the [N, K] matrix held as quantised (or bf16) records, dequantised into
+ * out (n, K): an embedding lookup from the tied head's quantised copy. Returns 2 for a bad qtype or
+ * K, 3 for an id out of range. */
 int quant_rows_f32(const uint8_t *Wq, int qtype, int64_t N, int64_t K, const int64_t *ids, int64_t n, float *out) {
     if (qtype == QT_BF16) return bf16_rows_f32((const uint16_t *)Wq, N, K, ids, n, out);
     const int a8 = qtype == QT_Q4_1A8 || qtype == QT_Q8_0A8;
