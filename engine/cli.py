@@ -136,13 +136,16 @@ def spin_headless(cmd: str, dtype: str | None, environ, load1: float) -> bool:
     """Whether a command should switch torch's OpenMP threads to active waits (set before torch
     loads; an explicit OMP_WAIT_POLICY always wins). Only headless commands on an idle machine
     (1-minute load < 0.5: under any other load spinning collapses, engine/__init__.py), and only
-    when every pass runs in torch: the C kernels off, or bf16 (the C pass and its pool are
-    fp32-only), where active waits are ~13% faster. Otherwise the C kernels' own pool
-    (engine/native/pool.c) spins between regions and torch's actively spinning team would take
-    its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active (bench/results/2026-11-25-pool.md)."""
+    when every pass runs in torch: the C kernels off, or bf16 where the bf16 C pass does not apply
+    (no AVX-512 BF16: ``native.bf16_records_on``), where active waits are ~13% faster. Otherwise
+    the C kernels' own pool (engine/native/pool.c) spins between regions and torch's actively
+    spinning team would take its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active
+    (bench/results/2026-11-25-pool.md); bf16 C pass 95 vs 66 (bench/results/2026-11-27-session23)."""
     from . import native  # no torch import: this runs before torch loads
 
-    return cmd in ("generate", "bench", "distill") and load1 < 0.5 and (not native.enabled(environ) or dtype == "bf16")
+    if not (cmd in ("generate", "bench", "distill") and load1 < 0.5):
+        return False
+    return not native.enabled(environ) or (dtype == "bf16" and not native.bf16_records_on(environ))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -273,11 +273,15 @@ def test_bench_draft_cost_json(tmp_path, capsys):
 
 def test_headless_commands_spin_only_when_every_pass_is_in_torch():
     """engine/cli.spin_headless: active OpenMP waits only for headless commands on an idle machine
-    whose passes all run in torch (bf16, or the C kernels off); never for the chat app, a loaded
+    whose passes all run in torch (bf16 without its C pass, or the C kernels off); never for the chat app, a loaded
     machine, or fp32 / auto with the C kernels, whose own pool a spinning torch team would starve."""
+    from engine import native
     from engine.cli import spin_headless
 
-    assert spin_headless("bench", "bf16", {}, 0.1)
+    # bf16 runs in torch where its C pass (AVX-512 BF16) does not apply
+    assert spin_headless("bench", "bf16", {}, 0.1) == (not native.bf16_records_on({}))
+    assert spin_headless("bench", "bf16", {"SPECCHAT_NATIVE_BF16": "0"}, 0.1)
+    assert not spin_headless("bench", "bf16", {"SPECCHAT_BF16_PATH": "scalar"}, 0.1) or native.lib() is None
     assert spin_headless("generate", "auto", {"SPECCHAT_NATIVE": "0"}, 0.1)
     assert not spin_headless("bench", "auto", {}, 0.1)
     assert not spin_headless("bench", "fp32", {"SPECCHAT_NATIVE": "1"}, 0.1)

@@ -76,10 +76,10 @@ def enabled(environ=None) -> bool:
     return _switch_on("SPECCHAT_NATIVE", environ)
 
 
-def rows_enabled() -> bool:
+def rows_enabled(environ=None) -> bool:
     """llama_rows.c for whole fp32 llama passes (SPECCHAT_NATIVE_ROWS=0: the torch pass over the
     same linear.c products)."""
-    return _switch_on("SPECCHAT_NATIVE_ROWS")
+    return _switch_on("SPECCHAT_NATIVE_ROWS", environ)
 
 
 def glue_enabled() -> bool:
@@ -87,16 +87,18 @@ def glue_enabled() -> bool:
     return _switch_on("SPECCHAT_NATIVE_GLUE")
 
 
-def bf16_records_on() -> bool:
+def bf16_records_on(environ=None) -> bool:
     """Whether a CPU bf16 llama-family model takes the bf16 compute type's C pass (bf16_rows.c's
     products inside llama_rows.c; ``Llama.keep_bf16``): the kernels load, the C pass is on,
     SPECCHAT_NATIVE_BF16 is not 0, and the products are vectorised (AVX-512 BF16), or
     SPECCHAT_BF16_PATH=scalar asks for their scalar form (tests, on any CPU). Elsewhere bf16 runs
-    through torch (oneDNN products, glue_bf16.c between them)."""
-    if not (_switch_on("SPECCHAT_NATIVE_BF16") and rows_enabled() and lib() is not None):
+    through torch (oneDNN products, glue_bf16.c between them). ``environ``: the switches from there
+    (default the process's; the kernels' own build reads the process's)."""
+    env = os.environ if environ is None else environ
+    if not (_switch_on("SPECCHAT_NATIVE_BF16", env) and rows_enabled(env) and enabled(env) and lib() is not None):
         return False
     path = bf16_path()
-    return path == "avx512" or (path == "scalar" and os.environ.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
+    return path == "avx512" or (path == "scalar" and env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
 
 
 def _cpu_key() -> str:
