@@ -158,9 +158,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     from . import USER_OMP_WAIT_POLICY
+
+    # distill's batched passes are torch ops over the whole batch (forward_batch), which the bf16 C
+    # pass's fp32 activations and passive waits slow: 96 replies in 71 s against 48 s with torch's
+    # bf16 pass and active waits (2-core Zen 4, 2026-11-27). For this command only (main() also
+    # runs in-process, in tests): restored on return.
+    torch_bf16 = args.cmd == "distill" and "SPECCHAT_NATIVE_BF16" not in os.environ
+    if torch_bf16:
+        os.environ["SPECCHAT_NATIVE_BF16"] = "0"
+    try:
+        return _run(args, USER_OMP_WAIT_POLICY)
+    finally:
+        if torch_bf16:
+            os.environ.pop("SPECCHAT_NATIVE_BF16", None)
+
+
+def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
     from .errors import SpecchatError
 
-    if (USER_OMP_WAIT_POLICY is None and "torch" not in sys.modules
+    if (user_omp_wait_policy is None and "torch" not in sys.modules
             and spin_headless(args.cmd, getattr(args, "dtype", None), os.environ, os.getloadavg()[0])):
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 

@@ -289,6 +289,24 @@ def test_headless_commands_spin_only_when_every_pass_is_in_torch():
     assert not spin_headless("chat", "bf16", {"SPECCHAT_NATIVE": "0"}, 0.0)
 
 
+def test_distill_keeps_bf16_in_torch(tmp_path, monkeypatch):
+    """`distill` (batched torch passes) runs with the bf16 C pass off unless SPECCHAT_NATIVE_BF16
+    says otherwise, and only while it runs (main() also runs in-process)."""
+    import os
+
+    from engine import cli
+
+    seen = []
+    monkeypatch.setattr("engine.distill.cmd_distill", lambda args: seen.append(os.environ.get("SPECCHAT_NATIVE_BF16")) or 0)
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "1")
+    monkeypatch.delenv("SPECCHAT_NATIVE_BF16")  # teardown restores the original state
+    assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0
+    assert seen == ["0"] and "SPECCHAT_NATIVE_BF16" not in os.environ
+    monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "1")
+    assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0
+    assert seen == ["0", "1"] and os.environ["SPECCHAT_NATIVE_BF16"] == "1"
+
+
 def test_active_waits_over_the_c_pass_get_a_one_line_warning():
     """engine/cli.pool_starved_warning: OMP_WAIT_POLICY=ACTIVE is named as the cause when the model
     runs on the C kernels' pool, and nothing is said otherwise."""
