@@ -45,6 +45,36 @@ def tiny_root(tmp_path_factory):
     return str(tmp_path_factory.mktemp("tiny"))
 
 
+def _scan_continuations(history, k, branches, ngram_min, ngram_max):
+    """The definition: for n from the longest down, every earlier occurrence of the last n tokens,
+    most recent first, proposes what followed it; distinct continuations, up to ``branches``."""
+    L = len(history)
+    found: list[list[int]] = []
+    for n in range(min(ngram_max, L - 1), max(1, ngram_min) - 1, -1):
+        for i in range(L - 1 - n, -1, -1):
+            if history[i:i + n] == history[L - n:]:
+                cont = history[i + n:i + n + k]
+                if cont and cont not in found:
+                    found.append(cont)
+                    if len(found) >= branches:
+                        return found
+    return found
+
+
+def test_ngram_continuations_equal_the_scan_of_every_length():
+    """NgramDrafter.continuations finds each match end once at its longest match (one pass over the
+    history, not one per n): the same continuations in the same order as the plain scan, on random
+    histories over small vocabularies (many repeats, ties, short histories, ngram_min > ngram_max)."""
+    import random
+
+    rnd = random.Random(0)
+    d = NgramDrafter()
+    for _ in range(3000):
+        h = [rnd.randrange(rnd.choice([2, 3, 5, 20])) for _ in range(rnd.randint(1, 50))]
+        args = (rnd.randint(1, 8), rnd.randint(1, 4), rnd.randint(1, 3), rnd.randint(1, 7))
+        assert d.continuations(h, *args) == _scan_continuations(h, *args), (h, args)
+
+
 @pytest.mark.parametrize("shape", [(1, 1, 1, 1), (3, 2, 2, 1, 1), (2, 2, 2)])
 def test_model_drafter_tree_shapes_and_greedy_children(shape, tiny_root):
     m = load(str(saved("llama", tiny_root))).model
