@@ -493,3 +493,25 @@ def test_probs_from_logits_top_p_truncates_exactly():
     assert half.dtype == torch.float32 and torch.equal(half > 0, torch.tensor(cases[0.6], dtype=torch.bool))
     with pytest.raises(ValueError):
         probs_from_logits(logits, 0.0)
+
+
+def test_argmax_rows_is_torch_argmax():
+    """verify.argmax_rows (numpy's argmax for CPU fp32, torch's otherwise) picks what torch's does:
+    the first maximum on ties, a NaN as the maximum, rows of a 2-D tensor, strided and inference
+    tensors."""
+    from engine.verify import argmax_rows
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 1000, generator=g)
+    x[1, 5] = x[1, 9] = 50.0  # a tie: the first
+    x[2, 7] = float("nan")
+    x[3, 3] = x[3, 4] = float("nan")
+    x[4] = 0.0
+    for t in (x, x[:, ::3], x.t().contiguous().t()):
+        assert argmax_rows(t) == t.argmax(dim=-1).tolist()
+        assert [argmax_rows(r) for r in t] == [int(r.argmax()) for r in t]
+    with torch.inference_mode():
+        y = torch.randn(3, 50, generator=g)
+        assert argmax_rows(y) == y.argmax(dim=-1).tolist()
+    b = x.to(torch.bfloat16)  # torch's own path
+    assert argmax_rows(b) == b.argmax(dim=-1).tolist() and isinstance(argmax_rows(b[0]), int)
