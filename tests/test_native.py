@@ -555,3 +555,23 @@ def test_greedy_strategies_equal_plain_greedy_through_the_bf16_glue(tmp_path, mo
     drafter = load(str(saved("draft", str(tmp_path)))).model
     _greedy_strategies_equal_ar(target, drafter, [preset("sd", draft_len=4), preset("tree", tree=(3, 2, 2, 1, 1)), preset("pld"),
                                                   preset("hybrid")])
+
+
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64", "native -mno-avx512bf16 -mno-avx512vnni"])
+def test_kernels_build_for_cpus_without_this_ones_extensions(march, tmp_path):
+    """The kernels are built with -march=native on the machine that runs them; every source must
+    also build where AVX-512 BF16 / VNNI (or AVX2) are missing, falling back to its portable paths
+    (a vector-only table referenced outside its #ifdef once broke every kernel on such CPUs)."""
+    import platform
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cc = os.environ.get("SPECCHAT_CC", "cc")
+    if shutil.which(cc) is None or platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("needs an x86-64 C compiler")
+    src = Path(native.__file__).parent
+    flags = ["-O1", f"-march={march.split()[0]}", *march.split()[1:], "-shared", "-fPIC", "-std=c11", "-fopenmp"]
+    r = subprocess.run([cc, *flags, "-o", str(tmp_path / "k.so"), *[str(src / s) for s in native.SOURCES], "-lm"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

@@ -189,8 +189,8 @@ typedef struct {
  * of <= 8). Measured over SmolLM2-135M's weights streamed from memory (2 threads, Zen 4; session
  * 23): 1 row 10.4 -> 7.7-8.4 ms against 1-2 blocks (a row of a block is one chain of dependent
  * multiply-adds: more blocks, more chains in flight); at 16 rows 2 blocks x 8 rows beat 1 x 16
- * (16.6 vs 21.6 ms: every row's broadcast is a load) and 4 x 4 (16.5); a software prefetch did not
- * pay. */
+ * (16.6 vs 21.6 ms: every row's broadcast is a load) and 4 x 4 (16.5); a prefetch ahead in the same
+ * streams did not pay, the next blocks' into L2 from 3 rows on does (rows_vec). */
 static int blocks_for(int64_t R) { return R <= 2 ? 3 : R <= 5 ? 2 : 1; }
 
 static void bf_part(void *ctx, pool_region *region) {
@@ -209,7 +209,11 @@ static void bf_part(void *ctx, pool_region *region) {
             }
 #endif
             const int B = 1 << lb;
+#ifdef BF_VEC
             const int64_t gmax = bf_path() == BF_AVX512 ? GMAX_B[lb] : GMAX;
+#else
+            const int64_t gmax = GMAX;
+#endif
             const int64_t groups = (R + gmax - 1) / gmax;
             int64_t r = 0;
             for (int64_t g = 0; g < groups; g++) {
