@@ -153,7 +153,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary = []
     for (sname, engine), (ntok, secs, steps, drafted, accepted) in totals.items():
         rate = ntok / secs if secs else 0.0
-        summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, peak_rss_mb(), int(ntok),
+        # a peer's memory is its child process's own peak (its per-prompt rows), not ours
+        mem = peak_rss_mb() if engine == "specchat" else max((r.peak_mem_mb for r in rows if r.strategy == sname and r.engine == engine), default=0.0)
+        summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, mem, int(ntok),
                            all(r.identical for r in rows if r.strategy == sname and r.engine == engine and r.identical is not None) if engine == "specchat" and strategies[0].greedy else None,
                            accepted / drafted if drafted else None))
     # and the median over prompts of each per-prompt figure: one degenerate reply (a run of one
@@ -265,10 +267,15 @@ def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
 # generate() ran SmolLM2 bf16 at 16.5 tok/s against 24.9 under ACTIVE (2-core Zen 4, 2026-11-27),
 # and under ACTIVE our C passes lost a third (95 -> 66 tok/s): one process cannot be fair to both.
 _TRANSFORMERS_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import torch
 from transformers import AutoModelForCausalLM
 job = json.load(sys.stdin)
+def peak_mb():  # this process's own peak RSS (VmHWM; ru_maxrss starts from the parent's at exec)
+    try:
+        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return 0.0
 torch.set_num_threads(job["threads"])
 dtype = getattr(torch, job["dtype"])
 if job["gguf_file"]:
@@ -295,8 +302,7 @@ for label, extra in (("ar", {}), ("pld", {"prompt_lookup_num_tokens": 10})):
     for name, ids in job["prompts"]:
         t1, _ = timed(ids, 1, extra)
         tn, out = timed(ids, job["n"], extra)
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the child's own peak (MB)
-        print(json.dumps({"label": label, "name": name, "out": out, "t1": t1, "tn": tn, "rss_mb": rss}), flush=True)
+        print(json.dumps({"label": label, "name": name, "out": out, "t1": t1, "tn": tn, "rss_mb": peak_mb()}), flush=True)
 print(json.dumps({"version": __import__("transformers").__version__}), flush=True)
 """
 
@@ -310,11 +316,17 @@ def _run_child(code: str, job: dict, peer: str) -> list[dict]:
     env.pop("OMP_WAIT_POLICY", None)  # the peer's own default, its fastest (see _LLAMA_CPP_CHILD)
     proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
-    proc.stdin.write(json.dumps(job))
-    proc.stdin.close()
-    results = [json.loads(line) for line in proc.stdout if line.strip()]
-    err = proc.stderr.read()
-    if proc.wait() != 0 or not results or "version" not in results[-1]:
+    try:  # both pipes drained together: a chatty stderr cannot fill up and stall the child
+        out, err = proc.communicate(json.dumps(job), timeout=6 * 3600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise SpecchatError(f"{peer} peer failed: no answer in 6 hours") from None
+    try:
+        results = [json.loads(line) for line in out.splitlines() if line.strip()]
+    except ValueError:
+        results = []
+    if proc.returncode != 0 or not results or "version" not in results[-1]:
         raise SpecchatError(f"{peer} peer failed: {(err.strip().splitlines() or ['no output'])[-1][:200]}")
     return results
 
@@ -402,9 +414,14 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
 # imports llama_cpp alone, never the engine, at OpenMP's own wait policy whatever ours is: an
 # OMP_WAIT_POLICY=ACTIVE given for our bf16 passes took it to 37 tok/s against 113 (2026-11-26).
 _LLAMA_CPP_CHILD = r"""
-import json, resource, sys, time
+import json, sys, time
 import llama_cpp
 job = json.load(sys.stdin)
+def peak_mb():  # this process's own peak RSS (VmHWM; ru_maxrss starts from the parent's at exec)
+    try:
+        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return 0.0
 llm = llama_cpp.Llama(model_path=job["path"], n_ctx=job["ctx"], n_threads=job["threads"], n_threads_batch=job["threads"],
                       n_batch=512, verbose=False, logits_all=False)
 eos = set(job["eos"])
@@ -420,8 +437,7 @@ def run(ids, n):
 run(job["prompts"][0][1], 8)  # warm-up
 for name, ids in job["prompts"]:
     out, times = run(ids, job["n"])
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # the child's own peak (MB)
-    print(json.dumps({"name": name, "out": out, "secs": times[-1] - times[0] if len(out) > 1 else 0.0, "rss_mb": rss}), flush=True)
+    print(json.dumps({"name": name, "out": out, "secs": times[-1] - times[0] if len(out) > 1 else 0.0, "rss_mb": peak_mb()}), flush=True)
 print(json.dumps({"version": getattr(llama_cpp, "__version__", "?")}), flush=True)
 """
 

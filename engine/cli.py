@@ -145,7 +145,9 @@ def spin_headless(cmd: str, dtype: str | None, environ, load1: float) -> bool:
 
     if not (cmd in ("generate", "bench", "distill") and load1 < 0.5):
         return False
-    return not native.enabled(environ) or (dtype == "bf16" and not native.bf16_records_on(environ))
+    # the CPU's flags, not the kernels: loading them here would start OpenMP (libgomp, shared with
+    # torch) before the policy is set, and it reads the policy once, at load
+    return not native.enabled(environ) or (dtype == "bf16" and not native.bf16_records_likely(environ))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -159,11 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from . import USER_OMP_WAIT_POLICY
 
-    # distill's batched passes are torch ops over the whole batch (forward_batch), which the bf16 C
-    # pass's fp32 activations and passive waits slow: 96 replies in 71 s against 48 s with torch's
-    # bf16 pass and active waits (2-core Zen 4, 2026-11-27). For this command only (main() also
-    # runs in-process, in tests): restored on return.
-    torch_bf16 = args.cmd == "distill" and "SPECCHAT_NATIVE_BF16" not in os.environ
+    # `distill data --batch N` (N > 1): its batched passes are torch ops over the whole batch
+    # (forward_batch), which the bf16 C pass's fp32 activations and passive waits slow: 96 replies in
+    # 71 s against 48 s with torch's bf16 pass and active waits (2-core Zen 4, 2026-11-27). For this
+    # command only (main() also runs in-process, in tests): restored on return.
+    torch_bf16 = (args.cmd == "distill" and getattr(args, "distill_cmd", None) == "data" and (getattr(args, "batch", 1) or 1) > 1
+                  and "SPECCHAT_NATIVE_BF16" not in os.environ)
     if torch_bf16:
         os.environ["SPECCHAT_NATIVE_BF16"] = "0"
     try:

@@ -83,7 +83,7 @@ def argmax_rows(x: torch.Tensor) -> list[int] | int:
     fp32 (the same first-maximum rule, NaN counted as the maximum in both): torch's CPU argmax
     wakes its OpenMP team, 45 us a 49,152-token row and 410 us for 16 rows under the engine's
     passive waits against numpy's 5 and 53 (2-core Zen 4, 2026-11-27), a share of a ~5 ms step."""
-    if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad:
+    if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad and x.dim() > 0:
         a = x.numpy().argmax(-1)
         return a.tolist() if x.dim() > 1 else int(a)
     a = x.argmax(dim=-1)

@@ -278,8 +278,10 @@ def test_headless_commands_spin_only_when_every_pass_is_in_torch():
     from engine import native
     from engine.cli import spin_headless
 
-    # bf16 runs in torch where its C pass (AVX-512 BF16) does not apply
-    assert spin_headless("bench", "bf16", {}, 0.1) == (not native.bf16_records_on({}))
+    # bf16 runs in torch where its C pass (AVX-512 BF16) does not apply; decided without loading the
+    # kernels (which would start OpenMP before the policy is set)
+    assert spin_headless("bench", "bf16", {}, 0.1) == (not native.bf16_records_likely({}))
+    assert native.bf16_records_likely({}) == native.bf16_records_on({}) or native.lib() is None
     assert spin_headless("bench", "bf16", {"SPECCHAT_NATIVE_BF16": "0"}, 0.1)
     assert not spin_headless("bench", "bf16", {"SPECCHAT_BF16_PATH": "scalar"}, 0.1) or native.lib() is None
     assert spin_headless("generate", "auto", {"SPECCHAT_NATIVE": "0"}, 0.1)
@@ -290,8 +292,8 @@ def test_headless_commands_spin_only_when_every_pass_is_in_torch():
 
 
 def test_distill_keeps_bf16_in_torch(tmp_path, monkeypatch):
-    """`distill` (batched torch passes) runs with the bf16 C pass off unless SPECCHAT_NATIVE_BF16
-    says otherwise, and only while it runs (main() also runs in-process)."""
+    """`distill data --batch N` (batched torch passes) runs with the bf16 C pass off unless
+    SPECCHAT_NATIVE_BF16 says otherwise, and only while it runs (main() also runs in-process)."""
     import os
 
     from engine import cli
@@ -302,9 +304,11 @@ def test_distill_keeps_bf16_in_torch(tmp_path, monkeypatch):
     monkeypatch.delenv("SPECCHAT_NATIVE_BF16")  # teardown restores the original state
     assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0
     assert seen == ["0"] and "SPECCHAT_NATIVE_BF16" not in os.environ
+    assert cli.main(["distill", "data", "--out", str(tmp_path / "d"), "--batch", "1"]) == 0  # one reply at a time: the C pass
+    assert seen == ["0", None]
     monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "1")
     assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0
-    assert seen == ["0", "1"] and os.environ["SPECCHAT_NATIVE_BF16"] == "1"
+    assert seen == ["0", None, "1"] and os.environ["SPECCHAT_NATIVE_BF16"] == "1"
 
 
 def test_active_waits_over_the_c_pass_get_a_one_line_warning():
@@ -344,18 +348,12 @@ def test_llama_cpp_peer_runs_before_our_model_loads_on_the_same_ids(monkeypatch,
 
     class FakePopen:
         def __init__(self, argv, env, **kw):
-            self.stdin = SimpleNamespace(write=lambda s: jobs.append(json.loads(s)), close=lambda: None)
-            self._lines = None
-            self.stderr = SimpleNamespace(read=lambda: "")
+            self.returncode = 0
 
-        @property
-        def stdout(self):
-            job = jobs[-1]
-            return iter([json.dumps({"name": n, "out": [7, 8, 9], "secs": 0.02}) for n, _ in job["prompts"]]
-                        + [json.dumps({"version": "fake"})])
-
-        def wait(self):
-            return 0
+        def communicate(self, job, timeout=None):
+            jobs.append(json.loads(job))
+            lines = [json.dumps({"name": n, "out": [7, 8, 9], "secs": 0.02}) for n, _ in jobs[-1]["prompts"]]
+            return "\n".join(lines + [json.dumps({"version": "fake"})]), ""
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setitem(_sys.modules, "llama_cpp", types.ModuleType("llama_cpp"))
@@ -392,13 +390,14 @@ def test_llama_cpp_peer_runs_in_its_own_process_at_its_own_wait_policy(monkeypat
     class FakePopen:
         def __init__(self, argv, env, **kw):
             seen["env"], seen["argv"] = env, argv
-            self.stdin = SimpleNamespace(write=lambda s: seen.setdefault("job", json.loads(s)), close=lambda: None)
-            lines = [json.dumps({"name": "a", "out": [5, 6, 7], "secs": 0.02}), json.dumps({"version": "fake"})]
-            self.stdout = iter(lines if seen.get("ok", True) else [])
-            self.stderr = SimpleNamespace(read=lambda: "" if seen.get("ok", True) else "Traceback\nRuntimeError: boom")
+            self.returncode = None
 
-        def wait(self):
-            return 0 if seen.get("ok", True) else 1
+        def communicate(self, job, timeout=None):
+            seen.setdefault("job", json.loads(job))
+            ok = seen.get("ok", True)
+            self.returncode = 0 if ok else 1
+            lines = [json.dumps({"name": "a", "out": [5, 6, 7], "secs": 0.02, "rss_mb": 90.0}), json.dumps({"version": "fake"})]
+            return ("\n".join(lines) + "\n" if ok else ""), ("" if ok else "Traceback\nRuntimeError: boom")
 
     monkeypatch.setattr(subprocess, "Popen", FakePopen)
     monkeypatch.setattr(engine, "USER_OMP_WAIT_POLICY", None)
@@ -414,6 +413,7 @@ def test_llama_cpp_peer_runs_in_its_own_process_at_its_own_wait_policy(monkeypat
     assert "OMP_WAIT_POLICY" not in seen["env"]  # the user's ACTIVE was for our passes
     assert seen["job"]["prompts"] == [["a", [1, 2, 3]]] and seen["job"]["path"] == str(smollm2_gguf_path)
     assert len(rows) == 1 and rows[0].identical and abs(rows[0].tokens_per_s - 100.0) < 1e-6
+    assert rows[0].peak_mem_mb == 90.0  # the child's own peak
     assert totals[("ar", "llama.cpp")][:2] == [2, 0.02]
     seen["ok"] = False
     with pytest.raises(SpecchatError, match="llama.cpp peer failed: RuntimeError: boom"):

@@ -101,6 +101,15 @@ def bf16_records_on(environ=None) -> bool:
     return path == "avx512" or (path == "scalar" and env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
 
 
+def bf16_records_likely(environ=None) -> bool:
+    """``bf16_records_on`` without loading the kernels (for decisions taken before torch and OpenMP
+    load): the same switches, and the CPU's own avx512_bf16 flag for the vector path."""
+    env = os.environ if environ is None else environ
+    if not (_switch_on("SPECCHAT_NATIVE_BF16", env) and rows_enabled(env) and enabled(env)):
+        return False
+    return "avx512_bf16" in _cpu_key().split() or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
+
+
 def _cpu_key() -> str:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
