@@ -271,11 +271,6 @@ import json, sys, time
 import torch
 from transformers import AutoModelForCausalLM
 job = json.load(sys.stdin)
-def peak_mb():  # this process's own peak RSS (VmHWM; ru_maxrss starts from the parent's at exec)
-    try:
-        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        return 0.0
 torch.set_num_threads(job["threads"])
 dtype = getattr(torch, job["dtype"])
 if job["gguf_file"]:
@@ -307,6 +302,16 @@ print(json.dumps({"version": __import__("transformers").__version__}), flush=Tru
 """
 
 
+# what every peer's child script can call: its own peak memory for its rows
+_CHILD_PRELUDE = '''
+def peak_mb():  # this process's own peak RSS (VmHWM; ru_maxrss starts from the parent's at exec)
+    try:
+        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration, ValueError):
+        return 0.0
+'''
+
+
 def _run_child(code: str, job: dict, peer: str) -> list[dict]:
     """A peer's child process (``code``, fed ``job`` as JSON on stdin) at OpenMP's own wait policy,
     whatever ours is; its JSON lines, the last one {"version": ...}."""
@@ -314,7 +319,7 @@ def _run_child(code: str, job: dict, peer: str) -> list[dict]:
 
     env = dict(os.environ)
     env.pop("OMP_WAIT_POLICY", None)  # the peer's own default, its fastest (see _LLAMA_CPP_CHILD)
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, "-c", _CHILD_PRELUDE + code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:  # both pipes drained together: a chatty stderr cannot fill up and stall the child
         out, err = proc.communicate(json.dumps(job), timeout=6 * 3600)
@@ -417,11 +422,6 @@ _LLAMA_CPP_CHILD = r"""
 import json, sys, time
 import llama_cpp
 job = json.load(sys.stdin)
-def peak_mb():  # this process's own peak RSS (VmHWM; ru_maxrss starts from the parent's at exec)
-    try:
-        return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration, ValueError):
-        return 0.0
 llm = llama_cpp.Llama(model_path=job["path"], n_ctx=job["ctx"], n_threads=job["threads"], n_threads_batch=job["threads"],
                       n_batch=512, verbose=False, logits_all=False)
 eos = set(job["eos"])

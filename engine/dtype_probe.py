@@ -144,18 +144,14 @@ def bf16_c_pass(hf_config: dict) -> bool:
     compute type's C pass (``llama.bf16_fits``: AVX-512 BF16, shapes it takes) or the torch pass
     with engine/native/glue_bf16.c between its products (the kernels load, nothing switches them
     off, the shapes fit)."""
-    from . import native
     from .errors import ModelLoadError
     from .models import llama
 
-    records, glue = native.bf16_records_on(), llama.glue_lib() is not None
-    if not (records or glue):
-        return False
     try:
         c = llama.LlamaConfig.from_hf(hf_config)
     except (ModelLoadError, TypeError, ValueError):
         return False
-    return (records and llama.bf16_fits(c)) or (glue and llama.glue_fits(c))
+    return llama.bf16_fits(c) or (llama.glue_lib() is not None and llama.glue_fits(c))
 
 
 def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:

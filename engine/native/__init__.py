@@ -87,6 +87,11 @@ def glue_enabled() -> bool:
     return _switch_on("SPECCHAT_NATIVE_GLUE")
 
 
+def _bf16_switches_on(env) -> bool:
+    """The kernels, the C pass and the bf16 C pass not switched off in ``env``."""
+    return _switch_on("SPECCHAT_NATIVE_BF16", env) and rows_enabled(env) and enabled(env)
+
+
 def bf16_records_on(environ=None) -> bool:
     """Whether a CPU bf16 llama-family model takes the bf16 compute type's C pass (bf16_rows.c's
     products inside llama_rows.c; ``Llama.keep_bf16``): the kernels load, the C pass is on,
@@ -95,7 +100,7 @@ def bf16_records_on(environ=None) -> bool:
     through torch (oneDNN products, glue_bf16.c between them). ``environ``: the switches from there
     (default the process's; the kernels' own build reads the process's)."""
     env = os.environ if environ is None else environ
-    if not (_switch_on("SPECCHAT_NATIVE_BF16", env) and rows_enabled(env) and enabled(env) and lib() is not None):
+    if not (_bf16_switches_on(env) and lib() is not None):
         return False
     path = bf16_path()
     return path == "avx512" or (path == "scalar" and env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
@@ -105,7 +110,7 @@ def bf16_records_likely(environ=None) -> bool:
     """``bf16_records_on`` without loading the kernels (for decisions taken before torch and OpenMP
     load): the same switches, and the CPU's own avx512_bf16 flag for the vector path."""
     env = os.environ if environ is None else environ
-    if not (_switch_on("SPECCHAT_NATIVE_BF16", env) and rows_enabled(env) and enabled(env)):
+    if not _bf16_switches_on(env):
         return False
     return "avx512_bf16" in _cpu_key().split() or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
 

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "pool.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -83,7 +84,7 @@ static inline float daz(float f) {
     return (u & 0x7f800000u) == 0 ? u2f(u & 0x80000000u) : f;
 }
 
-static inline float bf(uint16_t h) { return daz(u2f((uint32_t)h << 16)); }
+static inline float bf(uint16_t h) { return daz(bf2f(h)); }
 
 /* one row's bf16 activations as K/2 pairs (even input in the low half) */
 static void convert_row(const float *x, int64_t K, uint32_t *xp) {
@@ -260,7 +261,7 @@ int bf16_rows_f32(const uint16_t *W, int64_t N, int64_t K, const int64_t *ids, i
         const int64_t v = ids[t];
         if (v < 0 || v >= N) return 3;
         const uint16_t *rec = W + (v / JB) * K * JB;
-        for (int64_t i = 0; i < K; i++) out[t * K + i] = u2f((uint32_t)rec[(i / 2) * 2 * JB + (v % JB) * 2 + (i & 1)] << 16);
+        for (int64_t i = 0; i < K; i++) out[t * K + i] = bf2f(rec[(i / 2) * 2 * JB + (v % JB) * 2 + (i & 1)]);
     }
     return 0;
 }
