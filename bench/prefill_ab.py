@@ -1,7 +1,10 @@
-"""Prefill time of the default model with and without common.prefill_attention, alternated in one
-process (the q8 compute type's long prefill chunks; engine/models/llama.py PREFILL_ATTENTION).
+"""Prefill time of the default model, A/B alternated in one process:
 
-Usage: .venv/bin/python bench/prefill_ab.py [--tokens 1024] [--reps 5] [--dtype auto]
+  --ab native     long prefill chunks in the C pass (llama.NATIVE_LONG_PREFILL) vs the torch pass
+  --ab attention  the torch pass's long chunks with common.prefill_attention vs the masked
+                  attention (llama.PREFILL_ATTENTION; the C pass off for long chunks)
+
+Usage: .venv/bin/python bench/prefill_ab.py [--ab native] [--tokens 1024] [--reps 5] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=1024)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--ab", choices=("native", "attention"), default="native")
     a = ap.parse_args()
     from engine.models import llama
     from engine.session import ChatSession
@@ -28,7 +32,10 @@ def main() -> int:
     ids = [(i * 7919) % 40000 + 100 for i in range(a.tokens)]  # a fixed, varied token sequence
 
     def once(flag: bool) -> float:
-        llama.PREFILL_ATTENTION = flag
+        if a.ab == "native":
+            llama.NATIVE_LONG_PREFILL = flag
+        else:
+            llama.NATIVE_LONG_PREFILL, llama.PREFILL_ATTENTION = False, flag
         m.rollback(0)
         t = time.perf_counter()
         m.prefill(ids)
@@ -40,8 +47,9 @@ def main() -> int:
         for flag in (False, True):
             times[flag].append(once(flag))
     old, new = statistics.median(times[False]), statistics.median(times[True])
-    print(f"prefill {a.tokens} tokens ({a.dtype}): masked attention {old:.3f} s ({a.tokens / old:.0f} tok/s), "
-          f"prefill_attention {new:.3f} s ({a.tokens / new:.0f} tok/s); ratio {new / old:.2f} "
+    off, on = ("torch pass", "C pass") if a.ab == "native" else ("masked attention", "prefill_attention")
+    print(f"prefill {a.tokens} tokens ({a.dtype}): {off} {old:.3f} s ({a.tokens / old:.0f} tok/s), "
+          f"{on} {new:.3f} s ({a.tokens / new:.0f} tok/s); ratio {new / old:.2f} "
           f"(median of {a.reps}, alternated)")
     return 0
 

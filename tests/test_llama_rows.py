@@ -117,13 +117,16 @@ def test_switch_off_keeps_the_torch_pass(root, native_linear_on, monkeypatch):
 
 
 @needs_native
-def test_long_prefill_takes_the_torch_pass_and_decoding_stays_lossless(root, native_linear_on, monkeypatch):
-    """Prefill chunks over NATIVE_PREFILL_ROWS rows run the torch pass (batched attention); decode
-    steps and verify passes stay in C, and every greedy strategy still equals plain greedy."""
+@pytest.mark.parametrize("native_long", [True, False])
+def test_long_prefill_pass_and_decoding_stays_lossless(root, native_linear_on, monkeypatch, native_long):
+    """A 119-row prefill chunk takes the C pass (llama.NATIVE_LONG_PREFILL) or, switched off, the
+    torch pass with its batched attention; decode steps and verify passes stay in C either way,
+    and every greedy strategy still equals plain greedy."""
     import engine.models.llama as llama_mod
     from engine.generate import Decoder, run_generation
     from engine.strategy import preset
 
+    monkeypatch.setattr(llama_mod, "NATIVE_LONG_PREFILL", native_long)
     m = _load("llama", root)
     calls = []
     real = llama_mod.Llama._native_rows
@@ -131,12 +134,12 @@ def test_long_prefill_takes_the_torch_pass_and_decoding_stays_lossless(root, nat
     prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(4)).tolist()
     dec = Decoder(m, load(str(saved("draft", root))).model)
     want, _ = run_generation(dec, prompt, preset("ar"), 24)
-    assert calls and max(calls) == 1  # the 119-row prefill took the torch pass, the steps C
+    assert calls and max(calls) == (119 if native_long else 1)  # the prefill chunk's path; steps in C
     want = [t for e in want for t in e.emitted]
     for s in (preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("pld"), preset("sd", adaptive=True)):
         evs, _ = run_generation(dec, prompt, s, 24)
         assert [t for e in evs for t in e.emitted] == want, s.label()
-    assert max(calls) > 1  # verify passes ran in C
+    assert max(c for c in calls if c != 119) > 1  # verify passes ran in C
 
 
 @pytest.mark.parametrize("start, T, kv16", [(0, 150, False), (37, 130, False), (64, 64, True), (5, 200, True)])
@@ -161,16 +164,19 @@ def test_prefill_attention_equals_the_masked_attention(start, T, kv16):
 
 
 @needs_native
+@pytest.mark.parametrize("native_long", [True, False])
 @pytest.mark.parametrize("kind", ["llama", "llama_hd64"])
-def test_a_long_prefill_chunk_matches_transformers(kind, root, native_linear_on):
-    """A 119-row prefill chunk (common.prefill_attention) leaves a cache whose next step's logits
-    are transformers' for that position."""
+def test_a_long_prefill_chunk_matches_transformers(kind, root, native_linear_on, monkeypatch, native_long):
+    """A 119-row prefill chunk, in the C pass or (switched off) the torch pass's
+    common.prefill_attention, leaves a cache whose next step's logits are transformers' for that
+    position."""
     from transformers import AutoModelForCausalLM
 
     import engine.models.llama as llama_mod
 
+    monkeypatch.setattr(llama_mod, "NATIVE_LONG_PREFILL", native_long)
     ids = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(6)).tolist()
-    assert len(ids) - 1 > llama_mod.NATIVE_PREFILL_ROWS
+    assert len(ids) - 1 > llama_mod.PREFILL_ROWS
     m = _load(kind, root)
     m.allocate()
     m.prefill(ids[:-1])

@@ -254,14 +254,15 @@ def prefill_attention(
     bias: list[torch.Tensor],
     scale: float,
 ) -> torch.Tensor:
-    """:func:`cached_attention` for a long fp32 prefill chunk (the q8 and fp32 compute types), with
+    """:func:`cached_attention` for a long fp32 prefill chunk in the torch pass (the q8 and fp32
+    compute types where the C pass is off: no kernels, SPECCHAT_NATIVE_ROWS=0), with
     the scale and the mask folded into the score GEMM (``baddbmm(bias, q, k^T, alpha=scale)``, the
     row blocks' biases from :func:`prefill_bias`): no per-layer mask repeat, inversion, fill or
     scaling pass. Rows in blocks: block [r0, r1) attends keys [0, start + r1) only, skipping most
     of the causal triangle's masked scores (half the work of a first chunk).
 
     Its rows' bits may differ from ``cached_attention``'s, so only prefill chunks longer than any
-    verify pass or re-prefilled chain take it (models/llama.py NATIVE_PREFILL_ROWS): it writes the
+    verify pass or re-prefilled chain take it (models/llama.py PREFILL_ROWS): it writes the
     context's K/V, which every strategy then shares.
     """
     H, T, E = q.shape

@@ -76,8 +76,9 @@ class LlamaConfig:
         )
 
 
-NATIVE_PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack recompute re-prefills
-PREFILL_ATTENTION = True  # fp32 prefill chunks over NATIVE_PREFILL_ROWS rows: common.prefill_attention (A/Bs switch it)
+NATIVE_LONG_PREFILL = True  # prefill chunks of any length take the C pass where it applies (A/Bs switch it)
+PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack recompute re-prefills
+PREFILL_ATTENTION = True  # torch pass: fp32 prefill chunks over PREFILL_ROWS rows use common.prefill_attention (A/Bs switch it)
 
 
 def glue_fits(cfg: LlamaConfig) -> bool:
@@ -262,12 +263,12 @@ class Llama(CausalLM):
                 "vocab": c.vocab_size, "dtype": str(self.compute_dtype).replace("torch.", "")}
 
     # engine/native/llama_rows.c: the whole pass in one C call when every projection is held by
-    # linear.c (fp32 blocks or GGUF records). Built on first use; None = the torch pass. Prefill
-    # chunks of more than NATIVE_PREFILL_ROWS rows take the torch pass (its attention is batched
-    # GEMMs; the C kernel's per-row attention made a 2k-token prefill take seconds). Prefill
-    # only writes the context's K/V, which every strategy then shares, so the two paths never
-    # meet in a comparison: decode steps and verify passes (whose rows must agree) always run here,
-    # and so do the short re-prefills of --backtrack recompute (an accepted chain, <= 64 rows).
+    # linear.c (fp32 blocks, GGUF records or bf16 records). Built on first use; None = the torch
+    # pass. Every pass takes it, prefill chunks of any length included: decode steps and verify
+    # passes must (their rows must agree), and a long prompt's 256-row chunks run 25-47% faster
+    # here than in the torch pass with its batched attention GEMMs (2-core Zen 4, 100-1,500 tokens,
+    # q8 and bf16: bench/prefill_ab.py --ab native, bench/results/2026-11-27-session24/). Until
+    # session 24 chunks over PREFILL_ROWS rows took the torch pass, when the C attention was slower.
     _NATIVE_SLOTS = 14
 
     def _native_table(self) -> torch.Tensor | None:
@@ -390,7 +391,7 @@ class Llama(CausalLM):
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
-        if tab is not None and not (self._prefilling and tokens.shape[0] > NATIVE_PREFILL_ROWS):
+        if tab is not None and (NATIVE_LONG_PREFILL or not (self._prefilling and tokens.shape[0] > PREFILL_ROWS)):
             return self._native_rows(tab, tokens, positions, start, mask)
         glue = self._glue() if self._dtype == torch.bfloat16 else None
         if glue is not None:
@@ -404,7 +405,7 @@ class Llama(CausalLM):
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]
         plan = attn_plan(mask, start + T, T, H // K) if self._dtype == torch.bfloat16 else None
         # a long fp32 prefill chunk: the mask as an additive bias, folded into the score GEMM
-        bias = (prefill_bias(mask, H // K) if PREFILL_ATTENTION and self._prefilling and T > NATIVE_PREFILL_ROWS
+        bias = (prefill_bias(mask, H // K) if PREFILL_ATTENTION and self._prefilling and T > PREFILL_ROWS
                 and mask is not None and self._dtype == torch.float32 else None)
         for i, L in enumerate(self.layers):
             h = rms_norm(x, L["ln1"], c.rms_norm_eps)
