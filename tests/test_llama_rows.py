@@ -90,7 +90,7 @@ def test_a_rows_bits_do_not_depend_on_its_pass(kind, kv16, root, native_linear_o
 def test_bf16_kv_cache_rounds_as_torch_and_stays_close(kind, root, native_linear_on, monkeypatch):
     """The C pass rounds new K/V rows to bf16 exactly as torch's cast does (layer 0's K/V do not
     depend on the cache, so they are the fp32 cache's values cast); the logits stay close to the fp32
-    cache's, and the torch pass over a bf16 cache (long prefills take it) agrees with the C pass."""
+    cache's, and the torch pass over a bf16 cache (SPECCHAT_NATIVE_ROWS=0) agrees with the C pass."""
     ids = torch.randint(0, 96, (37,), generator=torch.Generator().manual_seed(5)).tolist()
     ref = _load(kind, root)
     ref.allocate()
@@ -117,29 +117,62 @@ def test_switch_off_keeps_the_torch_pass(root, native_linear_on, monkeypatch):
 
 
 @needs_native
-@pytest.mark.parametrize("native_long", [True, False])
-def test_long_prefill_pass_and_decoding_stays_lossless(root, native_linear_on, monkeypatch, native_long):
-    """A 119-row prefill chunk takes the C pass (llama.NATIVE_LONG_PREFILL) or, switched off, the
-    torch pass with its batched attention; decode steps and verify passes stay in C either way,
-    and every greedy strategy still equals plain greedy."""
+@pytest.mark.parametrize("kind, native_long, c_pass", [("llama", True, True), ("llama", False, False), ("llama_mha", True, False)])
+def test_long_prefill_pass_and_decoding_stays_lossless(kind, native_long, c_pass, root, native_linear_on, monkeypatch):
+    """A 119-row prefill chunk takes the C pass where its attention runs grouped (GQA) and
+    llama.NATIVE_LONG_PREFILL is on, else the torch pass with its batched attention (multi-head
+    attention: the C pass would stream every (row, head)'s keys alone); decode steps and verify
+    passes stay in C either way, and every greedy strategy still equals plain greedy."""
     import engine.models.llama as llama_mod
     from engine.generate import Decoder, run_generation
     from engine.strategy import preset
 
     monkeypatch.setattr(llama_mod, "NATIVE_LONG_PREFILL", native_long)
-    m = _load("llama", root)
+    m = _load(kind, root)
+    assert m._grouped() == (kind != "llama_mha")
     calls = []
     real = llama_mod.Llama._native_rows
     monkeypatch.setattr(llama_mod.Llama, "_native_rows", lambda self, tab, tokens, *a: calls.append(tokens.shape[0]) or real(self, tab, tokens, *a))
     prompt = torch.randint(0, 96, (120,), generator=torch.Generator().manual_seed(4)).tolist()
     dec = Decoder(m, load(str(saved("draft", root))).model)
     want, _ = run_generation(dec, prompt, preset("ar"), 24)
-    assert calls and max(calls) == (119 if native_long else 1)  # the prefill chunk's path; steps in C
+    assert calls and max(calls) == (119 if c_pass else 1)  # the prefill chunk's path; steps in C
     want = [t for e in want for t in e.emitted]
     for s in (preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("pld"), preset("sd", adaptive=True)):
         evs, _ = run_generation(dec, prompt, s, 24)
         assert [t for e in evs for t in e.emitted] == want, s.label()
     assert max(c for c in calls if c != 119) > 1  # verify passes ran in C
+
+
+@needs_native
+@pytest.mark.parametrize("kind, kv16", [("llama", False), ("llama", True), ("llama_hd64", True), ("qwen2", False)])
+def test_a_long_prefill_chunks_rows_equal_one_token_steps(kind, kv16, root, native_linear_on):
+    """A 90-row prefill chunk in the C pass writes K/V whose bits equal those of 1-token steps over
+    the same tokens: the next steps' logits are the same bits either way."""
+    import engine.models.llama as llama_mod
+
+    ids = torch.randint(0, 96, (100,), generator=torch.Generator().manual_seed(9)).tolist()
+    m = _load(kind, root)
+    if kv16:
+        assert m.use_bf16_kv()
+    m.allocate()
+    assert 90 > llama_mod.PREFILL_ROWS and m._grouped()
+
+    def tail_logits(prefill: bool) -> torch.Tensor:
+        m.rollback(0)
+        if prefill:
+            m.prefill(ids[:90], chunk=256)
+        else:
+            for t in ids[:90]:
+                m.verify([t], [-1])
+                m.commit([0])
+        rows = []
+        for t in ids[90:]:
+            rows.append(m.verify([t], [-1])[0])
+            m.commit([0])
+        return torch.stack(rows)
+
+    assert torch.equal(tail_logits(True), tail_logits(False))
 
 
 @pytest.mark.parametrize("start, T, kv16", [(0, 150, False), (37, 130, False), (64, 64, True), (5, 200, True)])

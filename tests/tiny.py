@@ -30,6 +30,8 @@ TINY = {
     "mistral_window": dict(model_type="mistral", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, sliding_window=48),
     # SmolLM2's attention shape (head size 64, 3 query heads a KV head): the C pass's unrolled attention
+    "llama_mha": dict(model_type="llama", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512, tie_word_embeddings=False),
     "llama_hd64": dict(model_type="llama", vocab_size=96, hidden_size=384, intermediate_size=128, num_hidden_layers=2,
                        num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False),
     "qwen2": dict(model_type="qwen2", vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,

@@ -255,7 +255,8 @@ def prefill_attention(
     scale: float,
 ) -> torch.Tensor:
     """:func:`cached_attention` for a long fp32 prefill chunk in the torch pass (the q8 and fp32
-    compute types where the C pass is off: no kernels, SPECCHAT_NATIVE_ROWS=0), with
+    compute types where a long chunk does not take the C pass: no kernels, SPECCHAT_NATIVE_ROWS=0,
+    multi-head attention models, llama.NATIVE_LONG_PREFILL off), with
     the scale and the mask folded into the score GEMM (``baddbmm(bias, q, k^T, alpha=scale)``, the
     row blocks' biases from :func:`prefill_bias`): no per-layer mask repeat, inversion, fill or
     scaling pass. Rows in blocks: block [r0, r1) attends keys [0, start + r1) only, skipping most

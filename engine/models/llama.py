@@ -76,8 +76,8 @@ class LlamaConfig:
         )
 
 
-NATIVE_LONG_PREFILL = True  # prefill chunks of any length take the C pass where it applies (A/Bs switch it)
-PREFILL_ROWS = 64  # > the longest chain (draft_len <= 64) --backtrack recompute re-prefills
+NATIVE_LONG_PREFILL = True  # long prefill chunks take the C pass where its attention runs grouped (A/Bs switch it)
+PREFILL_ROWS = 65  # the longest chain --backtrack recompute re-prefills: a root and 64 accepted drafts (draft_len <= 64)
 PREFILL_ATTENTION = True  # torch pass: fp32 prefill chunks over PREFILL_ROWS rows use common.prefill_attention (A/Bs switch it)
 
 
@@ -264,11 +264,15 @@ class Llama(CausalLM):
 
     # engine/native/llama_rows.c: the whole pass in one C call when every projection is held by
     # linear.c (fp32 blocks, GGUF records or bf16 records). Built on first use; None = the torch
-    # pass. Every pass takes it, prefill chunks of any length included: decode steps and verify
-    # passes must (their rows must agree), and a long prompt's 256-row chunks run 25-47% faster
+    # pass. Decode steps, verify passes and re-prefilled chains take it (their rows must agree), and
+    # so do prefill chunks of any length where its attention runs grouped (``llama_rows_grouped``:
+    # GQA, head size a multiple of 8 up to 128): a long prompt's 256-row chunks run 25-47% faster
     # here than in the torch pass with its batched attention GEMMs (2-core Zen 4, 100-1,500 tokens,
-    # q8 and bf16: bench/prefill_ab.py --ab native, bench/results/2026-11-27-session24/). Until
-    # session 24 chunks over PREFILL_ROWS rows took the torch pass, when the C attention was slower.
+    # q8 and bf16: bench/prefill_ab.py --ab native, bench/results/2026-11-27-session24/). Chunks of
+    # more than PREFILL_ROWS rows of other models (multi-head attention, where every (row, head)
+    # streams its keys alone: a 2k-token prefill 8.4 s against 6.0 in session 8) take the torch pass,
+    # as every long chunk did until session 24. Prefill only writes the context's K/V, which every
+    # strategy then shares, so the two paths never meet in a comparison.
     _NATIVE_SLOTS = 14
 
     def _native_table(self) -> torch.Tensor | None:
@@ -325,6 +329,18 @@ class Llama(CausalLM):
         if rc:
             raise MemoryError(f"llama_rows_f32 failed ({rc})")
         return rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def _grouped(self) -> bool:
+        """The C pass's attention runs grouped for this model (engine/native/llama_rows.c
+        ``llama_rows_grouped``): long prefill chunks may take it."""
+        g = self.__dict__.get("_grouped_attn")
+        if g is None:
+            from .. import native
+
+            c = self.cfg
+            lib = native.lib()
+            g = self.__dict__["_grouped_attn"] = bool(lib is not None and lib.llama_rows_grouped(c.head_dim, c.num_heads // c.num_kv_heads))
+        return g
 
     # engine/native/glue_bf16.c: a bf16 pass on CPU with the operations between its products (norms,
     # rotary and the K/V writes, SiLU, residual adds) in one C call each. Decided once per model: every
@@ -391,7 +407,7 @@ class Llama(CausalLM):
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
-        if tab is not None and (NATIVE_LONG_PREFILL or not (self._prefilling and tokens.shape[0] > PREFILL_ROWS)):
+        if tab is not None and ((NATIVE_LONG_PREFILL and self._grouped()) or not (self._prefilling and tokens.shape[0] > PREFILL_ROWS)):
             return self._native_rows(tab, tokens, positions, start, mask)
         glue = self._glue() if self._dtype == torch.bfloat16 else None
         if glue is not None:

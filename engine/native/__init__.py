@@ -199,6 +199,8 @@ def _load() -> ctypes.CDLL | None:
         lib.quant_rows_f32.restype = ctypes.c_int
         lib.llama_rows_f32.argtypes = [p, i64, i64, i64, i64, i64, i64, i64, p, i64, p, p, i64, i64, p, p, p, i64, f32, f32, i32, i32]
         lib.llama_rows_f32.restype = ctypes.c_int
+        lib.llama_rows_grouped.argtypes = [i64, i64]
+        lib.llama_rows_grouped.restype = ctypes.c_int
         lib.llama_rows_kv16_ok.argtypes = [i64]
         lib.llama_rows_kv16_ok.restype = ctypes.c_int
         lib.mamba2_block_f32.argtypes = [p, i64, i64, p, f32, p, i32, p, p, p, i64, p, p, p, p, f32, p, i32, p, i64, i64, i64,

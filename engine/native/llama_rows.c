@@ -414,6 +414,19 @@ static inline uint16_t to_bf16(float f) {
 }
 
 /* 1 where llama_rows_f32 takes a bf16 cache (kv16): the vector attention, head sizes % 8 == 0, <= 128 */
+/* 1 where a pass's attention runs grouped (attend_group: the query heads that share a KV head, of
+ * several rows, read each K/V block once) for head size E and G query heads a KV head; else every
+ * (row, head) streams its keys alone, which at long prefill chunks is slower than the torch pass's
+ * batched attention (llama.py: such models prefill long chunks there) */
+int llama_rows_grouped(int64_t E, int64_t G) {
+#ifdef LR_VEC
+    return E % 8 == 0 && E <= 128 && G > 1 && G <= GQ;
+#else
+    (void)E, (void)G;
+    return 0;
+#endif
+}
+
 int llama_rows_kv16_ok(int64_t E) {
 #ifdef LR_VEC
     return E % 8 == 0 && E <= 128;
