@@ -85,8 +85,8 @@ def argmax_rows(x: torch.Tensor) -> list[int] | int:
     passive waits against numpy's 5 and 53 (2-core Zen 4, 2026-11-27), a share of a ~5 ms step."""
     if x.device.type == "cpu" and x.dtype == torch.float32 and not x.requires_grad and x.dim() > 0:
         a = x.numpy().argmax(-1)
-        return a.tolist() if x.dim() > 1 else int(a)
-    a = x.argmax(dim=-1)
+    else:
+        a = x.argmax(dim=-1)
     return a.tolist() if x.dim() > 1 else int(a)
 
 

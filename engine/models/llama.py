@@ -407,7 +407,7 @@ class Llama(CausalLM):
 
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
-        if tab is not None and ((NATIVE_LONG_PREFILL and self._grouped()) or not (self._prefilling and tokens.shape[0] > PREFILL_ROWS)):
+        if tab is not None and (not (self._prefilling and tokens.shape[0] > PREFILL_ROWS) or (NATIVE_LONG_PREFILL and self._grouped())):
             return self._native_rows(tab, tokens, positions, start, mask)
         glue = self._glue() if self._dtype == torch.bfloat16 else None
         if glue is not None:

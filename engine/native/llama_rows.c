@@ -413,7 +413,6 @@ static inline uint16_t to_bf16(float f) {
     return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
 }
 
-/* 1 where llama_rows_f32 takes a bf16 cache (kv16): the vector attention, head sizes % 8 == 0, <= 128 */
 /* 1 where a pass's attention runs grouped (attend_group: the query heads that share a KV head, of
  * several rows, read each K/V block once) for head size E and G query heads a KV head; else every
  * (row, head) streams its keys alone, which at long prefill chunks is slower than the torch pass's
@@ -427,6 +426,7 @@ int llama_rows_grouped(int64_t E, int64_t G) {
 #endif
 }
 
+/* 1 where llama_rows_f32 takes a bf16 cache (kv16): the vector attention, head sizes % 8 == 0, <= 128 */
 int llama_rows_kv16_ok(int64_t E) {
 #ifdef LR_VEC
     return E % 8 == 0 && E <= 128;
@@ -490,7 +490,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
          * 2,000 tokens of context 12.38 -> 10.77 ms, 600: 7.95 -> 7.58). */
         int64_t chunks = 0;
 #ifdef LR_VEC
-        if (E % 8 == 0 && E <= 128 && G > 1 && G <= GQ && T * KV >= nthreads) {
+        if (llama_rows_grouped(E, G) && T * KV >= nthreads) {
             chunks = (2 * nthreads + KV - 1) / KV;
             const int64_t most = GQ / G; /* rows an item can hold */
             if (chunks < (T + most - 1) / most) chunks = (T + most - 1) / most;
