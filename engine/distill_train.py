@@ -15,6 +15,7 @@ optimiser, step and data order; a new run with the same DIR continues. Tensors o
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import math
 import sys
@@ -414,8 +415,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     total = args.steps  # the schedule's last step: --steps, or where --time-budget ends
 
+    warm_end = None  # with --time-budget: the warm-up's length, fixed at the first estimate of the schedule's end
+    marks = collections.deque(maxlen=6)  # (step, seconds) every 20 steps: the recent rate
+
     def lr_at(s: int) -> float:
-        warm = max(1, total // 20)
+        warm = warm_end or max(1, total // 20)
         if s < warm:
             return args.lr * (s + 1) / warm
         return args.lr * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, total - warm))))
@@ -509,10 +513,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             step += 1
             el = time.perf_counter() - t0
             if args.time_budget > 0:
-                if step - first == 20:  # the rate over the first steps sets where the schedule ends
-                    total = min(args.steps, step + int((args.time_budget - el) / (el / 20)))
-                elif el >= args.time_budget:
+                if el >= args.time_budget:
                     total = step
+                elif (step - first) % 20 == 0:
+                    # where the schedule ends follows the measured rate (over the last ~100 steps), so a
+                    # machine that slows down (or speeds up) midway still ends the cosine on time
+                    marks.append((step, el))
+                    s0, e0 = marks[0] if len(marks) > 1 else (first, 0.0)
+                    total = min(args.steps, step + max(1, int((args.time_budget - el) / ((el - e0) / (step - s0)))))
+                    if warm_end is None:
+                        warm_end = max(1, total // 20)
             print(f"\rstep {step}/{total} loss {loss.item():.3f} lr {lr_at(step):.2e} {el / 60:.1f} min", end="", file=sys.stderr, flush=True)
             if step % args.save_every == 0:
                 save_state()

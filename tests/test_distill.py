@@ -66,12 +66,7 @@ def test_distill_train_amp_trains_in_bf16_autocast_and_keeps_fp32_weights(tmp_pa
     import torch
 
     data = tmp_path / "d"
-    data.mkdir()
-    g = torch.Generator().manual_seed(0)
-    with open(data / "responses.jsonl", "w") as f:
-        for i in range(8):
-            prompt = torch.randint(10, 200, (6,), generator=g).tolist()
-            f.write(json.dumps({"id": f"p{i}", "prompt_ids": prompt, "response_ids": [5, 6, 7, 8] * 6}) + "\n")
+    _tiny_replies(data)
     out = tmp_path / "amp"
     assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
                  "--d-model", "64", "--layers", "1", "--head-dim", "32", "--d-state", "16", "--batch", "4", "--seq-len", "32",
@@ -83,6 +78,47 @@ def test_distill_train_amp_trains_in_bf16_autocast_and_keeps_fp32_weights(tmp_pa
     state = torch.load(out / "train_state.pt", weights_only=True)
     assert all(v.dtype == torch.float32 for v in state["model"].values() if v.is_floating_point())
     assert json.loads((out / "distill.json").read_text())["args"]["amp"] == "bf16"
+
+
+def _tiny_replies(data: Path, n: int = 8) -> None:
+    import torch
+
+    data.mkdir()
+    g = torch.Generator().manual_seed(0)
+    with open(data / "responses.jsonl", "w") as f:
+        for i in range(n):
+            prompt = torch.randint(10, 200, (6,), generator=g).tolist()
+            f.write(json.dumps({"id": f"p{i}", "prompt_ids": prompt, "response_ids": [5, 6, 7, 8] * 6}) + "\n")
+
+
+def test_time_budget_schedule_follows_a_machine_that_slows_down(tmp_path, capsys, monkeypatch):
+    """--time-budget: the learning-rate schedule's end is re-estimated from the recent rate, so a
+    run whose steps slow down fourfold after the first estimate still ends its cosine (lr near 0)
+    when the budget runs out, instead of stopping at a high learning rate."""
+    import types
+
+    import engine.distill_train as dt
+
+    calls = [0]
+
+    def clock() -> float:  # one call at the start, then one a step: 0.05 s a step for 40 steps, 0.2 s after
+        calls[0] += 1
+        n = calls[0] - 1
+        return 0.05 * min(n, 40) + 0.2 * max(0, n - 40)
+
+    monkeypatch.setattr(dt, "time", types.SimpleNamespace(perf_counter=clock))
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    out = tmp_path / "t"
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
+                 "--d-model", "32", "--layers", "1", "--head-dim", "16", "--d-state", "8", "--batch", "2", "--seq-len", "32",
+                 "--steps", "100000", "--time-budget", "12", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1000000"]) == 0
+    lines = re.findall(r"step (\d+)/(\d+) loss [0-9.]+ lr ([0-9.e+-]+)", capsys.readouterr().err)
+    steps = int(lines[-1][0])
+    # 2 s for 40 steps, then 10 s at 0.2 s a step: ~90 steps (the first estimate said 240)
+    assert 80 <= steps <= 95 and int(lines[19][1]) > 200
+    # the lr of the run's last steps: near the cosine's end (the first estimate would leave ~0.7e-3)
+    assert float(lines[-3][2]) < 1e-4
 
 
 def test_distill_train_with_a_tokenizer_only_and_a_time_budget(tmp_path, smollm2_gguf_path, capsys):
