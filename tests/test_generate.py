@@ -260,6 +260,20 @@ def test_sampling_strategies_keep_the_target_distribution(case, target, root):
     assert _two_sample_p(ref, bad) < 1e-3
 
 
+@pytest.mark.parametrize("strategy", [preset("tree", tree=(3, 2), temperature=0.5, top_p=0.5),
+                                      preset("mab", temperature=0.5, top_p=0.5, arms=((3, 2), (2, 2, 1)))],
+                         ids=["tree", "mab"])
+def test_sampled_trees_with_top_p_keep_the_truncated_distribution(strategy, root):
+    """top-p (and a low temperature) leave the drafter's q fewer tokens than a tree node's planned
+    children: the node gets the ones there are (it once indexed past them, an IndexError), and the
+    first two tokens still follow plain top-p sampling's distribution."""
+    dec = Decoder(load(str(saved("llama", root))).model, load(str(saved("draft", root))).model)
+    prompt = [4, 4, 4, 4]
+    ref = _samples(dec, prompt, preset("ar", temperature=0.5, top_p=0.5), 1500, 4)
+    got = _samples(dec, prompt, strategy, 1500, 4)
+    assert len(set(ref)) > 2 and _two_sample_p(ref, got) > 1e-3
+
+
 @pytest.mark.parametrize("kind", ["llama", "mamba2", "granite"])
 def test_ersd_equals_seeded_race_ar_token_for_token(kind, root):
     target = load(str(saved(kind, root))).model

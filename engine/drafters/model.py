@@ -210,7 +210,7 @@ class ModelDrafter:
                 tokens.extend(toks)
                 parents.extend([node] * len(toks))
                 new.extend([f] * len(toks))
-                plan_ids.extend(want[:n])
+                plan_ids.extend(want[: len(toks)])  # fewer come back where q has fewer than n tokens left (top-p, a low T)
             if conf_on and new:
                 confidence.append(float(torch.softmax(logits[new[0]].float(), -1).max()))
             if not new or len(tokens) >= budget:
