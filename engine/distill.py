@@ -63,7 +63,44 @@ def add_parser(sub) -> None:
     add_train(dsub)
 
 
+# the numeric options each subcommand has, and the least each takes (argparse checks the type only)
+_MINIMA = {"n": 1, "batch": 1, "threads": 1, "max_new_tokens": 1, "self_prompts": 0, "limit": 1, "time_budget": 0,
+           "k": 1, "chunk": 1, "seq_len": 2, "steps": 0, "d_model": 1, "layers": 1, "d_state": 1, "head_dim": 1,
+           "save_every": 1, "eval_every": 0, "negatives": 0, "vocab_min_count": 0, "kd": 0, "n_max": 1, "min_count": 1,
+           "branches": 1, "lr": 0}
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """One line for an option no distill subcommand can work with, before any loading: counts and
+    sizes below their least, a --device torch does not know or has not here, a shape Mamba-2 cannot
+    take."""
+    import torch
+
+    from .errors import SpecchatError
+
+    for name, least in _MINIMA.items():
+        value = getattr(args, name, None)
+        if value is not None and not value >= least:  # `not >=`: NaN fails too
+            raise SpecchatError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+    if getattr(args, "holdout", None) is not None and not 0 < args.holdout < 1:
+        raise SpecchatError(f"--holdout must be between 0 and 1, got {args.holdout}")
+    device = getattr(args, "device", None)
+    if device is not None and device != "auto":
+        try:
+            kind = torch.device(device).type
+        except (RuntimeError, ValueError):
+            raise SpecchatError(f"--device {device}: not a device (cpu, cuda, cuda:N or auto)") from None
+        if kind == "cuda" and not torch.cuda.is_available():
+            raise SpecchatError(f"--device {device}: no CUDA device here (torch {torch.__version__}); use --device cpu")
+        if kind not in ("cpu", "cuda"):
+            raise SpecchatError(f"--device {device}: only cpu and cuda are supported")
+    if args.distill_cmd == "train" and not getattr(args, "init", None) and (2 * args.d_model) % args.head_dim:
+        raise SpecchatError(f"--d-model {args.d_model} x 2 (the Mamba-2 inner width) must be a multiple of --head-dim "
+                            f"{args.head_dim}")
+
+
 def cmd_distill(args: argparse.Namespace) -> int:
+    check_args(args)
     if args.distill_cmd == "data":
         return cmd_data(args)
     if args.distill_cmd == "export":
@@ -271,6 +308,9 @@ def cmd_data(args: argparse.Namespace) -> int:
             print(note, file=sys.stderr)
         session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
         target, tok = session.decoder.target, session.tokenizer
+        if tok is None:
+            raise SpecchatError(f"{args.target or 'the target'}: no tokenizer beside the model, and the prompts are text; "
+                                "give a target with one")
     else:
         # a GPU: batched rows straight through the target, no decoder
         from .loading import load

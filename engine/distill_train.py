@@ -18,6 +18,7 @@ import argparse
 import collections
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -558,6 +559,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 EXPORT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                 "chat_template.jinja", "draft_vocab.json", "distill.json")
 
@@ -565,7 +572,6 @@ EXPORT_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", "speci
 def cmd_export(args: argparse.Namespace) -> int:
     """Weights cast to ``--dtype`` (safetensors), config, tokenizer, draft vocabulary and the training
     record; never train_state.pt. The result loads with ``--drafter DIR``."""
-    import os
     import shutil
 
     import torch
@@ -599,6 +605,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         try:
             save_file(part, str(tmp), metadata={"format": "pt"})
             os.replace(tmp, dst / w.name)  # replaces a link at dst, never writes through it
+            os.chmod(dst / w.name, 0o666 & ~_umask())  # safetensors writes 0600; an export is for others to load
             total += (dst / w.name).stat().st_size
         except OSError as e:
             tmp.unlink(missing_ok=True)

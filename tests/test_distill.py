@@ -308,6 +308,7 @@ def test_distill_data_on_a_device_needs_batched_rows(tmp_path, smollm2_gguf_path
 
     real_load = loading.load
     monkeypatch.setattr(loading, "load", lambda ref, **kw: real_load(ref, **{**kw, "device": None}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # past the check that a GPU is there
     assert main(["distill", "data", "--out", str(tmp_path / "d"), "--device", "cuda", "--batch", "1", "--n", "1"]) != 0
     err = capsys.readouterr().err
     assert "--batch > 1" in err and "Traceback" not in err
@@ -565,3 +566,54 @@ def _drafter_copy(tmp_path: Path) -> tuple[Path, Path]:
     for name in ("config.json", "model.safetensors"):
         shutil.copy2(shipped / name, src / name)
     return shipped, src
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["data", "--out", "X", "--threads", "-2"], "--threads must be >= 1, got -2"),
+    (["data", "--out", "X", "--n", "-3"], "--n must be >= 1, got -3"),
+    (["data", "--out", "X", "--batch", "0"], "--batch must be >= 1"),
+    (["data", "--out", "X", "--device", "bogus"], "--device bogus: not a device"),
+    (["topk", "--data", "X", "--k", "0"], "--k must be >= 1, got 0"),
+    (["train", "--data", "X", "--out", "Y", "--seq-len", "0"], "--seq-len must be >= 2, got 0"),
+    (["train", "--data", "X", "--out", "Y", "--batch", "0"], "--batch must be >= 1"),
+    (["train", "--data", "X", "--out", "Y", "--lr", "nan"], "--lr must be >= 0, got nan"),
+    (["train", "--data", "X", "--out", "Y", "--holdout", "1"], "--holdout must be between 0 and 1"),
+    (["train", "--data", "X", "--out", "Y", "--d-model", "16"], "--d-model 16 x 2 (the Mamba-2 inner width) must be a multiple of --head-dim 64"),
+])
+def test_distill_options_out_of_range_are_one_line_errors_before_any_work(argv, says, tmp_path, capsys, monkeypatch):
+    """Counts and sizes below their least, a device torch does not know, a Mamba-2 shape that cannot
+    be built: one line and exit 2, before anything is loaded or written."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["distill", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and len(err.splitlines()) == 1
+    assert not any(tmp_path.iterdir())  # nothing written
+
+
+def test_distill_on_cuda_without_cuda_is_one_line(tmp_path, capsys, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for sub in (["data", "--out", str(tmp_path / "d")], ["train", "--data", "X", "--out", str(tmp_path / "t")]):
+        assert main(["distill", *sub, "--device", "cuda"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert "--device cuda: no CUDA device here" in err and len(err.splitlines()) == 1
+
+
+def test_distill_export_is_readable_by_others(tmp_path):
+    """The exported weights take the umask's mode like the other files (safetensors writes 0600)."""
+    import os
+
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    out, shipped = tmp_path / "t", tmp_path / "s"
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
+                 "--d-model", "32", "--layers", "1", "--head-dim", "16", "--d-state", "8", "--batch", "2", "--seq-len", "32",
+                 "--steps", "1", "--holdout", "0.25"]) == 0
+    old = os.umask(0o022)
+    try:
+        assert main(["distill", "export", "--from", str(out), "--to", str(shipped)]) == 0
+    finally:
+        os.umask(old)
+    assert (shipped / "model.safetensors").stat().st_mode & 0o777 == 0o644
+    assert (shipped / "config.json").stat().st_mode & 0o777 == 0o644
