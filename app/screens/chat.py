@@ -167,6 +167,7 @@ class ChatScreen(Screen[None]):
         self._finishing = False
         self._reply_saved = False
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
+        self._draft_before_edit = ""  # the prompt's text when that edit began
         self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
         self._window_shown: tuple[int | None, int] | None = None  # (chat, messages left out) last told
         self._continuing: tuple[str, dict[str, Any] | None] | None = None  # "Continue": the reply's text and stats before
@@ -300,7 +301,9 @@ class ChatScreen(Screen[None]):
         if record is None:
             chat_id, records = None, []
         self.chat_id = chat_id
-        self._editing = None
+        if self._editing is not None:  # an edit of the chat left ends: the prompt gets its draft back
+            self._editing = None
+            self._restore_draft()
         self.chat_title = record.title if record is not None else ""
         self._kept_title = ""
         self.dashboard.start_reply()  # the last reply's numbers belonged to the chat left
@@ -534,6 +537,7 @@ class ChatScreen(Screen[None]):
         event.prompt.remember(text)
         if self._editing is not None:  # replaces the last message and everything after it (its reply)
             keep, self._editing = self._editing, None
+            self._restore_draft()
             shown = len(self.conversation)
             del self.conversation[keep:]
             self._drop_messages_from(keep)
@@ -801,9 +805,15 @@ class ChatScreen(Screen[None]):
             self._set_state("stopping…")
         elif self._run is None and self._editing is not None:
             self._editing = None
-            self.prompt.clear()
+            self._restore_draft()
             self._set_state("ready")
             self.notify("Edit cancelled.", timeout=3)
+
+    def _restore_draft(self) -> None:
+        """The prompt as it was before "Edit the last message" (a half-written message is not lost)."""
+        draft, self._draft_before_edit = self._draft_before_edit, ""
+        self.prompt.text = draft
+        self.prompt.move_cursor(self.prompt.document.end)
 
     def action_edit_last(self) -> None:
         """Ctrl+P "Edit the last message": the last message you sent goes into the prompt; sending
@@ -816,6 +826,7 @@ class ChatScreen(Screen[None]):
             return
         self._editing = users[-1]
         self._hide_chats()
+        self._draft_before_edit = self.prompt.text  # what was typed: back in the prompt when the edit ends
         self.prompt.text = self.conversation[users[-1]]["content"]
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()

@@ -182,6 +182,33 @@ async def test_edit_the_last_message_replaces_it_and_its_reply(data_dir: Path) -
         assert len(app.chat.conversation) == 6
 
 
+async def test_an_edit_of_the_last_message_gives_back_what_was_typed(data_dir: Path) -> None:
+    """A half-written message in the prompt when "Edit the last message" starts comes back when the
+    edit ends: Esc, the edited message sent, or another chat opened."""
+    engine = FakeEngine(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await chat(pilot, "hello")
+        for end, last in (("escape", "hello"), ("send", "hello"), ("new chat", "hello again")):
+            prompt(app).text = "my half-written draft"
+            app.chat.action_edit_last()
+            await pilot.pause()
+            assert prompt(app).text == last
+            if end == "escape":
+                await pilot.press("escape")
+            elif end == "send":
+                prompt(app).text = "hello again"
+                await pilot.press("enter")
+                await reply_done(pilot)
+                assert shown(app)[-2:] == [("user", "hello again"), ("assistant", "Sure.")]
+            else:
+                await pilot.press("ctrl+n")
+            await pilot.pause()
+            assert prompt(app).text == "my half-written draft", end
+            assert "editing" not in status(app)
+
+
 async def test_ctrl_r_is_refused_while_an_edit_is_open(data_dir: Path) -> None:
     """Ctrl+R with an edit of the last message open is refused, as "Continue" is: it ran and left
     the edit pending with nothing saying so (the status line went back to "done"), so the next
