@@ -112,6 +112,29 @@ def target_family(session: Any) -> str | None:
     return family if isinstance(family, str) else None
 
 
+CHAINS = ("sd", "pld", "ersd", "hybrid")  # the strategies a draft length applies to (the others draft a shape or nothing)
+
+
+def inert(toggle: Toggle, current: Strategy) -> str | None:
+    """Why ``toggle`` would change nothing the ``current`` strategy does (a setting it does not
+    read), or None: such an entry is refused with the reason instead of accepted and marked
+    current while nothing changes."""
+    name = current.name
+    if toggle.group == "Draft length":
+        if name == "ar":
+            return "plain decoding (ar) drafts nothing"
+        if name not in CHAINS:
+            return f"{name} drafts a tree whose shape sets its size (Tree shape, Optimal tree budget); a draft length is for {', '.join(CHAINS)}"
+        if toggle.value == "auto" and name not in ADAPTIVE:
+            return f"an adaptive draft length is for {', '.join(sorted(ADAPTIVE))}, not {name}"
+    if toggle.group == "Drafter":
+        if name == "ar":
+            return "plain decoding (ar) drafts nothing"
+        if name == "pld":
+            return "pld drafts by prompt lookup (n-grams) by definition; sd, tree and ersd take either drafter"
+    return None
+
+
 def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
              family: str | None = None) -> tuple[Strategy | None, str | None]:
     """(new strategy, None) if the toggle applies here, else (None, the one-line reason).
@@ -124,6 +147,8 @@ def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
             what, why = (("SSM tree modes", "attention verifies the tree as it is") if field == "ssm_tree" else
                          ("backtrack modes", "its KV cache keeps the accepted rows as they are"))
             return None, f"{what} are for SSM and hybrid targets; this {family} target is a Transformer ({why})"
+    if (why := inert(toggle, current)) is not None:
+        return None, why
     try:
         new = toggle.change(current)
         if new.verify not in ("auto",) and toggle.group not in ("Verifier",) and new.name != current.name:

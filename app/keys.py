@@ -41,7 +41,7 @@ KEYS: list[tuple[str | tuple[str, ...] | None, tuple[str, ...], str]] = [
     ("new_chat", ("ctrl+n",), "new chat"),
     ("toggle_chats", ("ctrl+l", "f4"), "chats: Enter, {search_chats} search, {rename_chat} rename, {delete_chat} {delete_chat} delete"),
     ("cycle_strategy", ("ctrl+s", "f2"), "next strategy preset, live (ar … hybrid)"),
-    ("toggle_dashboard", ("ctrl+d", "f3"), "show or hide the dashboard (off below 100 columns)"),
+    ("toggle_dashboard", ("ctrl+d", "f3"), "show or hide the dashboard (starts hidden below 100 columns)"),
     (("tree_older", "tree_newer"), ("[", "]"), "older / newer draft tree (focused; {tree_latest} latest)"),
     ("models", ("ctrl+o",), "models: pick, download ({close_models} cancels), switch"),
     ("help", ("f1",), "this help"),

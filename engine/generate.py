@@ -135,7 +135,7 @@ class Decoder:
             raise SpecchatError("empty prompt: nothing to continue from")
         if len(prompt_ids) >= self.context_length:
             raise ContextOverflowError(
-                f"prompt is {len(prompt_ids)} tokens but the context holds {self.context_length}; shorten it or start a new chat")
+                f"prompt is {len(prompt_ids)} tokens but the context holds {self.context_length}; shorten it")
         V = self.target.vocab_size
         bad = [t for t in prompt_ids if t < 0 or t >= V]
         if bad:

@@ -39,6 +39,7 @@ from .system_prompt import SystemPromptScreen
 FRAME_INTERVAL_S = 1 / 4
 MARKDOWN_INTERVAL_S = FRAME_INTERVAL_S  # the reply's text is written once a frame at most
 AR_BASELINE_MIN_TOKENS = 32  # a plain-decoding reply this long becomes the speedup's reference (_ar_baseline)
+BESIDE_DASHBOARD_MIN_WIDTH = 30  # fewer columns for the messages than this: the dashboard is not shown (a notice says why)
 CHAT_MIN_WIDTH = 40  # the message column's fewest columns with the chat list open (else the dashboard makes way)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
@@ -47,7 +48,7 @@ CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's contex
 WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
                  "message{s} left out of what the model reads (the chat keeps {them}).")
 LENGTH_NOTICE = "The reply stopped at the {n}-token limit: Ctrl+P \"Continue the last reply\" goes on from there."
-TOO_LONG_NOTICE = "This message does not fit the model's context window: shorten it, or start a new chat ({new_chat})."
+TOO_LONG_NOTICE = "This message does not fit the model's context window, even with the chat's earlier messages left out: shorten it."
 READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, {stop} cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
@@ -422,9 +423,17 @@ class ChatScreen(Screen[None]):
         if wide != self._wide:
             self._wide, self._dashboard_choice = wide, None
         visible = wide if self._dashboard_choice is None else self._dashboard_choice
+        visible = visible and self._dashboard_fits(width)  # the choice stays: back when the terminal widens
         if visible and self._dashboard_choice is None and self.chat_list.display and self._crushes_messages(width):
             visible, self._dashboard_for_list = False, True  # as the list's opening does: back when it closes
         self._show_dashboard(visible)
+
+    def _dashboard_width(self) -> int:
+        return int(self.dashboard.styles.width.value) if self.dashboard.styles.width is not None else 0
+
+    def _dashboard_fits(self, width: int) -> bool:
+        """Whether the messages keep BESIDE_DASHBOARD_MIN_WIDTH columns beside the dashboard."""
+        return width - self._dashboard_width() >= BESIDE_DASHBOARD_MIN_WIDTH
 
     def _crushes_messages(self, width: int) -> bool:
         """Whether the chat list and the dashboard side by side leave the messages under
@@ -441,7 +450,12 @@ class ChatScreen(Screen[None]):
             self.dashboard.flush()
 
     def action_toggle_dashboard(self) -> None:
-        """Ctrl+D / F3: show or hide the dashboard (whatever the terminal width); remembered."""
+        """Ctrl+D / F3: show or hide the dashboard (on a terminal narrower than 100 columns too, as
+        long as the messages keep BESIDE_DASHBOARD_MIN_WIDTH columns beside it); remembered."""
+        if not self.dashboard.display and not self._dashboard_fits(self.size.width):
+            self.notify(f"The dashboard needs {self._dashboard_width() + BESIDE_DASHBOARD_MIN_WIDTH} columns beside the chat; "
+                        f"this terminal has {self.size.width}.", severity="warning", timeout=4)
+            return
         self._dashboard_for_list = False
         self._dashboard_choice = not self.dashboard.display
         self._show_dashboard(self._dashboard_choice)

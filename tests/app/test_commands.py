@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from textual.app import App
 
 from app.commands import NODE_BUDGETS, StrategyCommands, evaluate, toggles
@@ -101,7 +103,24 @@ def test_draft_length_auto_toggles_the_cost_gate_and_carries_over():
     new, why = evaluate(_find("Draft length", "3"), new, has_drafter=True)  # a number fixes the length again
     assert why is None and not new.adaptive and new.draft_len == 3
     new, why = evaluate(_find("Draft length", "auto"), preset("tree"), has_drafter=True)
-    assert why is None and not new.adaptive  # trees have their own policies
+    assert new is None and "shape sets its size" in why  # trees have their own policies: refused, not a silent no-op
+
+
+@pytest.mark.parametrize("group, value, strategy, says", [
+    ("Draft length", "3", "tree", "a draft length is for sd, pld, ersd, hybrid"),
+    ("Draft length", "3", "mab", "a draft length is for sd, pld, ersd, hybrid"),
+    ("Draft length", "3", "ar", "drafts nothing"),
+    ("Draft length", "auto", "ersd", "an adaptive draft length is for"),
+    ("Drafter", "model", "pld", "prompt lookup"),
+    ("Drafter", "ngram", "ar", "drafts nothing"),
+])
+def test_toggles_a_strategy_does_not_read_are_refused_with_the_reason(group, value, strategy, says):
+    """A setting the current strategy does not read (a draft length on a tree, a drafter on pld) was
+    accepted and then marked "(current)" while nothing changed: now dimmed with the reason."""
+    new, why = evaluate(_find(group, value), preset(strategy), has_drafter=True)
+    assert new is None and says in why
+    new, why = evaluate(_find(group, value if group == "Drafter" else "4"), preset("sd"), has_drafter=True)
+    assert why is None  # sd reads both
 
 
 def test_ssm_modes_are_dimmed_on_a_transformer_target():

@@ -184,11 +184,19 @@ async def test_toggle_key_hides_and_shows_and_narrow_terminals_start_hidden() ->
         assert not panel.display and "tok/s now" not in screen_text(app)
         await pilot.press("f3")
         assert panel.display and "tok/s now" in screen_text(app)
-        await pilot.resize_terminal(80, 24)
+        await pilot.resize_terminal(90, 24)
         await pilot.pause()
         assert not panel.display  # too narrow: hidden automatically
         await pilot.press("ctrl+d")
         assert panel.display  # ... but the key still shows it
+        await pilot.press("ctrl+d")
+        await pilot.resize_terminal(60, 20)
+        await pilot.pause()
+        await pilot.press("ctrl+d")  # it would leave the messages a dozen columns: refused, said
+        await pilot.pause()
+        assert not panel.display
+        assert any("needs 76 columns beside the chat; this terminal has 60" in str(n.message)
+                   for n in app._notifications)
         await pilot.resize_terminal(*WIDE)
         await pilot.pause()
         assert panel.display
