@@ -23,12 +23,15 @@ from engine.registry import load_registry
 from engine.session import ChatEngine, load_warnings, strategy_label
 from engine.strategy import ADAPTIVE, Strategy
 
+from . import key_order
 from .commands import StrategyCommands
 from .keys import keymap_path, load_keymap, with_keys
 from .messages import BaselineMeasured, SessionFailed, SessionLoaded, error_line
 from .screens import ChatScreen, HelpScreen, ModelChoice, ModelsScreen
 from .store import open_store
 from .strategy_cycle import next_preset
+
+key_order.install()  # bound keys (Backspace...) in typing order under load: Textual #6605
 
 SessionFactory = Callable[[], ChatEngine]
 ModelLoader = Callable[[str, str], ChatEngine]  # (target ref, drafter ref or "none") -> session; runs in a thread
