@@ -45,20 +45,29 @@ class Row:
                 "acceptance": round(self.acceptance, 3) if self.acceptance is not None else None}
 
 
+MAX_PROMPTS_BYTES = 64 << 20
+
+
 def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
+    from .registry import read_small
+
     p = Path(path) if path else DEFAULT_PROMPTS
     if not p.exists():
         raise SpecchatError(f"{p}: prompts file not found")
+    try:
+        text = read_small(p, "prompts file", MAX_PROMPTS_BYTES, SpecchatError).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecchatError(f"{p}: not UTF-8 text ({e})") from None
     if p.suffix == ".json":
         try:
-            data = json.loads(p.read_text(encoding="utf-8"))
+            data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SpecchatError(f"{p}: invalid JSON ({e})") from None
         if not isinstance(data, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in data):
             raise SpecchatError(f"{p}: expected a JSON list of {{\"text\": ...}} objects")
         out = [{"text": x["text"], "name": x.get("name") or f"p{i}"} for i, x in enumerate(data)]
     else:
-        lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
+        lines = [ln for ln in text.splitlines() if ln.strip()]
         out = [{"text": ln, "name": f"p{i}"} for i, ln in enumerate(lines)]
     if not out:
         raise SpecchatError(f"{p}: no prompts")
@@ -73,7 +82,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from .strategy import from_spec
 
-    prompts = load_prompts(args.prompts)
+    if args.prompt_ids:  # the one prompt, as token ids (a checkpoint without a tokenizer)
+        from .cli import parse_prompt_ids
+
+        if args.prompts:
+            raise SpecchatError("give --prompts or --prompt-ids, not both")
+        prompts = [{"name": "ids", "text": "", "ids": parse_prompt_ids(args.prompt_ids)}]
+    else:
+        prompts = load_prompts(args.prompts)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
     for spec in names:  # a typo fails before the peer's minutes
         try:
@@ -95,7 +111,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         labels[id(s)] = spec
     encoded = []
     for p in prompts:
-        ids = session.encode_chat([{"role": "user", "content": p["text"]}]) if not args.raw else session.tokenizer.encode(p["text"])
+        if "ids" in p:
+            ids = p["ids"]
+        else:
+            ids = session.encode_chat([{"role": "user", "content": p["text"]}]) if not args.raw else session.tokenizer.encode(p["text"])
         encoded.append((p["name"], ids))
     dec = session.decoder
     N = args.max_new_tokens
@@ -475,8 +494,8 @@ def llama_cpp_first(args, prompts) -> tuple[list, tuple[str, list[dict]]] | None
     tok = load_gguf(path, defer=True).tokenizer
     if tok is None:
         return None
-    encoded = [(p["name"], tok.encode(p["text"]) if args.raw else chat_ids(tok, [{"role": "user", "content": p["text"]}]))
-               for p in prompts]
+    encoded = [(p["name"], p["ids"] if "ids" in p else tok.encode(p["text"]) if args.raw
+                else chat_ids(tok, [{"role": "user", "content": p["text"]}])) for p in prompts]
     eos = set() if args.ignore_eos else set(tok.eos_ids)
     return encoded, _run_llama_cpp(path, eos, encoded, args.max_new_tokens)
 

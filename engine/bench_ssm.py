@@ -40,18 +40,26 @@ def binary_tree(nodes: int) -> list[int]:
 
 def random_model(config_path: Path, dtype: torch.dtype):
     """A model of our own from a config.json with random weights (timing only)."""
-    from .loading import build, read_config
+    from .loading import _families, build, read_config, read_config_file
 
-    cfg = read_config(config_path) if config_path.is_dir() else json.loads(config_path.read_text())
+    # the checks and messages of a model directory's config.json
+    cfg = read_config(config_path) if config_path.is_dir() else read_config_file(config_path)
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
         raise SpecchatError("random-weight timing models need transformers (pip install transformers)") from None
-    hf_cfg = AutoConfig.for_model(**cfg) if "model_type" in cfg else None
-    if hf_cfg is None:
+    mt = cfg.get("model_type")
+    if mt is None:
         raise SpecchatError(f"{config_path}: config needs a model_type for random weights")
+    fams = _families()
+    if mt not in fams:  # (transformers' own error lists every type it knows, hundreds)
+        raise SpecchatError(f"{config_path}: unknown architecture model_type={mt!r} (supported: {', '.join(sorted(fams))})")
     torch.manual_seed(0)
-    sd = AutoModelForCausalLM.from_config(hf_cfg).state_dict()
+    try:
+        sd = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg)).state_dict()
+    except Exception as e:  # a value transformers' config classes reject that ours let through
+        msg = (str(e).strip().splitlines() or [""])[0][:200]
+        raise SpecchatError(f"{config_path}: transformers cannot build this config ({type(e).__name__}: {msg})") from None
     return build(cfg, sd, dtype, 4096, str(config_path))
 
 

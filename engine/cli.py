@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import threading
 from pathlib import Path
@@ -53,9 +54,10 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", choices=VOCAB_BRIDGES, default=None)
     p.add_argument("--ssm-tree", choices=SSM_TREE_MODES, default=None)
     p.add_argument("--backtrack", choices=BACKTRACK_MODES, default=None)
-    p.add_argument("--temperature", type=float, default=0.0, metavar="T", help="0 = greedy")
+    p.add_argument("--temperature", type=float, default=0.0, metavar="T",
+                   help="0 = greedy; values in (0, 1e-6) are refused (their softmax overflows: use 0)")
     p.add_argument("--top-p", type=float, default=1.0, metavar="P")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed, a 64-bit integer")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
     p.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens (fixed-length runs)")
@@ -187,6 +189,8 @@ def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
         for opt in ("max_new_tokens", "max_context", "warmup"):  # argparse checks the type, not the sign
             if (getattr(args, opt, None) or 0) < 0:
                 raise SpecchatError(f"--{opt.replace('_', '-')} must be >= 0, got {getattr(args, opt)}")
+        if args.cmd in ("generate", "bench"):
+            _check_sampling_args(args)
         if args.cmd == "chat":
             return cmd_chat(args)
         if args.cmd == "generate":
@@ -221,6 +225,21 @@ def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
     except KeyboardInterrupt:
         print("\nspecchat: interrupted", file=sys.stderr)
         return EXIT_INTERRUPTED
+
+
+SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+
+
+def _check_sampling_args(args: argparse.Namespace) -> None:
+    """--seed and --temperature, before the seconds of loading."""
+    from .errors import SpecchatError
+    from .strategy import check_temperature
+
+    last = args.seed + max(1, getattr(args, "samples", None) or 1) - 1  # --samples N uses seeds S..S+N-1
+    if not SEED_RANGE[0] <= args.seed <= last <= SEED_RANGE[1]:
+        raise SpecchatError(f"--seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits)"
+                            + (" for every sample's seed S..S+N-1" if last != args.seed else "") + f", got {args.seed}")
+    check_temperature(args.temperature, "--temperature")
 
 
 def one_line(e: BaseException) -> str:
@@ -292,25 +311,56 @@ def load_session(args: argparse.Namespace):
     return session
 
 
+def parse_prompt_ids(text: str) -> list[int]:
+    """--prompt-ids: comma-separated token ids (checked against the vocabulary by Decoder.start)."""
+    from .errors import SpecchatError
+
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise SpecchatError(f"--prompt-ids expects comma-separated integers, got {text!r}") from None
+
+
+_NOT_UTF8 = re.compile("[\ud800-\udfff]")  # how Python keeps bytes that are not UTF-8 (argv, stdin)
+
+
+def valid_text(text: str | None, what: str) -> str | None:
+    """``text`` with each byte that was not valid UTF-8 replaced by U+FFFD, and then a one-line warning
+    naming ``what``: the tokenizer takes valid text only, and the rest of the prompt is kept."""
+    if text is None:
+        return None
+    fixed, n = _NOT_UTF8.subn("\ufffd", text)
+    if n:
+        print(f"specchat: warning: {what} is not valid UTF-8: {n} byte(s) replaced by U+FFFD", file=sys.stderr)
+    return fixed
+
+
+def _read_stdin() -> str:
+    buf = getattr(sys.stdin, "buffer", None)
+    if buf is None:  # a text stream (tests)
+        return sys.stdin.read()
+    # bytes that are not in the locale's encoding become surrogates (valid_text), not a UnicodeDecodeError
+    return buf.read().decode(sys.stdin.encoding or "utf-8", "surrogateescape")
+
+
 def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:
     from .errors import SpecchatError
 
     if args.prompt_ids:
         if args.prompt is not None:  # one of them would be ignored
             raise SpecchatError("give PROMPT or --prompt-ids, not both")
-        try:
-            return [int(x) for x in args.prompt_ids.replace(" ", "").split(",") if x]
-        except ValueError:
-            raise SpecchatError(f"--prompt-ids expects comma-separated integers, got {args.prompt_ids!r}") from None
+        return parse_prompt_ids(args.prompt_ids)
     text = args.prompt
+    what = "PROMPT"
     if text is None:
-        text = sys.stdin.read() if not sys.stdin.isatty() else ""
+        text, what = (_read_stdin() if not sys.stdin.isatty() else ""), "the prompt on stdin"
     if not text.strip():
         raise SpecchatError("empty prompt: pass PROMPT, pipe text on stdin, or use --prompt-ids")
     tok = session.tokenizer
     if tok is None:
         raise SpecchatError(f"{session.target.name} has no tokenizer: pass --prompt-ids")
-    system = getattr(args, "system", None)
+    text = valid_text(text, what)
+    system = valid_text(getattr(args, "system", None), "--system")
     if args.raw:
         if system:
             raise SpecchatError("--system needs the chat template: leave out --raw")
@@ -350,16 +400,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stop = threading.Event()
     summary.prefill_s = dec.start(ids)
     stream = not args.json
+    ids_only = session.tokenizer is None  # no text to show: the ids, as --samples prints them
     interrupted = False
     try:
         for ev in dec.steps(strategy, args.max_new_tokens, stop):
             summary.add(ev)
+            shown = ",".join(map(str, ev.emitted)) if ids_only else ev.text
+            if ids_only and shown and token_ids:
+                shown = "," + shown
             token_ids.extend(ev.emitted)
             if ev.emitted:
                 steps.append(ev.to_json())
             text_parts.append(ev.text)
-            if stream and ev.text:
-                sys.stdout.write(ev.text)
+            if stream and shown:
+                sys.stdout.write(shown)
                 sys.stdout.flush()
     except KeyboardInterrupt:
         interrupted = True
@@ -455,7 +509,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
                                 max_context=args.max_context)
 
     run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models,
-            system_prompt=args.system, keymap_file=args.keymap)
+            system_prompt=valid_text(args.system, "--system"), keymap_file=args.keymap)
     return 0
 
 

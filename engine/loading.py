@@ -19,7 +19,7 @@ import torch
 
 from .errors import ModelLoadError
 from .models.base import CausalLM
-from .registry import Registry, load_registry
+from .registry import Registry, load_registry, read_small
 
 HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -47,6 +47,7 @@ class Loaded:
     quant: str | None = None
     kept_quantized: int = 0  # projections multiplied from their GGUF blocks (engine/models/quant.py)
     act8: bool = False  # the q8 compute type: those products take 8-bit activations (quant_a8.c)
+    params: int = 0  # parameters in the checkpoint (a tied head counted once)
 
     @property
     def compute(self) -> str:
@@ -140,6 +141,12 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
         if path.suffix.lower() == ".gguf":
             return _ready(_load_gguf(name, path, dt, max_context, dev), dev)
         raise ModelLoadError(f"{path}: not a model (expected a .gguf file or an HF-format directory)")
+    if path.is_dir():
+        try:  # without read or search permission, the checks below would raise from scandir / stat
+            os.scandir(path).close()
+            (path / "config.json").exists()
+        except OSError as e:
+            raise ModelLoadError(f"cannot read directory ({e.strerror or e})", path=path) from None
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
         return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev), dev)
@@ -181,8 +188,16 @@ def read_config(path: Path) -> dict[str, Any]:
     cfg_path = path / "config.json"
     if not cfg_path.exists():
         raise ModelLoadError(f"{path}: not a model directory (no config.json)")
+    return read_config_file(cfg_path)
+
+
+MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KB: a bound for a FIFO or /dev/zero, not a size limit
+
+
+def read_config_file(cfg_path: Path) -> dict[str, Any]:
+    """config.json at ``cfg_path`` (``read_config``'s checks; ``bench --tree-scaling`` takes the file itself)."""
     try:
-        cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+        cfg = json.loads(read_small(cfg_path, "config file", MAX_CONFIG_BYTES, ModelLoadError).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{cfg_path}: invalid JSON ({e})") from None
     if not isinstance(cfg, dict):
@@ -364,6 +379,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if files:
         sd: dict[str, torch.Tensor] = {}
         for f in files:
+            _check_readable(f)
             try:
                 sd.update(load_file(str(f)))
             except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -373,6 +389,7 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
     if bins:
         sd = {}
         for f in bins:
+            _check_readable(f)
             try:
                 obj = torch.load(str(f), map_location="cpu", weights_only=True)  # never unpickle code
             except Exception as e:
@@ -388,6 +405,18 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
             sd.update(obj)
         return sd
     raise ModelLoadError(f"{path}: no weights (*.safetensors or pytorch_model.bin)")
+
+
+def _check_readable(f: Path) -> None:
+    """A weights file that is a directory or unreadable, in the loader's words (safetensors reports
+    both as "No such file or directory" / "No such device")."""
+    if not f.is_file():
+        raise ModelLoadError("not a weights file (a directory or a device)", path=f)
+    try:
+        with open(f, "rb"):
+            pass
+    except OSError as e:
+        raise ModelLoadError(f"cannot read ({e.strerror or e})", path=f) from None
 
 
 def _pickle_refusal(e: BaseException) -> str:
@@ -414,6 +443,7 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
     cfg = read_config(path)
     dtype = parse_dtype(dtype, cfg.get("model_type"), cfg)
     sd = _on(read_state_dict(path), device)
+    params = count_params(sd, cfg)
     model = build(cfg, sd, dtype, max_context, str(path))
     tok = None
     if (path / "tokenizer.json").exists():
@@ -428,14 +458,14 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
         _check_tokenizer(tok, model, path)
     if (path / "draft_vocab.json").exists():
         model.draft_vocab = _read_draft_vocab(path / "draft_vocab.json", model.vocab_size)
-    return Loaded(model, tok, name, path, "hf", cfg)
+    return Loaded(model, tok, name, path, "hf", cfg, params=params)
 
 
 def _read_draft_vocab(path: Path, vocab_size: int) -> torch.Tensor:
     """A drafter's draft vocabulary ({"token_ids": [...]}, written by `specchat distill train`):
     the only tokens it proposes, so its output layer can shrink to them."""
     try:
-        ids = json.loads(path.read_text())["token_ids"]
+        ids = json.loads(read_small(path, "draft vocabulary", MAX_CONFIG_BYTES, ModelLoadError))["token_ids"]
         t = torch.tensor(ids, dtype=torch.long)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ModelLoadError(f"{path}: not a draft vocabulary ({str(e).splitlines()[0][:120]})") from None
@@ -449,6 +479,7 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int
     from .gguf import load_gguf
 
     ck = load_gguf(path, defer=device is None and _may_keep_quantized(dtype))
+    params = count_params(ck.state_dict, ck.config)  # (deferred tensors are shape-only "meta" ones)
     act8 = dtype == "q8" or (dtype == "auto" and _auto_q8(ck))
     dtype = parse_dtype(dtype, ck.config.get("model_type"))
     _check_config_values(ck.config, path)
@@ -465,7 +496,13 @@ def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int
         model = build(ck.config, _on(ck.state_dict, device), dtype, max_context, str(path))
         kept = _keep_quantized(model, ck, dtype, act8) if device is None else 0
     _check_tokenizer(ck.tokenizer, model, path)
-    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept, act8=act8 and kept > 0)
+    return Loaded(model, ck.tokenizer, name, path, "gguf", ck.config, getattr(ck, "quant", None), kept, act8=act8 and kept > 0,
+                  params=params)
+
+
+def count_params(sd: dict[str, torch.Tensor], cfg: dict[str, Any]) -> int:
+    tied = cfg.get("tie_word_embeddings") and "model.embed_tokens.weight" in sd
+    return sum(t.numel() for k, t in sd.items() if not (tied and k == "lm_head.weight"))
 
 
 def _auto_q8(ck: Any) -> bool:

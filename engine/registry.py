@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from .errors import ConfigError, SpecchatError
 
 MODEL_KEYS = {
     "name": str, "hub_id": str, "alt_hub_id": str, "local": str, "revision": str, "role": list, "family": str,
@@ -140,6 +140,23 @@ def default_registry_path() -> Path:
     return Path(__file__).resolve().parent.parent / "models.toml"
 
 
+MAX_MODELS_BYTES = 1 << 20  # the shipped models.toml is ~10 KB
+
+
+def read_small(path: Path, what: str, limit: int, error: type[SpecchatError] = ConfigError) -> bytes:
+    """The bytes of a small file (models.toml, config.json, a prompts list), read at most ``limit``
+    of them: a device or a FIFO given by mistake (``--models /dev/zero``) is one line, not all of memory.
+    Unreadable, a directory, or over ``limit``: ``error`` naming the file."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise error(f"cannot read {what} ({e.strerror or e})", path=path) from None
+    if len(data) > limit:
+        raise error(f"{what} larger than {limit >> 20} MB (not a {what}?)", path=path)
+    return data
+
+
 def load_registry(path: str | os.PathLike | None = None) -> Registry:
     p = Path(path) if path is not None else default_registry_path()
     if not p.exists():
@@ -148,12 +165,11 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
         if os.environ.get("SPECCHAT_MODELS"):
             raise ConfigError(f"{p}: models file not found (SPECCHAT_MODELS)")
         return Registry(None)
+    raw = read_small(p, "models file", MAX_MODELS_BYTES)
     try:
-        data = tomllib.loads(p.read_text(encoding="utf-8"))
+        data = tomllib.loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not UTF-8 text") from None
-    except OSError as e:
-        raise ConfigError(f"{p}: cannot read models file ({e.strerror or e})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{p}: TOML syntax error: {e}") from None
     return parse_registry(data, p)

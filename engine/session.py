@@ -127,6 +127,11 @@ class ChatSession:
             strat.validate(has_drafter_model=drf is not None)
         session = cls(tgt, drf, strat, reg)
         session.drafter_error = drafter_error
+        session.drafter_size_warning = None
+        if drf is not None and tgt.params and drf.params >= tgt.params:
+            session.drafter_size_warning = (
+                f"the drafter {drf.name} ({_in_units(drf.params)} parameters) is not smaller than the target {tgt.name} "
+                f"({_in_units(tgt.params)}): drafting with it is likely slower than plain decoding")
         session.attach_datastore(datastore)
         return session
 
@@ -148,9 +153,9 @@ class ChatSession:
             entry = self.registry.get(self.target.name) if self.registry is not None else None
             base = self.registry.path.parent if self.registry is not None and self.registry.path else None
             path = entry.datastore_path(base) if entry is not None else None
-            if path is None or not path.exists():
+            if path is None:
                 return
-            try:
+            try:  # missing (an install that lost assets/) or damaged: a warning, as for a paired drafter
                 self._attach(CorpusIndex.load(path), path, explicit=False)
             except SpecchatError as e:
                 self.datastore_error = str(e)
@@ -305,13 +310,23 @@ class Baseline:
 
 def load_warnings(session) -> list[str]:
     """What a session's load left out (``drafter_error``, ``datastore_error``) and what decodes without
-    it, a line each: the CLI prints them, the app shows them as a notice."""
+    it, and a drafter that cannot pay (``drafter_size_warning``), a line each: the CLI prints them, the
+    app shows them as a notice."""
     out = []
     if getattr(session, "drafter_error", None):
         out.append(f"{session.drafter_error}; decoding without it")
+    if getattr(session, "drafter_size_warning", None):
+        out.append(session.drafter_size_warning)
     if getattr(session, "datastore_error", None):
         out.append(f"{session.datastore_error}; pld:auto drafts by prompt lookup alone")
     return out
+
+
+def _in_units(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g}{unit}"
+    return str(n)
 
 
 def _stream_decoder(tok):

@@ -30,6 +30,20 @@ class StrategyError(SpecchatError, ValueError):
     """An invalid or unavailable combination of knobs; the message is one user-facing line."""
 
 
+MAX_DRAFT_LEN = 64
+MAX_NODE_BUDGET = 256
+# logits / T overflows float32 once |logit| > 3.4e38 * T (engine/sampling.probs_from_logits): at 1e-37 a
+# logit of 35 does, and sampling fails mid-reply; at 1e-6 only |logit| > 3e32 would. A T that small
+# samples the argmax anyway, so it is refused with the way to say that (T = 0), not silently rounded.
+MIN_TEMPERATURE = 1e-6
+
+
+def check_temperature(t: float, name: str = "temperature") -> None:
+    if 0.0 < t < MIN_TEMPERATURE:
+        raise StrategyError(f"{name} {t:g} is too small to sample with (its softmax overflows): "
+                            f"use 0 for greedy decoding, or at least {MIN_TEMPERATURE:g}")
+
+
 @dataclass(frozen=True)
 class Strategy:
     """What the next step does.
@@ -163,10 +177,11 @@ class Strategy:
             raise StrategyError(f"unknown --backtrack {self.backtrack!r}; choose replay, joint or recompute")
         if self.temperature < 0:
             raise StrategyError("temperature must be >= 0")
+        check_temperature(self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise StrategyError("top-p must be in (0, 1]")
-        if self.draft_len < 1 or self.draft_len > 64:
-            raise StrategyError("draft length must be between 1 and 64")
+        if self.draft_len < 1 or self.draft_len > MAX_DRAFT_LEN:
+            raise StrategyError(f"draft length must be between 1 and {MAX_DRAFT_LEN}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 32:
             raise StrategyError("n-gram sizes must satisfy 1 <= ngram_min <= ngram_max <= 32")
         if self.drafter not in ("model", "ngram", "none"):
@@ -197,8 +212,8 @@ class Strategy:
                 parse_shape(",".join(map(str, a)))
             if self.lambda_ucb < 0:
                 raise StrategyError("lambda_ucb must be >= 0")
-        if self.name == "optimal" and not 1 <= self.node_budget <= 256:
-            raise StrategyError("the optimal tree's node budget must be between 1 and 256")
+        if self.name == "optimal" and not 1 <= self.node_budget <= MAX_NODE_BUDGET:
+            raise StrategyError(f"the optimal tree's node budget must be between 1 and {MAX_NODE_BUDGET}")
         if self.adaptive and self.name not in ADAPTIVE:
             raise StrategyError(f"an adaptive draft length (:auto) is for sd, pld and hybrid, not {self.name}")
         if self.name == "hybrid" and self.drafter != "model":
@@ -231,9 +246,11 @@ def preset(name: str, **overrides: Any) -> Strategy:
     return replace(PRESETS[name], **{k: v for k, v in overrides.items() if v is not None})
 
 
-def _count(param: str, what: str) -> int:
+def _count(param: str, what: str, most: int) -> int:
     if not param.isdigit():  # int() would say "invalid literal for int() with base 10: '4:auto'"
         raise ValueError(f"the {what} must be a whole number, not {param!r} (one ':auto' at most, after it)")
+    if not 1 <= int(param) <= most:  # validate() says so too, but only once the models have loaded
+        raise ValueError(f"the {what} must be between 1 and {most}, not {param}")
     return int(param)
 
 
@@ -266,9 +283,9 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
         if name == "tree":
             return s.replace(tree=parse_shape(param.replace("-", ",")))
         if name in ("sd", "pld", "ersd", "hybrid"):
-            return s.replace(draft_len=_count(param, "draft length"))
+            return s.replace(draft_len=_count(param, "draft length", MAX_DRAFT_LEN))
         if name == "optimal":
-            return s.replace(node_budget=_count(param, "node budget"))
+            return s.replace(node_budget=_count(param, "node budget", MAX_NODE_BUDGET))
     except ValueError as e:
         raise StrategyError(f"strategy {spec!r}: {e}") from None
     raise StrategyError(f"strategy {spec!r}: {name} takes no parameter (tree:3-2-2-1-1, sd:4, pld:8, sd:auto, pld:12:auto, optimal:24)")
