@@ -647,7 +647,11 @@ class ChatScreen(Screen[None]):
         n = run.summary.new_tokens
         if failed or not run.only_ar or n < AR_BASELINE_MIN_TOKENS or run.summary.tokens_per_s <= 0:
             return
-        self.dashboard.set_baseline(BaselineInfo(run.summary.tokens_per_s, f"ar in the app, last such reply, {n} tokens"))
+        # its context goes with it, and the load-time fit (a step's time against the context) stays: a
+        # reply at another context is compared with plain decoding moved to its own context
+        fit = self.dashboard.baseline.fit if self.dashboard.baseline is not None else None
+        self.dashboard.set_baseline(BaselineInfo(run.summary.tokens_per_s, f"ar in the app, last such reply, {n} tokens",
+                                                 fit=fit, context=self.dashboard.stats.mean_context))
 
     async def _finish(self, run: ReplyRun) -> None:
         """The engine is done: save the reply, flush the stream, show the final text.

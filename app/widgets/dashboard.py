@@ -63,10 +63,14 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
     else:
         avg, ref, note = stats.tokens_per_s_avg, baseline.tokens_per_s, baseline.note
         fit, ctx = baseline.fit, stats.mean_context
-        if fit is not None and fit.fitted and ctx > FIT_FROM * fit.context:
-            # a long conversation: plain decoding at this reply's context, not at the short prompt's
-            ref = fit.tokens_per_s_at(ctx)
-            note = (f"at this reply's ~{ctx:,.0f}-token context, fitted to ar measured at ~{fit.context:,.0f}"
+        at = baseline.context or (fit.context if fit is not None else 0.0)  # the context the reference was measured at
+        if fit is not None and fit.fitted and at > 0 and ctx > 0 and max(ctx / at, at / ctx) > FIT_FROM:
+            # a reply at another context than the reference's (a long conversation; an in-app ar
+            # reply at a long context against a short one): plain decoding moved to this reply's
+            # context along the fit to the load-time measures
+            ref = ref * fit.tokens_per_s_at(ctx) / fit.tokens_per_s_at(at)
+            src = f"from ar in the app at ~{at:,.0f} tokens, along a fit" if baseline.context else "fitted"
+            note = (f"at this reply's ~{ctx:,.0f}-token context, {src} to ar measured at ~{fit.context:,.0f}"
                     f" and ~{fit.long_context:,.0f} tokens")
         if avg > 0:
             out.append(f"×{avg / ref:.2f} ", style="bold green" if avg >= ref else "bold yellow")
@@ -111,6 +115,7 @@ class BaselineInfo:
     tokens_per_s: float
     note: str  # e.g. "measured at start, 48 tokens"
     fit: "Baseline | None" = None
+    context: float = 0.0  # an in-app measure's mean context (0: the load-time one, whose contexts the fit has)
 
 
 def policy_text(policy: dict | None, bridge: dict | None = None) -> Text:

@@ -390,6 +390,14 @@ def test_speedup_at_a_long_context_is_against_plain_decoding_there() -> None:
     # a short conversation keeps the load-time measure as it is
     text = speed_text(reply_at(40), BaselineInfo(200.0, "ar measured at load, 48 tokens", fit=fit)).plain
     assert "×0.50 vs ar 200.0 tok/s (ar measured at load, 48 tokens)" in text
+    # an in-app ar reply at a long context (6,000 tokens, 40 tok/s) is the reference of a reply at
+    # another context only moved there along the fit (it was taken as is, whatever the context)
+    app_ref = BaselineInfo(40.0, "ar in the app, last such reply, 64 tokens", fit=fit, context=6000.0)
+    text = speed_text(reply_at(2000), app_ref).plain
+    want = 40.0 * fit.tokens_per_s_at(2004.5) / fit.tokens_per_s_at(6000.0)
+    assert want > 80 and f"vs ar {want:.1f} tok/s (at this reply's ~2,004-token context, from ar in the app at ~6,000 tokens" in text
+    text = speed_text(reply_at(5000), app_ref).plain  # near its own context: as it is
+    assert "vs ar 40.0 tok/s (ar in the app, last such reply, 64 tokens)" in text
 
 
 def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
@@ -511,17 +519,20 @@ async def test_a_plain_decoding_reply_in_the_app_becomes_the_speedup_reference()
     from app.screens.chat import AR_BASELINE_MIN_TOKENS
 
     plain = [StepEvent(step=i, strategy="ar greedy T=0", drafted=0, accepted=0, emitted=[7], text=" x",
-                       segments=[(" x", "target")], ms=20.0) for i in range(1, AR_BASELINE_MIN_TOKENS + 1)]
+                       segments=[(" x", "target")], ms=20.0, position=3000 + i) for i in range(1, AR_BASELINE_MIN_TOKENS + 1)]
     engine = BaselineEngine(plain)
     app = make_app(engine)
     async with app.run_test(size=WIDE) as pilot:
         await ready(pilot)
         await wait_for(pilot, lambda: dashboard(app).baseline is not None)
         assert dashboard(app).baseline.tokens_per_s == 20.0  # the load-time measure first
+        load_fit = dashboard(app).baseline.fit
         await send(pilot, "go")
         await reply_done(pilot)
         b = dashboard(app).baseline
         assert b.tokens_per_s == pytest.approx(50.0) and b.note == f"ar in the app, last such reply, {AR_BASELINE_MIN_TOKENS} tokens"
+        # its context goes with it, and the load-time fit stays (a reply elsewhere is moved along it)
+        assert 3000 < b.context < 3000 + AR_BASELINE_MIN_TOKENS and b.fit is load_fit
         engine.events = script()  # speculative steps (and a plain one): not a reference
         await send(pilot, "again")
         await reply_done(pilot)
