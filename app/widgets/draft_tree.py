@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rich.console import RenderableType
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.text import Text
 from rich.tree import Tree
 from textual.binding import Binding
@@ -27,6 +28,34 @@ def target_text(ev: StepEvent) -> str | None:
     """The target's own token this step (the correction or bonus), if the engine sent segments."""
     targets = [text for text, kind in ev.segments if kind == "target"]
     return targets[-1] if targets else None
+
+
+class TokenRun:
+    """Token labels side by side, wrapped between labels only (Rich wraps a Text at any space,
+    and a token label such as ``' the'`` has one inside); a label wider than the line is cut
+    with an ellipsis."""
+
+    def __init__(self, labels: list[Text]):
+        self.labels = labels
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = max(1, options.max_width)
+        out = Text(no_wrap=True, overflow="ellipsis", end="")
+        col = 0
+        for lab in self.labels:
+            if col and col + 1 + lab.cell_len > width:
+                out.append("\n")
+                col = 0
+            elif col:
+                out.append(" ")
+                col += 1
+            out.append_text(lab)
+            col += lab.cell_len
+        yield out
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        widths = [lab.cell_len for lab in self.labels]
+        return Measurement(min(max(widths), options.max_width), sum(widths) + len(widths) - 1)
 
 
 def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
@@ -54,11 +83,19 @@ def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
             return Text("✓ " + token_label(word), style=ACCEPTED_STYLE)
         return Text("  " + token_label(word), style=REJECTED_STYLE)
 
+    # a run of nodes with one child each (a chain: pld's and sd's drafts, a tree's tail) is one
+    # line of the tree, wrapped between tokens: a node a level, 4 columns of guides each, left a
+    # 12-deep chain no room in the panel (Rich dropped its last levels and cut labels mid-word).
+    # A run ends at the last accepted node, whose children are the target's token and the rest.
     stack: list[tuple[int, Tree]] = [(i, tree) for i in reversed(children.get(-1, []))]
     nodes: dict[int, Tree] = {}
     while stack:
         i, parent_node = stack.pop()
-        node = parent_node.add(label(i))
+        run = [label(i)]
+        while len(children.get(i, [])) == 1 and i != last_accepted:
+            i = children[i][0]
+            run.append(label(i))
+        node = parent_node.add(run[0] if len(run) == 1 else TokenRun(run))
         nodes[i] = node
         stack.extend((c, node) for c in reversed(children.get(i, [])))
     if target is not None:

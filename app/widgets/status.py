@@ -40,11 +40,18 @@ class StatusState:
         return " · ".join(parts)
 
 
-def fit(left: str, right: str, width: int) -> str:
-    """``left`` and ``right`` on one line of ``width`` cells; ``left`` is cut with an ellipsis."""
+def fit(left: str, right: str, width: int, parts: str | None = None) -> str:
+    """``left`` and ``right`` on one line of ``width`` cells; ``left`` is cut with an ellipsis, or,
+    given the separator of its ``parts``, loses whole parts from the end (a number is never cut
+    in two: "26.2 tok/…" read as a figure)."""
     room = width - len(right) - (1 if right else 0)
     if room <= 0:
         return right[:width]
+    if len(left) > room and parts:
+        pieces = left.split(parts)
+        while pieces and len(parts.join(pieces)) + 2 > room:
+            pieces.pop()
+        left = parts.join(pieces) + " …" if pieces else ""
     if len(left) > room:
         left = left[: max(room - 1, 0)] + "…"
     return left.ljust(room) + (" " + right if right else "")
@@ -62,7 +69,7 @@ class StatusLine(Widget):
         s = self.status
         if width is None:
             return f"{s.model} {s.strategy}".strip(), f"{s.step_text()} {s.state}".strip()
-        return fit(s.model, s.strategy, width), fit(s.step_text(), s.state, width)
+        return fit(s.model, s.strategy, width), fit(s.step_text(), s.state, width, parts=" · ")
 
     def render(self) -> Text:
         top, bottom = self.lines(self.content_region.width or self.size.width)

@@ -585,6 +585,12 @@ def test_status_fit_keeps_the_right_column() -> None:
     assert fit("model", "sd", 10) == "model   sd"
     assert fit("a very long model name", "sd k=5", 16) == "a very l… sd k=5"
     assert len(fit("x" * 200, "right", 80)) == 80
+    # the step line loses whole parts, never half a number
+    step = "step 12: drafted 5, accepted 3 · 26.2 tok/s · 3.10 tok/step"
+    line = fit(step, "editing", 60, parts=" · ")
+    assert line.startswith("step 12: drafted 5, accepted 3 · 26.2 tok/s … ") and line.endswith(" editing") and len(line) == 60
+    assert fit(step, "editing", 30, parts=" · ") == " " * 22 + " editing"
+    assert fit(step, "done", 80, parts=" · ") == step.ljust(75) + " done"
 
 
 def test_app_never_imports_torch() -> None:

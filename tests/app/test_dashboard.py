@@ -145,6 +145,33 @@ async def test_gpu_line_shows_when_a_device_is_found(monkeypatch: pytest.MonkeyP
         assert "GPU0 3.0/80.0 GB · util 45%" in screen_text(app)
 
 
+def test_a_deep_chain_is_one_line_of_the_tree_wrapped_between_tokens() -> None:
+    """A 12-deep chain in a 40-column panel: a node a level left no room (Rich dropped the last
+    levels and cut labels mid-word, "(targe" / "t)"); a run of single-child nodes is one line,
+    wrapped between tokens, up to the last accepted node, after which the target's token and the
+    rejected rest branch."""
+    from rich.console import Console
+
+    from app.widgets.draft_tree import render_tree
+
+    def shown(ev, width=40) -> str:
+        console = Console(width=width, record=True)
+        console.print(render_tree(ev))
+        return console.export_text()
+
+    words = [f" word{i}" for i in range(12)]
+    text = shown(tree_step(7, words, [-1] + list(range(11)), list(range(12)), " finally"))
+    assert all(f"' word{i}'" in text for i in range(12)) and "→ ' finally' (target)" in text
+    assert max(len(line) for line in text.splitlines()) <= 40
+    # accepted up to word4: the run ends there; the target and the rejected rest are its children
+    text = shown(tree_step(7, words, [-1] + list(range(11)), [0, 1, 2, 3, 4], " instead"), width=200)
+    lines = text.splitlines()
+    assert "✓ ' word0' ✓ ' word1' ✓ ' word2' ✓ ' word3' ✓ ' word4'" in lines[1]
+    assert any(line.strip().startswith("├──   ' word5'   ' word6'") or line.strip().startswith("└──   ' word5'")
+               for line in lines[2:])
+    assert any("→ ' instead' (target)" in line for line in lines[2:])
+
+
 async def test_tree_view_marks_the_accepted_path_and_brackets_step_through() -> None:
     app = make_app(ScriptedEngine(script()))
     async with app.run_test(size=WIDE) as pilot:
