@@ -56,7 +56,7 @@ work=/tmp/$name
 rm -rf "$work"
 tok=assets/mamba-drafter-smollm2
 if [ ! -f "$tok/tokenizer.json" ] && [ -f .gpu3/tok/tokenizer.json.xz ]; then  # a call that carried --pack's .gpu3
-    tok=/tmp/gpu-tok && mkdir -p "$tok" && xz -dc .gpu3/tok/tokenizer.json.xz > "$tok/tokenizer.json"
+    tok=/tmp/$name-tok && mkdir -p "$tok" && xz -dc .gpu3/tok/tokenizer.json.xz > "$tok/tokenizer.json"
     cp .gpu3/tok/tokenizer_config.json "$tok/"
 fi
 python3 -m engine.cli distill train --data assets/distill/smollm2 --tokenizer "$tok" \

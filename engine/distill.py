@@ -64,7 +64,7 @@ def add_parser(sub) -> None:
 
 
 # the numeric options each subcommand has, and the least each takes (argparse checks the type only)
-_MINIMA = {"n": 1, "batch": 1, "threads": 1, "max_new_tokens": 1, "self_prompts": 0, "limit": 1, "time_budget": 0,
+_MINIMA = {"n": 1, "batch": 1, "threads": 1, "max_new_tokens": 1, "self_prompts": 0, "limit": 0, "time_budget": 0,
            "k": 1, "chunk": 1, "seq_len": 2, "steps": 0, "d_model": 1, "layers": 1, "d_state": 1, "head_dim": 1,
            "save_every": 1, "eval_every": 0, "negatives": 0, "vocab_min_count": 0, "kd": 0, "n_max": 1, "min_count": 1,
            "branches": 1, "lr": 0}
@@ -82,8 +82,8 @@ def check_args(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if value is not None and not value >= least:  # `not >=`: NaN fails too
             raise SpecchatError(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
-    if getattr(args, "holdout", None) is not None and not 0 < args.holdout < 1:
-        raise SpecchatError(f"--holdout must be between 0 and 1, got {args.holdout}")
+    if getattr(args, "holdout", None) is not None and not 0 <= args.holdout < 1:  # 0: one reply held out
+        raise SpecchatError(f"--holdout must be at least 0 and below 1, got {args.holdout}")
     device = getattr(args, "device", None)
     if device is not None and device != "auto":
         try:

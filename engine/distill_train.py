@@ -60,7 +60,7 @@ def add_parser(dsub) -> None:
                    help="train the softmax over the tokens seen in the data plus this many random unseen tokens per step "
                         "(0 = the full vocabulary); the replies use a few thousand of the target's tokens, so this cuts "
                         "the output layer's cost several-fold and still pushes unseen tokens down")
-    t.add_argument("--holdout", type=float, default=0.05, help="fraction of replies held out for the loss report")
+    t.add_argument("--holdout", type=float, default=0.05, help="fraction of replies held out for the loss report (0: one reply)")
     t.add_argument("--kd", type=int, default=0, metavar="K",
                    help="distil the target's top-K next-token distribution (from `distill topk --k K`) instead of "
                         "only its greedy token: soft targets carry far more signal per token and curb overfitting")

@@ -577,7 +577,8 @@ def _drafter_copy(tmp_path: Path) -> tuple[Path, Path]:
     (["train", "--data", "X", "--out", "Y", "--seq-len", "0"], "--seq-len must be >= 2, got 0"),
     (["train", "--data", "X", "--out", "Y", "--batch", "0"], "--batch must be >= 1"),
     (["train", "--data", "X", "--out", "Y", "--lr", "nan"], "--lr must be >= 0, got nan"),
-    (["train", "--data", "X", "--out", "Y", "--holdout", "1"], "--holdout must be between 0 and 1"),
+    (["train", "--data", "X", "--out", "Y", "--holdout", "1"], "--holdout must be at least 0 and below 1"),
+    (["data", "--out", "X", "--limit", "-1"], "--limit must be >= 0"),
     (["train", "--data", "X", "--out", "Y", "--d-model", "16"], "--d-model 16 x 2 (the Mamba-2 inner width) must be a multiple of --head-dim 64"),
 ])
 def test_distill_options_out_of_range_are_one_line_errors_before_any_work(argv, says, tmp_path, capsys, monkeypatch):

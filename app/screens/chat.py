@@ -842,9 +842,10 @@ class ChatScreen(Screen[None]):
         if not users:
             self.notify("Nothing to edit yet: send a message first.", timeout=4)
             return
+        if self._editing is None:  # (a second "Edit" keeps the first one's draft, not the text being edited)
+            self._draft_before_edit = self.prompt.text  # what was typed: back in the prompt when the edit ends
         self._editing = users[-1]
         self._hide_chats()
-        self._draft_before_edit = self.prompt.text  # what was typed: back in the prompt when the edit ends
         self.prompt.text = self.conversation[users[-1]]["content"]
         self.prompt.move_cursor(self.prompt.document.end)
         self.prompt.focus()

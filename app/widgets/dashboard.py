@@ -64,7 +64,9 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
         avg, ref, note = stats.tokens_per_s_avg, baseline.tokens_per_s, baseline.note
         fit, ctx = baseline.fit, stats.mean_context
         at = baseline.context or (fit.context if fit is not None else 0.0)  # the context the reference was measured at
-        if fit is not None and fit.fitted and at > 0 and ctx > 0 and max(ctx / at, at / ctx) > FIT_FROM:
+        # (the load-time measure is never moved down: the fit holds a short reply at its short point)
+        far = ctx / at > FIT_FROM or (baseline.context > 0 and at / ctx > FIT_FROM) if at > 0 and ctx > 0 else False
+        if fit is not None and fit.fitted and far:
             # a reply at another context than the reference's (a long conversation; an in-app ar
             # reply at a long context against a short one): plain decoding moved to this reply's
             # context along the fit to the load-time measures

@@ -207,6 +207,12 @@ async def test_an_edit_of_the_last_message_gives_back_what_was_typed(data_dir: P
             await pilot.pause()
             assert prompt(app).text == "my half-written draft", end
             assert "editing" not in status(app)
+        app.chat.action_edit_last()  # "Edit" twice: the draft is still the one typed before the first
+        app.chat.action_edit_last()
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert prompt(app).text == "my half-written draft"
 
 
 async def test_ctrl_r_is_refused_while_an_edit_is_open(data_dir: Path) -> None:

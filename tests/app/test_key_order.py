@@ -44,3 +44,27 @@ async def test_the_stock_path_reorders_them(monkeypatch):
     """The check has power: without the fix the Backspaces land after later keys."""
     monkeypatch.setattr(Widget, "handle_key", key_order._stock_handle_key)
     assert await typed("#prompt") != "axc"
+
+
+class Fields(App):
+    def compose(self):
+        yield Input(id="a")
+        yield Input("xyz", id="b")
+
+
+async def test_a_widget_key_after_tab_in_the_same_burst_goes_to_the_next_field():
+    """Tab (a screen binding, run by the App) then Backspace in one burst: the Backspace waits for
+    the Tab, as typed, and deletes in the next field (running it at once deleted in the first)."""
+    app = Fields()
+    async with app.run_test() as pilot:
+        app.query_one("#a").focus()
+        await pilot.pause()
+        for k in ["a", "b", "tab", "backspace"]:
+            app.post_message(events.Key(k, k if len(k) == 1 else None))
+        await pilot.pause(0.3)
+        assert (app.query_one("#a").value, app.query_one("#b").value) == ("ab", "xy")
+        # and the next burst in the second field is in order again
+        for k in BURST:
+            app.post_message(events.Key(k, k if len(k) == 1 else None))
+        await pilot.pause(0.3)
+        assert app.query_one("#b").value == "axc"  # (focus selected "xy": the first key replaced it)
