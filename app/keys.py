@@ -243,12 +243,17 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
 
 def load_keymap(path: Path) -> tuple[dict[str, str], list[str]]:
     """The keymap in ``path`` (no file: an empty keymap), and its problems, one line each."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
+    from engine.errors import ConfigError
+    from engine.registry import MAX_MODELS_BYTES, read_small
+
+    if not path.exists():
         return {}, []
-    except (OSError, UnicodeDecodeError) as e:
-        return {}, [f"{path}: cannot read it ({getattr(e, 'strerror', None) or e}): the default keys are used"]
+    try:  # bounded: a keymap is a few lines, and /dev/zero given by mistake is not all of memory
+        text = read_small(path, "keymap", MAX_MODELS_BYTES).decode("utf-8")
+    except ConfigError as e:
+        return {}, [f"{e}: the default keys are used"]
+    except UnicodeDecodeError as e:
+        return {}, [f"{path}: cannot read it ({e}): the default keys are used"]
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

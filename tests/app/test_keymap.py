@@ -158,6 +158,11 @@ def test_load_keymap_file(tmp_path: Path) -> None:
     assert load_keymap(f)[0] == {} and len(load_keymap(f)[1]) == 1
     f.write_text('nope = "f10"\n')
     assert load_keymap(f)[1] == ["keymap.toml: unknown binding 'nope' (see the README's key table)"]
+    # a keymap is read with a bound: a huge file (or /dev/zero given by mistake) is one problem
+    f.write_bytes(b"#" * (2 << 20))
+    keymap, problems = load_keymap(f)
+    assert keymap == {} and problems == [f"{f}: keymap larger than 1 MB (not a keymap?): the default keys are used"]
+    assert load_keymap(tmp_path)[0] == {} and "cannot read keymap" in load_keymap(tmp_path)[1][0]  # a directory
 
 
 def test_keymap_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, data_dir: Path) -> None:
