@@ -12,7 +12,7 @@ from textual.widgets import TextArea
 from ..keys import app_keys, with_keys
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
-PLACEHOLDER = "Message  (Enter send · Shift+Enter/Ctrl+J new line · ↑ earlier · {help} help)"
+PLACEHOLDER = "Message  (Enter send · Ctrl+J new line · ↑ earlier · {help} help)"  # fits 70 columns (the chat beside the dashboard at 120)
 
 
 class PromptInput(TextArea):
