@@ -68,8 +68,7 @@ def test_distill_train_amp_trains_in_bf16_autocast_and_keeps_fp32_weights(tmp_pa
     data = tmp_path / "d"
     _tiny_replies(data)
     out = tmp_path / "amp"
-    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
-                 "--d-model", "64", "--layers", "1", "--head-dim", "32", "--d-state", "16", "--batch", "4", "--seq-len", "32",
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), *_TINY, "--batch", "4", "--seq-len", "32",
                  "--steps", "30", "--lr", "3e-3", "--holdout", "0.25", "--amp", "bf16", "--save-every", "1000"]) == 0
     err = capsys.readouterr().err
     assert "forward in bf16 autocast" in err
@@ -110,9 +109,8 @@ def test_time_budget_schedule_follows_a_machine_that_slows_down(tmp_path, capsys
     data = tmp_path / "d"
     _tiny_replies(data)
     out = tmp_path / "t"
-    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
-                 "--d-model", "32", "--layers", "1", "--head-dim", "16", "--d-state", "8", "--batch", "2", "--seq-len", "32",
-                 "--steps", "100000", "--time-budget", "12", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1000000"]) == 0
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), *_TINY, *_TINIER, "--steps", "100000",
+                 "--time-budget", "12", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1000000"]) == 0
     lines = re.findall(r"step (\d+)/(\d+) loss [0-9.]+ lr ([0-9.e+-]+)", capsys.readouterr().err)
     steps = int(lines[-1][0])
     # 2 s for 40 steps, then 10 s at 0.2 s a step: ~90 steps (the first estimate said 240)
@@ -437,6 +435,7 @@ def _one_line_error(capsys, argv, expect):
 _ROWS = [{"id": i, "prompt_ids": [1, 2, 3], "response_ids": [4 + i, 5, 6, 7]} for i in range(4)]
 _TINY = ["--tokenizer", "assets/mamba-drafter-smollm2", "--d-model", "64", "--layers", "1", "--head-dim", "32",
          "--d-state", "16", "--batch", "2", "--seq-len", "64", "--steps", "1"]
+_TINIER = ["--d-model", "32", "--head-dim", "16", "--d-state", "8", "--seq-len", "32"]  # after _TINY: later options win
 
 
 def test_distill_outputs_that_cannot_be_made_are_one_line_errors_before_the_work(tmp_path, capsys, monkeypatch):
@@ -608,9 +607,7 @@ def test_distill_export_is_readable_by_others(tmp_path):
     data = tmp_path / "d"
     _tiny_replies(data)
     out, shipped = tmp_path / "t", tmp_path / "s"
-    assert main(["distill", "train", "--data", str(data), "--out", str(out), "--tokenizer", "assets/mamba-drafter-smollm2",
-                 "--d-model", "32", "--layers", "1", "--head-dim", "16", "--d-state", "8", "--batch", "2", "--seq-len", "32",
-                 "--steps", "1", "--holdout", "0.25"]) == 0
+    assert main(["distill", "train", "--data", str(data), "--out", str(out), *_TINY, *_TINIER, "--holdout", "0.25"]) == 0
     old = os.umask(0o022)
     try:
         assert main(["distill", "export", "--from", str(out), "--to", str(shipped)]) == 0

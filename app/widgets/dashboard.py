@@ -65,7 +65,7 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
         fit, ctx = baseline.fit, stats.mean_context
         at = baseline.context or (fit.context if fit is not None else 0.0)  # the context the reference was measured at
         # (the load-time measure is never moved down: the fit holds a short reply at its short point)
-        far = ctx / at > FIT_FROM or (baseline.context > 0 and at / ctx > FIT_FROM) if at > 0 and ctx > 0 else False
+        far = at > 0 and ctx > 0 and (ctx / at > FIT_FROM or (baseline.context > 0 and at / ctx > FIT_FROM))
         if fit is not None and fit.fitted and far:
             # a reply at another context than the reference's (a long conversation; an in-app ar
             # reply at a long context against a short one): plain decoding moved to this reply's
