@@ -105,10 +105,24 @@ class ChatList(Vertical):
         yield Input(id="chat-rename", placeholder="New title (Enter saves, Esc cancels)")
 
     def on_mount(self) -> None:
-        self.border_title = "Chats"
-        self.border_subtitle = app_keys(self, "{search_chats} search · {rename_chat} rename · {delete_chat} delete")
+        self._fit_borders()
         self.query_one("#chat-rename", Input).display = False
         self.query_one("#chat-search", Input).display = False
+
+    def on_resize(self) -> None:
+        self._fit_borders()
+
+    def _fit_borders(self) -> None:
+        """The keys' hints split between the top border (search) and the bottom one (rename, delete)
+        so that they fit the list's 30 columns; a border too narrow for its hint (a long remapped
+        key) keeps the fitting part: the help screen (F1) lists every key."""
+        room = max(0, (self.size.width or 30) - 4)
+        title = app_keys(self, "Chats · {search_chats} search")
+        self.border_title = title if len(title) <= room else "Chats"
+        sub = app_keys(self, "{rename_chat} rename · {delete_chat} delete")
+        if len(sub) > room:
+            sub = app_keys(self, "{rename_chat} rename")
+        self.border_subtitle = sub if len(sub) <= room else ""
 
     @property
     def search(self) -> str:

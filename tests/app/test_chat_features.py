@@ -325,6 +325,23 @@ async def test_new_chat_switch_and_relaunch(data_dir: Path) -> None:
         assert not chat_list(app).display and app.focused is prompt(app)
 
 
+async def test_the_chat_lists_key_hints_fit_its_borders() -> None:
+    """The list is 30 columns wide: its hints are split between the two borders so neither is cut
+    (one 35-character subtitle was), and a long remapped key drops a hint rather than cut it."""
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        listing = chat_list(app)
+        room = listing.size.width - 4
+        assert listing.border_title == "Chats · / search" and listing.border_subtitle == "r rename · Del delete"
+        assert len(listing.border_title) <= room and len(listing.border_subtitle) <= room
+        app.keymap = {**(app.keymap or {}), "delete_chat": "ctrl+shift+backspace"}
+        listing._fit_borders()
+        assert listing.border_subtitle == "r rename"
+
+
 async def test_rename_and_delete_from_the_chat_list(data_dir: Path) -> None:
     app = make_app(FakeEngine(["ok"]))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
