@@ -8,7 +8,7 @@ The keymap (as oterm's "keymap" block): a TOML file, ``keymap.toml`` in the data
 (``$SPECCHAT_KEYMAP`` or ``specchat chat --keymap FILE`` elsewhere), maps binding ids to keys:
 
     toggle_dashboard = "f3"          # Ctrl+D is the prompt's delete-right again
-    new_chat = ["ctrl+n", "f6"]
+    new_chat = ["ctrl+n", "alt+n"]
 
 Each entry replaces all the default keys of that binding (Textual's ``App.set_keymap``). A file
 that cannot be read, an unknown id, a key Textual cannot name, a plain character for a binding
@@ -199,7 +199,7 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
             continue
         raw = [value] if isinstance(value, str) else value
         if not isinstance(raw, list) or not raw or not all(isinstance(k, str) for k in raw):
-            problems.append(f"{bid}: give a key or a list of keys, as \"ctrl+n\" or [\"ctrl+n\", \"f6\"]")
+            problems.append(f"{bid}: give a key or a list of keys, as \"ctrl+n\" or [\"ctrl+n\", \"alt+n\"]")
             continue
         keys = [k for item in raw for k in item.split(",")]  # the comma key itself is "comma"
         norm = [normalize_key(k) for k in keys]

@@ -40,7 +40,7 @@ def add_parser(dsub) -> None:
                         "starts at random, or from --init")
     t.add_argument("--time-budget", type=float, default=0.0, metavar="S",
                    help="stop after S seconds of training and save (0: no limit); the learning-rate schedule ends at the "
-                        "step the budget reaches, as measured over the first steps")
+                        "step the budget reaches, re-estimated every 20 steps from the recent rate (the last ~100 steps)")
     t.add_argument("--models", default=None, metavar="FILE")
     t.add_argument("--d-model", type=int, default=384)
     t.add_argument("--layers", type=int, default=4)
