@@ -444,6 +444,9 @@ class Decoder:
                            worth=self.gate.worth("ngram") if corpus else None)
         try:
             tree = drafter.propose(self.history, req)
+        except OverflowError:  # the drafter's context is full (a smaller one than the target's): plain steps go on
+            self._drafted_nodes = 0
+            return TokenTree.empty(), time.perf_counter() - t0
         except ValueError as e:
             from .drafters.vocab import BridgeError
 

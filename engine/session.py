@@ -107,6 +107,7 @@ class ChatSession:
                 with loading_a_drafter():  # its fast path whatever the target's measure chose
                     drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
                 check_bridgeable(tgt, drf)
+                _unbounded_if_ssm(drf)
             except SpecchatError as e:
                 if drafter is not None:  # named by the user: their request fails
                     raise
@@ -439,6 +440,21 @@ def template_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 def default_target_name(reg) -> str:
     e = reg.default_target()
     return e.name if e is not None else "smollm2-135m-instruct"
+
+
+SSM_FAMILIES = ("mamba", "mamba2")  # pure state-space models: no positional limit, no per-token cache
+
+
+def _unbounded_if_ssm(drf) -> None:
+    """A pure SSM drafter's context is not the target's: its state has no positional limit and
+    costs no memory per token, and a byte-level drafter counts bytes (~4 a token), so the
+    target's token limit would fill it at a quarter of the conversation and every drafted step
+    would then fail. Its limit is lifted to the family's own bound (the hybrids keep theirs:
+    their attention layers hold a KV cache of that size)."""
+    if getattr(drf.model, "family", None) in SSM_FAMILIES:
+        from .models.mamba2 import DEFAULT_CAPACITY
+
+        drf.model.max_context = max(drf.model.max_context, DEFAULT_CAPACITY)
 
 
 def _drafter_dtype(target):

@@ -125,6 +125,22 @@ def test_cost_aware_strategies_run_in_a_small_context(root, cap_extra):
         assert dec.verify_cost is not None
 
 
+def test_a_drafter_with_less_context_than_the_target_leaves_it_plain_steps(root):
+    """A drafter whose own context fills before the target's (a Transformer drafter's real limit)
+    raised OverflowError from every drafted step; the target now goes on with plain steps, the
+    reply plain greedy decoding's to its end."""
+    from engine.strategy import from_spec
+
+    path = saved("llama", root)
+    prompt = PROMPTS[0]
+    ref = tokens_of(run_generation(Decoder(load(str(path)).model), prompt, preset("ar"), 40)[0])
+    for spec in ("sd:4", "tree:2-2-1", "mab", "hybrid", "sd:auto", "hybrid:auto"):
+        dec = Decoder(load(str(path)).model, load(str(saved("draft", root)), max_context=len(prompt) + 12).model)
+        evs, summ = run_generation(dec, prompt, from_spec(spec), 40)
+        assert tokens_of(evs) == ref and summ.finish_reason == "length", spec
+        assert evs[-1].drafted == 0, spec  # the drafter full by then
+
+
 def test_stop_event_ends_after_current_step(root):
     import threading
 

@@ -328,3 +328,31 @@ def test_bridge_telemetry_reaches_the_step_events_and_the_dashboard(self_pair):
     assert "vocab bridge slem · 3 drafter tokens" in policy_text(None, b).plain
     evs, _ = run_generation(Decoder(target, target), tok.encode("the cat sat"), preset("sd", draft_len=3), 4)
     assert evs[0].bridge is None
+
+
+def test_a_byte_drafter_keeps_drafting_past_the_targets_context_in_bytes(root):
+    """A byte drafter counts bytes (~4 a token): loaded with the target's token limit it filled up
+    at a quarter of the conversation and every bridged step raised OverflowError (the shipped
+    pairing failed any reply past ~8 kB of chat). A session lifts a pure SSM drafter's limit; a
+    drafter that is full anyway (a Transformer's real limit) leaves the target to plain steps."""
+    from engine.session import ChatSession, _unbounded_if_ssm
+
+    t = smollm2()
+    n = 96
+    target = load(str(tiny_model(root, "smol-target", 49152, "llama")), max_context=n).model
+    text = "<|im_start|>user\n" + "Summarise this paragraph about harbours and boats. " * 3 + "<|im_end|>\n<|im_start|>assistant\n"
+    prompt = t.encode(text)
+    assert len(prompt) < n // 2 < n < len(text.encode())  # fits the target, not a byte drafter of the same limit
+    ref = tokens_of(run_generation(Decoder(target), prompt, preset("ar"), 24)[0])
+    for lifted in (True, False):
+        drafter = load(str(tiny_model(root, "bytes", 264, "mamba2", seed=1)), max_context=n)
+        if lifted:
+            _unbounded_if_ssm(drafter)
+        dec = Decoder(target, drafter.model, target_tokenizer=t, drafter_tokenizer=ByteTokenizer())
+        events, summary = run_generation(dec, prompt, preset("sd", draft_len=8, vocab="slem"), 24)
+        assert tokens_of(events) == ref and summary.finish_reason == "length"
+        assert (sum(e.drafted for e in events) > 0) == lifted  # full: plain steps, no error
+    # ChatSession.load lifts it (a same-vocabulary pair here: no tokenizers needed)
+    s = ChatSession.load(target=str(tiny_model(root, "t264", 264, "llama")), drafter=str(tiny_model(root, "bytes", 264, "mamba2", seed=1)),
+                         max_context=64, dtype="fp32")
+    assert s.decoder.context_length == 64 and s.decoder.drafters["model"].model.cache.capacity > 1 << 16
