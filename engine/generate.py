@@ -171,6 +171,8 @@ class Decoder:
         stop: threading.Event | None = None,
     ) -> Iterator[StepEvent]:
         """Yield one StepEvent per target forward until EOS, max_new_tokens, a full context or stop."""
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         get = strategy if callable(strategy) else (lambda: strategy)
         s0 = get()
         gen = torch.Generator().manual_seed(int(s0.seed))
@@ -191,8 +193,12 @@ class Decoder:
             t0 = time.perf_counter()
             # whether the drafter model ran, where a measured arm decided, and its catch-up excess (set by _draft)
             self._arm_used, self._arm_excess_ms = None, 0.0
+            # the pass holds the root, a joint step's pending chain and the tree (unrolled: a chain per leaf)
+            cap = min(room - 1, 256, getattr(self.target.cache, "max_scratch", 512) - 1 - len(self._pending))
             with native.capped(self.draft_threads):
-                tree, draft_s = self._draft(s, gen, min(room - 1, 256))
+                tree, draft_s = self._draft(s, gen, cap)
+            if s.ssm_tree == "unrolled":
+                tree = tree.truncated(unrolled_fit(tree.parents, cap))
             t1 = time.perf_counter()
             logits, commit = self._verify_pass(s, tree, self.history[-1])
             path, bonus = self._verify(s, tree, logits, gen)
@@ -227,24 +233,24 @@ class Decoder:
             if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
                 self._pending = self._pending[: len(self.history) - 1 - self.target.cache.length]
             # Two segments, so the UI can colour drafted-and-accepted text apart from the target's own token.
-            n_acc = min(len(path), len(emitted))
+            if reason is None and len(self.history) >= self.context_length:
+                reason = "context"
+            n_acc = min(len(path), len(emitted))  # drafted tokens cut after an EOS or the limit: not emitted, not counted
             seg_acc = decoder.push([t for t in emitted[:n_acc] if t not in self.eos_ids]) if decoder else ""
             seg_tgt = decoder.push([t for t in emitted[n_acc:] if t not in self.eos_ids]) if decoder else ""
             if reason and decoder:
-                seg_tgt += decoder.flush()
+                seg_tgt += decoder.flush()  # the last reply text holds every byte, an unfinished character's too
             text = seg_acc + seg_tgt
-            if reason is None and len(self.history) >= self.context_length:
-                reason = "context"
             step += 1
             ms = (t2 - t0) * 1000.0
             yield StepEvent(
-                step=step, strategy=s.label(self.tree_nodes(s)), drafted=len(tree), accepted=len(path), emitted=emitted, text=text,
-                tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path),
+                step=step, strategy=s.label(self.tree_nodes(s)), drafted=len(tree), accepted=n_acc, emitted=emitted, text=text,
+                tree_tokens=list(tree.tokens), tree_parents=list(tree.parents), accepted_nodes=list(path[:n_acc]),
                 draft_ms=draft_s * 1000.0, verify_ms=(t2 - t1) * 1000.0, ms=ms, position=len(self.history),
                 finished=reason is not None, finish_reason=reason, rss_mb=peak_rss_mb(),
                 segments=[(seg_acc, "accepted"), (seg_tgt, "target")],
                 tree_text=[self.token_str(t) for t in tree.tokens] if self.token_str else [],
-                gpu_mb=torch_gpu_mb(), shape=tree.widths(), accepted_ranks=[ranks[i] for i in path] if (ranks := child_ranks(tree.parents)) else [],
+                gpu_mb=torch_gpu_mb(), shape=tree.widths(), accepted_ranks=[ranks[i] for i in path[:n_acc]] if (ranks := child_ranks(tree.parents)) else [],
                 policy=policy, bridge=self._bridge_telemetry(s),
             )
             if reason is not None:
@@ -541,6 +547,27 @@ class Decoder:
             method = "membership"
         return accept(tree, logits, method=method, temperature=s.temperature, top_p=s.top_p, generator=gen,
                       noise_at_depth=self._noise(s, len(self.history)) if method == "race" else None)
+
+
+def unrolled_fit(parents: list[int], rows: int) -> int:
+    """The most leading nodes of a tree (parents: -1 = the root) whose unrolled form (one chain
+    per root-to-leaf path, :func:`unroll`) takes at most ``rows`` rows: a shape that fits as a tree
+    can take several times its nodes unrolled (--ssm-tree unrolled failed with "context full" in a
+    reply's last rows, and with "draft tree too large" on trees the strategy allows)."""
+    depth: list[int] = []
+    is_leaf: list[bool] = []
+    total = 0
+    for i, p in enumerate(parents):
+        d = 1 if p < 0 else depth[p] + 1
+        grown = d - (depth[p] if p >= 0 and is_leaf[p] else 0)  # a leaf's chain grows, or a new chain
+        if total + grown > rows:
+            return i
+        total += grown
+        if p >= 0:
+            is_leaf[p] = False
+        depth.append(d)
+        is_leaf.append(True)
+    return len(parents)
 
 
 def unroll(tokens: list[int], parents: list[int]):

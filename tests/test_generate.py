@@ -316,6 +316,93 @@ def test_ssm_tree_and_backtrack_modes_are_lossless_on_any_model(kind, root):
                 assert tokens_of(run_generation(dec, prompt, s, 30)[0]) == ref, s
 
 
+@pytest.mark.parametrize("kind", ["llama", "mamba2", "granite"])
+def test_unrolled_trees_fit_the_rows_left(kind, root):
+    """An unrolled pass repeats shared prefixes (a chain per leaf), so a tree capped in nodes took
+    several times as many rows: --ssm-tree unrolled failed with "context full" in a reply's last
+    rows and with "draft tree too large" on shapes the strategy allows (212 and 254 nodes); a
+    self-drafter's 256-deep chain left pending by --backtrack joint overflowed the scratch rows."""
+    path = saved(kind, root)
+    prompt = PROMPTS[0][:8]
+    for extra in (6, 20):
+        cap = len(prompt) + extra
+        ref = tokens_of(run_generation(Decoder(load(str(path), max_context=cap).model), prompt, preset("ar"), 100)[0])
+        dec = Decoder(load(str(path), max_context=cap).model, load(str(saved("draft", root)), max_context=cap).model)
+        evs, summ = run_generation(dec, prompt, preset("tree", tree=(3, 2, 2, 1, 1), ssm_tree="unrolled"), 100)
+        assert tokens_of(evs) == ref and summ.finish_reason == "context"
+    ref = tokens_of(run_generation(Decoder(load(str(path)).model), prompt, preset("ar"), 12)[0])
+    dec = Decoder(load(str(path)).model, load(str(saved("draft", root))).model)
+    for shape in ((4, 4, 4, 2), (2,) * 7):
+        evs, _ = run_generation(dec, prompt, preset("tree", tree=shape, ssm_tree="unrolled"), 12)
+        assert tokens_of(evs) == ref, shape
+    if kind != "granite":
+        target = load(str(path)).model
+        ref = tokens_of(run_generation(Decoder(target), prompt, preset("ar"), 300)[0])
+        evs, _ = run_generation(Decoder(target, target), prompt, preset("tree", tree=(1,) * 256, backtrack="joint"), 300)
+        assert tokens_of(evs) == ref and max(e.accepted for e in evs) > 200
+
+
+def test_unrolled_fit_counts_a_chain_per_leaf():
+    from engine.generate import unroll, unrolled_fit
+
+    parents = [-1, 0, 1, 1, -1, 4]  # a -> b -> c, b -> d; e -> f: chains abc, abd, ef = 8 rows
+    assert unrolled_fit(parents, 8) == 6 and unrolled_fit(parents, 100) == 6
+    assert unrolled_fit(parents, 7) == 5 and unrolled_fit(parents, 3) == 3 and unrolled_fit(parents, 0) == 0
+    for n in range(len(parents) + 1):  # the count is the unrolled pass's rows (root excluded)
+        rows = len(unroll([0] + list(range(1, n + 1)), [-1] + [p + 1 for p in parents[:n]])[0]) - 1
+        assert unrolled_fit(parents[:n], rows) == n and (rows == 0 or unrolled_fit(parents[:n], rows - 1) < n)
+
+
+def test_the_last_steps_telemetry_counts_only_what_it_emitted(root):
+    """A step cut by the token limit or an EOS emitted fewer tokens than the target accepted: its
+    event counted the cut ones as accepted (8 accepted, 2 emitted), which inflated the acceptance
+    rate in the dashboard, --json and bench. A negative token limit is refused (it emitted drafts)."""
+    path = saved("llama", root)
+    target = load(str(path)).model
+    prompt = PROMPTS[0]
+    full = tokens_of(run_generation(Decoder(target), prompt, preset("ar"), 20)[0])
+    dec = Decoder(target, target)  # a self-drafter: every draft accepted
+    evs, summ = run_generation(dec, prompt, preset("sd", draft_len=8), 2)
+    assert tokens_of(evs) == full[:2] and evs[-1].accepted == 2 and evs[-1].accepted_nodes == [0, 1]
+    assert summ.accepted == 2 and summ.drafted == 8
+    dec.eos_ids = {full[3]}
+    evs, summ = run_generation(dec, prompt, preset("sd", draft_len=8), 20)
+    assert tokens_of(evs) == full[:4] and evs[-1].accepted == 4 == summ.accepted
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        run_generation(dec, prompt, preset("sd", draft_len=4), -1)
+
+
+def test_a_reply_ended_by_the_context_keeps_an_unfinished_characters_bytes(tmp_path):
+    """A reply ended by the context flushed its stream decoder before the step knew it was the
+    last: the bytes of a character cut at the end were dropped (the text no longer matched the
+    ids), where a reply ended by its token limit keeps them (as U+FFFD)."""
+    from engine.tokenizer import StreamDecoder
+
+    from .test_vocab import tiny_model
+    from .vocab_pairs import smollm2
+
+    tok = smollm2()
+    path = tiny_model(str(tmp_path), "smol-target", 49152, "llama")
+    base = tok.encode("<|im_start|>user\nSay something in Japanese.<|im_end|>\n<|im_start|>assistant\n")
+    for extra in range(1000, 1060):  # a prompt whose greedy reply cuts a character at some token
+        prompt = base + [extra]
+        out = tokens_of(run_generation(Decoder(load(str(path)).model), prompt, preset("ar"), 120)[0])
+        stream, text, cut = StreamDecoder(tok), "", None
+        for i, t in enumerate(out, 1):
+            text += stream.push([t])
+            if text != tok.decode(out[:i]):  # the stream holds a character's first bytes here
+                cut = i
+                break
+        if cut:
+            break
+    assert cut, "no reply with a character cut across tokens"
+    for how in ("length", "context"):
+        cap = len(prompt) + cut if how == "context" else 1024
+        dec = Decoder(load(str(path), max_context=cap).model, detokenize=lambda: StreamDecoder(tok))
+        evs, summ = run_generation(dec, prompt, preset("ar"), cut if how == "length" else cut + 10)
+        assert summ.finish_reason == how and "".join(e.text for e in evs) == tok.decode(tokens_of(evs)), how
+
+
 def test_joint_backtrack_survives_live_switches(root):
     path = saved("llama", root)
     dec = Decoder(load(str(path)).model, load(str(saved("draft", root))).model)
