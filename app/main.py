@@ -28,16 +28,18 @@ from .commands import StrategyCommands
 from .keys import keymap_path, load_keymap, with_keys
 from .messages import BaselineMeasured, SessionFailed, SessionLoaded, error_line
 from .screens import ChatScreen, HelpScreen, ModelChoice, ModelsScreen
+from .screens.models import NO_DRAFTER
 from .store import open_store
 from .strategy_cycle import next_preset
 
 key_order.install()  # bound keys (Backspace...) in typing order under load: Textual #6605
 
 SessionFactory = Callable[[], ChatEngine]
-ModelLoader = Callable[[str, str], ChatEngine]  # (target ref, drafter ref or "none") -> session; runs in a thread
+# (target ref, drafter ref, "none", or None: the target's default pairing's, as at start-up) -> session; runs in a thread
+ModelLoader = Callable[[str, str | None], ChatEngine]
 
 
-def load_chat_session(target: str, drafter: str, models_file: str | None = None) -> ChatEngine:
+def load_chat_session(target: str, drafter: str | None, models_file: str | None = None) -> ChatEngine:
     """The default :data:`ModelLoader` (Ctrl+O): a ChatSession; torch loads here, in the worker."""
     from engine.session import ChatSession
 
@@ -135,7 +137,8 @@ class SpecChatApp(App[None]):
         self.models_file = models_file
         self.model_loader: ModelLoader = model_loader or (
             lambda target, drafter: load_chat_session(target, drafter, models_file))
-        self.switching_to: ModelChoice | None = None  # a Ctrl+O pick being loaded
+        self.switching_to: ModelChoice | None = None  # the last Ctrl+O pick, until its load ends
+        self._loads = 0  # loads started (at start-up, then one a pick): only the last one's result is used
         self._cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
@@ -156,7 +159,7 @@ class SpecChatApp(App[None]):
             more = len(self.keymap_problems) - 3
             self.notify("\n".join(self.keymap_problems[:3]) + (f"\n(and {more} more)" if more > 0 else ""),
                         title="Keymap", severity="warning", timeout=12, markup=False)  # the user's text
-        self._load_session()
+        self._start_load(self.session_factory)
         self._tty_fd = terminal_fd()
         if self._tty_fd is not None:
             self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
@@ -175,23 +178,36 @@ class SpecChatApp(App[None]):
             self.exit()
 
     # ---- loading ---------------------------------------------------------------------------------
-    @work(thread=True, exclusive=True, group="load", exit_on_error=False)
-    def _load_session(self) -> None:
+    def _start_load(self, factory: SessionFactory, choice: ModelChoice | None = None) -> None:
+        """Build a session in the load worker. Loads overlap (a pick during the start-up load, which
+        takes seconds for the real model, or during another pick's) and end in any order: the last
+        one started wins, and the others' results are dropped when they come (their sessions freed
+        with the message, their errors unsaid). Sends wait for the last load (no session yet, or
+        ``switching_to`` set from the pick until its own load ends), so no reply is running when a
+        session is attached."""
+        self._loads += 1
+        self.switching_to = choice
+        self._load_session(factory, self._loads)
+
+    @work(thread=True, group="load", exit_on_error=False)
+    def _load_session(self, factory: SessionFactory, load: int) -> None:
         """Worker thread: build the session (this is where torch gets imported)."""
         try:
-            session = self.session_factory()
+            session = factory()
         except Exception as exc:  # noqa: BLE001 - any load failure becomes a toast
-            self.post_message(SessionFailed(error_line(exc)))
+            self.post_message(SessionFailed(error_line(exc), load))
         else:
-            self.post_message(SessionLoaded(session))
+            self.post_message(SessionLoaded(session, load))
 
     def on_session_loaded(self, message: SessionLoaded) -> None:
+        if message.load != self._loads:
+            return  # superseded: a later pick, or the model in use kept (switch_model)
         session = message.session
         if self.initial_strategy is not None:
             try:
                 session.strategy = self.initial_strategy.validate(has_drafter_model=session.has_drafter)
             except ValueError as exc:  # StrategyError, or a bad tree shape
-                self.notify(f"{exc}; using {strategy_label(session)}", severity="warning", timeout=8)
+                self.notify(f"{exc}; using {strategy_label(session)}", severity="warning", timeout=8, markup=False)
         for line in load_warnings(session):
             self.notify(line, title="Loaded with less", severity="warning", timeout=12, markup=False)
         self.session, self.load_error = session, None
@@ -227,21 +243,25 @@ class SpecChatApp(App[None]):
         if message.session is not self.session:
             return  # measured for a model since replaced
         if message.baseline is None:
-            self.notify(f"Could not measure the plain-decoding baseline: {message.error}", severity="warning", timeout=6)
+            self.notify(f"Could not measure the plain-decoding baseline: {message.error}", severity="warning", timeout=6,
+                        markup=False)
             return
         b = message.baseline
         note = f"ar measured {getattr(self, '_baseline_when', 'at load')}, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
         self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note, fit=b))
 
     def on_session_failed(self, message: SessionFailed) -> None:
+        if message.load != self._loads:
+            return  # superseded: the user has moved on from that pick
         choice, self.switching_to = self.switching_to, None
+        title = f"Could not load {choice.target}" if choice is not None else "Could not load the model"
         if choice is not None and self.session is not None:  # a switch failed: keep chatting with the old model
             self.notify(f"{message.error}; still using {self.session.description}",
-                        title=f"Could not load {choice.target}", severity="error", timeout=10)
+                        title=title, severity="error", timeout=10, markup=False)
             return
         self.session, self.load_error = None, message.error
         self.chat.attach_session(None, message.error)
-        self.notify(message.error, title="Could not load the model", severity="error", timeout=10)
+        self.notify(message.error, title=title, severity="error", timeout=10, markup=False)
 
     # ---- actions ---------------------------------------------------------------------------------
     def action_cycle_strategy(self) -> None:
@@ -255,16 +275,23 @@ class SpecChatApp(App[None]):
             self._cycle_auto = current.adaptive
         result = next_preset(current, session.has_drafter, auto=self._cycle_auto)
         if result.strategy is None:
-            self.notify("No other strategy is usable here.\n" + result.notice(self._models_key()), severity="warning")
+            self.notify("No other strategy is usable here.\n" + result.notice(self._models_key()), severity="warning",
+                        markup=False)
             return
         session.strategy = result.strategy
         self.chat.show_strategy()
         if result.skipped:
-            self.notify(result.notice(self._models_key()), severity="warning", timeout=6)
+            self.notify(result.notice(self._models_key()), severity="warning", timeout=6, markup=False)
 
     def _models_key(self) -> str:
         """The model picker's key in the user's keymap (Ctrl+O by default), for advice in notices."""
         return with_keys("{models}", self.keymap)
+
+    def _loaded_names(self) -> tuple[str | None, str | None]:
+        """The registry names of the session's target and drafter (None where there is none)."""
+        target = getattr(getattr(self.session, "target", None), "name", None)
+        drafter = getattr(getattr(self.session, "drafter", None), "name", None)
+        return target, drafter
 
     def action_models(self) -> None:
         """Ctrl+O: the model picker; what it returns is loaded by :meth:`switch_model`."""
@@ -273,25 +300,36 @@ class SpecChatApp(App[None]):
         try:
             registry = load_registry(self.models_file)
         except ConfigError as exc:
-            self.notify(str(exc), title="models.toml", severity="error", timeout=10)
+            self.notify(str(exc), title="models.toml", severity="error", timeout=10, markup=False)
             return
-        target = getattr(getattr(self.session, "target", None), "name", None)
-        drafter = getattr(getattr(self.session, "drafter", None), "name", None)
-        self.push_screen(ModelsScreen(registry, target, drafter), self.switch_model)
+        loading = self.switching_to.target if self.switching_to is not None else None
+        self.push_screen(ModelsScreen(registry, *self._loaded_names(), loading=loading), self.switch_model)
 
     def switch_model(self, choice: ModelChoice | None) -> None:
-        """Load ``choice`` in the load worker; the current session stays until the new one is ready."""
+        """Load ``choice`` in the load worker; the current session stays until the new one is ready.
+        A pick while another loads replaces it (the last pick wins); picking the model in use then
+        keeps it."""
         if choice is None:
             return
         if self.chat.busy:
-            self.notify(with_keys("A reply is running: stop it ({stop}), then pick the model again.", self.keymap), severity="warning")
+            self.notify(with_keys("A reply is running: stop it ({stop}), then pick the model again.", self.keymap),
+                        severity="warning", markup=False)
+            return
+        if choice == self.switching_to:
+            self.notify(f"{choice.target} is already loading.", timeout=4, markup=False)
+            return
+        target, drafter = self._loaded_names()
+        if self.switching_to is not None and self.session is not None and (choice.target, choice.drafter) == (
+                target, drafter or NO_DRAFTER):
+            self.notify(f"Keeping {self.session.description}: the load of {self.switching_to.target} is dropped.",
+                        timeout=6, markup=False)
+            self._loads += 1  # the load in flight is superseded: its result is dropped when it comes
+            self.switching_to = None
             return
         loader = self.model_loader
-        self.session_factory = lambda: loader(choice.target, choice.drafter)
-        self.switching_to = choice
-        drafter = "" if choice.drafter == "none" else f" with drafter {choice.drafter}"
-        self.notify(f"Loading {choice.target}{drafter}…", timeout=4)
-        self._load_session()
+        self._start_load(lambda: loader(choice.target, choice.drafter_ref), choice)
+        with_drafter = "" if choice.drafter == NO_DRAFTER else f" with drafter {choice.drafter}"
+        self.notify(f"Loading {choice.target}{with_drafter}…", timeout=4, markup=False)
 
     def action_measure_baseline(self) -> None:
         self.measure_baseline("on request")

@@ -14,19 +14,21 @@ def error_line(exc: BaseException) -> str:
 
 
 class SessionLoaded(Message):
-    """The session factory returned: the engine is ready to chat."""
+    """The session factory of the app's load number ``load`` returned: the engine is ready to chat."""
 
-    def __init__(self, session: ChatEngine) -> None:
+    def __init__(self, session: ChatEngine, load: int) -> None:
         super().__init__()
         self.session = session
+        self.load = load
 
 
 class SessionFailed(Message):
-    """The session factory raised; ``error`` is the one-line message to show."""
+    """The session factory of load number ``load`` raised; ``error`` is the one-line message to show."""
 
-    def __init__(self, error: str) -> None:
+    def __init__(self, error: str, load: int) -> None:
         super().__init__()
         self.error = error
+        self.load = load
 
 
 class BaselineMeasured(Message):

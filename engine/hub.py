@@ -240,9 +240,11 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | 
         except (OSError, ValueError):
             return None
     snap = storage / "snapshots" / commit
-    if (snap / "config.json").exists() or any(snap.glob("*.gguf")):
-        return snap
-    return None
+    try:
+        found = (snap / "config.json").exists() or any(snap.glob("*.gguf"))
+    except OSError:  # another user's folder in a shared cache (PermissionError): not cached for this user
+        return None
+    return snap if found else None
 
 
 def has_partial(repo_id: str, cache_dir: str | os.PathLike | None = None) -> bool:
@@ -250,7 +252,10 @@ def has_partial(repo_id: str, cache_dir: str | os.PathLike | None = None) -> boo
     if not REPO_ID.match(repo_id or ""):
         return False
     storage = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / repo_folder(repo_id)
-    return any((storage / "blobs").glob("*.incomplete"))
+    try:
+        return any((storage / "blobs").glob("*.incomplete"))
+    except OSError:  # a folder this user cannot read: nothing of it that this user could resume
+        return False
 
 
 def snapshot_size(path: Path) -> int:

@@ -53,6 +53,7 @@ READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, {stop} cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
+STOPPED_DRAFT_NOTICE = "Stopped before the first token: your message is back in the prompt, above what you were typing."
 BUSY_NOTICE = "A reply is still running: wait for it, or press {stop} to stop it."
 EDIT_OPEN_NOTICE = "Send or cancel ({stop}) the edit of your last message first."
 # the notices above name keys by binding id ({new_chat}): ChatScreen._keys fills in the keymap's keys
@@ -122,7 +123,7 @@ class ChatScreen(Screen[None]):
     when it ends (or is stopped). The screen lives as long as the app and closes the store when
     it is unmounted. ``store_error``: why the store is in memory only (shown once mounted).
     ``restore_strategy``: apply the saved strategy to a session once it is attached (False when
-    the command line chose one).
+    the command line chose one, until a strategy is picked live).
     """
 
     BINDINGS = [
@@ -193,7 +194,7 @@ class ChatScreen(Screen[None]):
         self.prompt.focus()
         self._apply_width(self.app.size.width)
         if self.store_error is not None:
-            self.notify(self.store_error, title="Chats are not being saved", severity="error", timeout=12)
+            self.notify(self.store_error, title="Chats are not being saved", severity="error", timeout=12, markup=False)
         self._restore_settings()
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         chats = self._load(self.store.chats, [])
@@ -210,7 +211,7 @@ class ChatScreen(Screen[None]):
         try:
             return read(*args)
         except StoreError as exc:
-            self.notify(str(exc), title="Could not read the chats", severity="error", timeout=10)
+            self.notify(str(exc), title="Could not read the chats", severity="error", timeout=10, markup=False)
             return default
 
     def _save(self, write: Any, *args: Any, **kwargs: Any) -> Any:
@@ -218,7 +219,7 @@ class ChatScreen(Screen[None]):
         try:
             return write(*args, **kwargs)
         except StoreError as exc:
-            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10)
+            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
             return None
 
     def _save_message(self, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
@@ -281,7 +282,7 @@ class ChatScreen(Screen[None]):
                 self.app.theme = theme
             else:
                 self.notify(f"The saved theme {theme!r} is not available; using {self.app.theme!r}.",
-                            severity="warning", timeout=6)
+                            severity="warning", timeout=6, markup=False)
         self.watch(self.app, "theme", self._theme_changed, init=False)
         saved = self._load(self.store.get_setting, "", SETTING_SYSTEM)
         self.default_system = self._system_override if self._system_override is not None else (
@@ -496,14 +497,17 @@ class ChatScreen(Screen[None]):
             session.strategy = strategy_from_dict(saved).validate(has_drafter_model=session.has_drafter)
         except (StrategyError, ValueError) as exc:
             self.notify(f"Saved strategy not used: {exc}; using {strategy_label(session)}",
-                        severity="warning", timeout=8)
+                        severity="warning", timeout=8, markup=False)
 
     def show_strategy(self) -> None:
-        """Show the session's current strategy (after a live switch) and remember it."""
+        """Show the session's current strategy (after a live switch) and remember it: saved, and
+        applied to the models loaded later where they can run it (``--strategy`` chose only the
+        first model's: reapplied at each switch, it undid the choice made since)."""
         if self.session is not None:
             self.status_line.status.strategy = strategy_label(self.session)
             self.status_line.refresh()
             self._save(self.store.set_setting, SETTING_STRATEGY, self.session.strategy.to_dict())
+            self.restore_strategy = True
 
     def _set_state(self, state: str) -> None:
         self.status_line.status.state = state
@@ -516,13 +520,13 @@ class ChatScreen(Screen[None]):
             return False
         switching = getattr(self.app, "switching_to", None)
         if switching is not None:  # the new model would be attached in the middle of the reply
-            self.notify(f"Loading {switching.target}: send when it is ready.", severity="warning")
+            self.notify(f"Loading {switching.target}: send when it is ready.", severity="warning", markup=False)
             return False
         if self.session is None:
             if self.session_error is None:
                 self.notify("The model is still loading…", severity="warning")
             else:
-                self.notify(f"No model loaded: {self.session_error}", severity="error")
+                self.notify(f"No model loaded: {self.session_error}", severity="error", markup=False)
             return False
         return True
 
@@ -659,10 +663,11 @@ class ChatScreen(Screen[None]):
         The conversation, the store and the status change before the first await, and the screen
         counts as busy until the end, so a message sent meanwhile is refused rather than sent
         without this reply. A reply that brought nothing back (an error, a full context, or Esc
-        before the first token) takes the user's message with it: it goes back into an empty
-        prompt to be sent again (an empty reply would otherwise stay in the chat and be sent to the
-        model as the assistant's turn). A regenerated reply that brought nothing back leaves the
-        reply it was to replace in place instead (text, stats, finish mark): nothing is lost.
+        before the first token) takes the user's message with it: it goes back into the prompt to
+        be sent again (an empty reply would otherwise stay in the chat and be sent to the model as
+        the assistant's turn), above what was typed there meanwhile (:meth:`_unsend`). A
+        regenerated reply that brought nothing back leaves the reply it was to replace in place
+        instead (text, stats, finish mark): nothing is lost.
         """
         if self._timer is not None:
             self._timer.stop()
@@ -690,11 +695,13 @@ class ChatScreen(Screen[None]):
         self._set_state(FINISH_TEXT.get(reason or "", "done"))
         self._ar_baseline(run, failed)
         if failed:
-            self.notify(failure_notice(run), severity="error", timeout=8)
+            self.notify(failure_notice(run), severity="error", timeout=8, markup=False)
         elif reason == "context":
             self.notify(self._keys(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE), severity="warning", timeout=12)
+        elif restore:
+            self.notify(REGENERATE_EMPTY_NOTICE, timeout=5)
         elif nothing_back:
-            self.notify(REGENERATE_EMPTY_NOTICE if restore else STOPPED_EMPTY_NOTICE, timeout=5)
+            self.notify(STOPPED_DRAFT_NOTICE if self.prompt.text.strip() else STOPPED_EMPTY_NOTICE, timeout=5)
         elif reason == "length":
             self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
         async with self._closing_reply() as reply:
@@ -705,11 +712,21 @@ class ChatScreen(Screen[None]):
                 await column.add_message("assistant", replaced[0], (replaced[1] or {}).get("finish_reason"))
             elif nothing_back:
                 await self.query_one(MessageList).remove_last(2)
-                if not self.prompt.text.strip():
-                    self.prompt.text = unsent
-                    self.prompt.move_cursor(self.prompt.document.end)
+                self._unsend(unsent)
             elif reply is not None:
                 await reply.finish(run.text, reason)
+
+    def _unsend(self, message: str) -> None:
+        """``message``, sent but answered with nothing, back into the prompt: alone in an empty one
+        (the cursor at its end, to send it again), else above the draft typed while it was read,
+        a blank line between them and the cursor where it was in the draft (the message used to be
+        dropped whenever the prompt was not empty, though the notice said it was back)."""
+        prompt = self.prompt
+        if not prompt.text.strip():
+            prompt.text = message
+            prompt.move_cursor(prompt.document.end)
+        else:
+            prompt.insert(message + "\n\n", (0, 0))
 
     @asynccontextmanager
     async def _closing_reply(self) -> AsyncIterator[ChatMessage | None]:
@@ -772,7 +789,7 @@ class ChatScreen(Screen[None]):
         self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason if failed or run.text else shown_reason or "", "done"))
         if failed:
-            self.notify(failure_notice(run), severity="error", timeout=8)
+            self.notify(failure_notice(run), severity="error", timeout=8, markup=False)
         elif not run.text:
             self.notify("The continuation brought nothing back: the reply is as it was.", timeout=5)
         elif reason == "context":
@@ -809,10 +826,10 @@ class ChatScreen(Screen[None]):
         try:
             path = export_chat(folder, self.chat_title, conversation, model)
         except OSError as exc:
-            self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8)
+            self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8, markup=False)
             return
         count = sum(m["role"] != "system" for m in conversation)
-        self.notify(f"Exported {count} message{'s' if count != 1 else ''} to {path}", timeout=8)
+        self.notify(f"Exported {count} message{'s' if count != 1 else ''} to {path}", timeout=8, markup=False)
 
     # ---- stopping, copying -----------------------------------------------------------------------
     def action_stop(self) -> None:
@@ -879,7 +896,7 @@ class ChatScreen(Screen[None]):
                 try:
                     self.store.set_system(self.chat_id, text)
                 except StoreError as exc:
-                    self.notify(str(exc), title="System prompt not changed", severity="error", timeout=10)
+                    self.notify(str(exc), title="System prompt not changed", severity="error", timeout=10, markup=False)
                     return
             del self.conversation[: self._n_system]
             if text:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from rich.markup import escape
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -33,10 +34,21 @@ NO_DRAFTER = "none"
 
 @dataclass(frozen=True)
 class ModelChoice:
-    """What to load: ``target`` is a models.toml name or a Hub id; ``drafter`` a name or "none"."""
+    """What to load: ``target`` is a models.toml name or a Hub id; ``drafter`` a name or "none".
+    ``paired``: ``drafter`` is the target's default pairing's, loaded as at start-up (see
+    :attr:`drafter_ref`)."""
 
     target: str
     drafter: str = NO_DRAFTER
+    paired: bool = False
+
+    @property
+    def drafter_ref(self) -> str | None:
+        """The drafter as the app's ModelLoader takes it: None for the default pairing's, so that
+        ChatSession.load picks it from models.toml and, where it cannot be loaded (a damaged file),
+        loads the target alone with a warning. Named, it failed the whole switch, as a drafter
+        named with ``--drafter`` fails its load."""
+        return None if self.paired else self.drafter
 
 
 @dataclass(frozen=True)
@@ -168,11 +180,12 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
     """
 
     def __init__(self, registry: Registry, current_target: str | None = None, current_drafter: str | None = None,
-                 cache_dir: Path | None = None) -> None:
+                 cache_dir: Path | None = None, loading: str | None = None) -> None:
         super().__init__()
         self.registry = registry
         self.current_target = current_target
         self.current_drafter = current_drafter
+        self.loading = loading  # the target of a pick still loading (picking the model in use then keeps it)
         self.cache_dir = cache_dir
         self.rows: dict[str, ModelRow] = {}
         self.job: DownloadJob | None = None
@@ -182,7 +195,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
             dialog.border_title = "Models"
             dialog.border_subtitle = app_keys(self, "Enter: load (downloads first if needed) · {close_models}: close")
             yield DataTable(id="models-table", cursor_type="row", zebra_stripes=True)
-            yield Static("", id="models-detail")
+            yield Static("", id="models-detail", markup=False)  # models.toml's text
             yield Input(placeholder="…or a Hub id (owner/name), Enter to load or download", id="models-hub-id")
             yield DownloadPanel(id="models-download")
 
@@ -200,7 +213,8 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         table.clear()
         self.rows = {r.name: r for r in model_rows(self.registry, self.current_target, self.cache_dir)}
         for r in self.rows.values():
-            table.add_row(r.name, r.params, r.status, r.size, r.role, key=r.name)
+            # a str cell is read as Rich markup: models.toml's text is escaped ("[/]" in a name raised)
+            table.add_row(*(escape(c) for c in (r.name, r.params, r.status, r.size, r.role)), key=r.name)
         names = list(self.rows)
         focus = keep or self.current_target
         if focus in self.rows:
@@ -251,7 +265,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         try:
             hub.check_repo_id(ref)
         except hub.DownloadError as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", markup=False)  # the user's text ("org/x[/]" crashed the app)
             return
         choice = ModelChoice(ref, NO_DRAFTER)
         if hub.cached_snapshot(ref, None, self.cache_dir) is not None:
@@ -264,14 +278,17 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         if self.job is not None:
             self.notify(app_keys(self, "A download is running: wait for it or cancel it ({close_models})."), severity="warning")
             return
-        choice = ModelChoice(name, self._drafter_for(name))
-        if row.status == "loaded" and choice.drafter == (self.current_drafter or NO_DRAFTER):
-            self.notify(f"{name} is already loaded.")
+        drafter = self._drafter_for(name)
+        default = self.registry.default_pairing(name)
+        choice = ModelChoice(name, drafter, paired=default is not None and default.drafter == drafter)
+        if row.status == "loaded" and choice.drafter == (self.current_drafter or NO_DRAFTER) and self.loading is None:
+            self.notify(f"{name} is already loaded.", markup=False)
             return
         if row.available:
             self.dismiss(choice)
         elif row.entry.hub_id is None:
-            self.notify(f"{name}: its local file {row.entry.local!r} is missing and it has no hub_id", severity="error")
+            self.notify(f"{name}: its local file {row.entry.local!r} is missing and it has no hub_id", severity="error",
+                        markup=False)
         else:
             self.start_download(row.entry.hub_id, row.entry.revision, choice)
 
@@ -303,15 +320,15 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
 
     def on_models_screen_finished(self, message: Finished) -> None:
         self._end_download()
-        self.notify(f"Downloaded {message.job.repo_id}.", timeout=4)
+        self.notify(f"Downloaded {message.job.repo_id}.", timeout=4, markup=False)
         self.dismiss(message.job.choice)
 
     def on_models_screen_failed(self, message: Failed) -> None:
         self._end_download()
         if message.cancelled:
-            self.notify(message.error, title="Download cancelled", severity="warning", timeout=6)
+            self.notify(message.error, title="Download cancelled", severity="warning", timeout=6, markup=False)
         else:
-            self.notify(message.error, title="Download failed", severity="error", timeout=10)
+            self.notify(message.error, title="Download failed", severity="error", timeout=10, markup=False)
         self.refresh_rows()
 
     def _end_download(self) -> None:

@@ -226,7 +226,8 @@ class ChatList(Vertical):
             return
         if self._armed != chat.id:
             self._armed = chat.id
-            self.notify(f"Press Delete again to delete “{chat.title or '(untitled)'}”.", severity="warning", timeout=4)
+            self.notify(f"Press Delete again to delete “{chat.title or '(untitled)'}”.", severity="warning", timeout=4,
+                        markup=False)
             return
         self._armed = None
         self.post_message(self.Deleted(chat.id))

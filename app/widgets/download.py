@@ -46,13 +46,14 @@ class DownloadPanel(Vertical):
     """
 
     def compose(self) -> ComposeResult:
-        yield Label("", id="download-title")
+        # plain text: repo ids and file names come from the user and the Hub ("tokenizer[v2].json")
+        yield Label("", id="download-title", markup=False)
         with Horizontal():
             yield ProgressBar(id="download-file-bar", show_eta=False)
-            yield Label("", id="download-file", classes="download-text")
+            yield Label("", id="download-file", classes="download-text", markup=False)
         with Horizontal():
             yield ProgressBar(id="download-total-bar", show_eta=False)
-            yield Label("", id="download-total", classes="download-text")
+            yield Label("", id="download-total", classes="download-text", markup=False)
         yield Button("Cancel (Esc)", id="download-cancel", variant="error", compact=True)
 
     @property

@@ -20,7 +20,7 @@ from app.widgets import ChatMessage, PromptInput, StatusLine
 from app.widgets.status import fit
 from engine.strategy import preset
 
-from .fakes import BlockingEngine, FailingEngine, FakeEngine
+from .fakes import SAFETY_TIMEOUT_S, BlockingEngine, FailingEngine, FakeEngine
 
 SIZE = (80, 24)
 REPO = Path(__file__).resolve().parents[2]
@@ -283,6 +283,49 @@ async def test_escape_before_the_first_token_puts_the_message_back_in_the_prompt
         assert engine.calls[-1] == [{"role": "user", "content": "a long question"}]
         await pilot.press("escape")
         await reply_done(pilot)
+
+
+class ErrorBeforeFirstToken(FakeEngine):
+    """Fails before its first step, once ``gate`` lets it (a long prompt's prefill running out of memory)."""
+
+    def stream_chat(self, messages, max_new_tokens, stop):  # noqa: ANN001, ANN201 - FakeEngine's
+        self.calls.append(list(messages))
+        assert self.gate is not None and self.gate.acquire(timeout=SAFETY_TIMEOUT_S)
+        raise RuntimeError("out of memory [/] while reading the prompt")
+        yield  # a generator, as the engine's is
+
+
+@pytest.mark.parametrize("how", ["escape", "error"])
+async def test_a_message_answered_with_nothing_goes_back_above_the_draft_typed_meanwhile(how: str) -> None:
+    """Esc (or an engine error) before the first token while a follow-up was being typed: the
+    message goes back into the prompt above that draft, a blank line between them, and the notice
+    says where it is (it used to be dropped whenever the prompt was not empty, though the notice
+    said it was back in the prompt); the draft's cursor stays where it was."""
+    gate = threading.Semaphore(0)
+    engine = BlockingEngine([]) if how == "escape" else ErrorBeforeFirstToken(gate=gate)
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "my long question")
+        await wait_for(pilot, lambda: engine.calls and app.chat.busy)
+        prompt = app.query_one(PromptInput)
+        prompt.text = "a follow-up I am typing"
+        prompt.move_cursor((0, 2))
+        if how == "escape":
+            await wait_for(pilot, lambda: engine.blocking.is_set())
+            await pilot.press("escape")
+        else:
+            gate.release()
+        await reply_done(pilot)
+        assert prompt.text == "my long question\n\na follow-up I am typing"
+        assert prompt.cursor_location == (2, 2)
+        assert messages(app) == [] and app.chat.conversation == []
+        if how == "escape":
+            assert ("Stopped before the first token: your message is back in the prompt, above what you were typing.",
+                    "information") in notices(app)
+        else:  # the engine's own text, shown as it is (read as markup, "[/]" raised)
+            assert ("Generation failed: out of memory [/] while reading the prompt", "error") in notices(app)
+            await pilot.pause(0.2)
 
 
 async def test_the_status_says_the_prompt_is_being_read_until_the_first_step() -> None:

@@ -5,7 +5,9 @@ Downloads go to a local fake Hub (tests/fakehub.py) and a cache in tmp_path; ses
 
 from __future__ import annotations
 
+import gc
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -61,17 +63,22 @@ default = true
 """
 
 
+PAIRED = {"remote-model": "local-model"}  # MODELS_TOML's default pairings
+
+
 class Loader:
-    """A ModelLoader that records its calls and returns FakeEngines (or raises for ``fail``)."""
+    """A ModelLoader that records its calls and returns FakeEngines (or raises for ``fail``).
+    A drafter None is the target's default pairing's, as ChatSession.load picks it."""
 
     def __init__(self, fail: str | None = None) -> None:
-        self.calls: list[tuple[str, str]] = []
+        self.calls: list[tuple[str, str | None]] = []
         self.fail = fail
 
-    def __call__(self, target: str, drafter: str) -> FakeEngine:
+    def __call__(self, target: str, drafter: str | None) -> FakeEngine:
         self.calls.append((target, drafter))
         if target == self.fail:
             raise RuntimeError(f"{target}: weights are corrupt\n(details)")
+        drafter = PAIRED.get(target, "none") if drafter is None else drafter
         return engine_named(target, None if drafter == "none" else drafter)
 
 
@@ -222,7 +229,8 @@ async def test_download_shows_progress_bars_then_switches_keeping_a_paired_draft
         assert label(screen, "total").startswith("total ") and "/ 400.0 kB" in label(screen, "total")
         assert "file 2/2" in label(screen, "title")
         await wait_for(pilot, lambda: loader.calls and app.session is not None and "remote-model" in app.session.description)
-        assert loader.calls == [("remote-model", "local-model")]  # the pairing keeps the drafter
+        # the pairing keeps the drafter: the default pairing's, passed as None to load it as at start-up
+        assert loader.calls == [("remote-model", None)] and app.session.drafter.name == "local-model"
         assert isinstance(app.screen, ChatScreen)
         assert any("Downloaded org/remote" in m for m, _ in notices(app))
         snap = hub.cached_snapshot("org/remote")
@@ -379,4 +387,240 @@ async def test_switching_back_to_a_target_brings_its_paired_drafter_back(fake: F
         assert "loads with its drafter local-model" in str(screen.query_one("#models-detail").render())
         await pick(pilot, screen, "remote-model")  # downloads it, then loads it with its drafter
         await wait_for(pilot, lambda: loader.calls and app.session is not None and "remote-model" in app.session.description)
-        assert loader.calls == [("remote-model", "local-model")]
+        assert loader.calls == [("remote-model", None)] and app.session.drafter.name == "local-model"
+
+
+# ---- overlapping loads: the last pick wins ------------------------------------------------------------
+class LoaderPerTarget(Loader):
+    """A Loader whose load of each of ``targets`` waits for that target's own event (loads that
+    overlap and end in any order)."""
+
+    def __init__(self, *targets: str, fail: str | None = None) -> None:
+        super().__init__(fail)
+        self.gates = {t: threading.Event() for t in targets}
+        self.started: list[str] = []
+
+    def __call__(self, target: str, drafter: str | None) -> FakeEngine:
+        self.started.append(target)
+        self.gates[target].wait(10)
+        return super().__call__(target, drafter)
+
+
+async def send_refused(pilot: Pilot, text: str) -> bool:
+    """Enter with ``text`` in the prompt: True if no reply started and the text stayed."""
+    app = pilot.app
+    assert isinstance(app, SpecChatApp)
+    prompt = app.query_one(PromptInput)
+    prompt.focus()
+    prompt.text = text
+    await pilot.press("enter")
+    await pilot.pause()
+    return not app.chat.busy and prompt.text == text
+
+
+async def test_a_pick_during_the_start_up_load_stays_when_that_load_ends_later(fake: FakeHub, models_file: Path) -> None:
+    """The real model's start-up load takes seconds, and users pick another model meanwhile: the
+    pick is what stays loaded (the start-up model, ending later, replaced it)."""
+    startup = threading.Event()
+
+    def factory() -> FakeEngine:
+        startup.wait(10)
+        return engine_named("local-model")
+
+    loader = Loader()
+    app = SpecChatApp(factory, model_loader=loader, models_file=str(models_file))  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.press("ctrl+o")
+        await wait_for(pilot, lambda: isinstance(app.screen, ModelsScreen))
+        await pilot.pause()
+        assert isinstance(app.screen, ModelsScreen)
+        await pick(pilot, app.screen, "cached-model")
+        await wait_for(pilot, lambda: app.session is not None)
+        startup.set()
+        await wait_for(pilot, lambda: not app.workers)
+        await pilot.pause()
+        assert "cached-model" in app.session.description and app.switching_to is None
+        assert "cached-model" in app.chat.status_line.status.model
+
+
+@pytest.mark.parametrize("first_fails", [False, True])
+async def test_a_superseded_pick_ending_first_is_dropped_and_sends_wait_for_the_last(
+        fake: FakeHub, models_file: Path, first_fails: bool) -> None:
+    """Two picks while the first loads: when the first ends (loaded or failed), nothing changes: no
+    model attached (a reply started then would have had the last pick attached in its middle), no
+    error blamed on the last pick, messages still wait; the last pick loads."""
+    loader = LoaderPerTarget("cached-model", "local-model", fail="cached-model" if first_fails else None)
+    app = make_app(models_file, loader, engine_named("gated-model"))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        first = app.session
+        await pick(pilot, await open_picker(pilot), "cached-model")
+        await wait_for(pilot, lambda: loader.started == ["cached-model"])
+        await pick(pilot, await open_picker(pilot), "local-model")
+        await wait_for(pilot, lambda: loader.started == ["cached-model", "local-model"])
+        loader.gates["cached-model"].set()
+        await wait_for(pilot, lambda: len(app.workers) == 1)
+        await pilot.pause()
+        assert app.session is first and app.switching_to is not None and app.switching_to.target == "local-model"
+        assert not any("Could not load" in m for m, _ in notices(app))
+        assert await send_refused(pilot, "hello?") and first.calls == []
+        assert any("Loading local-model: send when it is ready" in m for m, _ in notices(app))
+        loader.gates["local-model"].set()
+        await wait_for(pilot, lambda: app.switching_to is None)
+        assert "local-model" in app.session.description and "local-model" in app.chat.status_line.status.model
+
+
+async def test_a_superseded_pick_ending_last_does_not_replace_the_last(fake: FakeHub, models_file: Path) -> None:
+    loader = LoaderPerTarget("cached-model", "local-model")
+    app = make_app(models_file, loader, engine_named("gated-model"))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pick(pilot, await open_picker(pilot), "cached-model")
+        await wait_for(pilot, lambda: loader.started == ["cached-model"])
+        await pick(pilot, await open_picker(pilot), "local-model")
+        await wait_for(pilot, lambda: loader.started == ["cached-model", "local-model"])
+        loader.gates["local-model"].set()
+        await wait_for(pilot, lambda: app.switching_to is None)
+        loader.gates["cached-model"].set()
+        await wait_for(pilot, lambda: not app.workers)
+        await pilot.pause()
+        assert "local-model" in app.session.description and "local-model" in app.chat.status_line.status.model
+
+
+async def test_picking_the_model_in_use_while_another_loads_keeps_it(fake: FakeHub, models_file: Path) -> None:
+    """Changing one's mind back: the load in flight is dropped (it used to say "already loaded" and
+    let the other model replace it)."""
+    loader = LoaderPerTarget("cached-model")
+    first = engine_named("local-model")
+    app = make_app(models_file, loader, first)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pick(pilot, await open_picker(pilot), "cached-model")
+        await wait_for(pilot, lambda: loader.started == ["cached-model"])
+        await pick(pilot, await open_picker(pilot), "local-model")
+        await wait_for(pilot, lambda: app.switching_to is None and isinstance(app.screen, ChatScreen))
+        assert any("Keeping local-model" in m and "cached-model is dropped" in m for m, _ in notices(app))
+        loader.gates["cached-model"].set()
+        await wait_for(pilot, lambda: not app.workers)
+        await pilot.pause()
+        assert app.session is first and loader.started == ["cached-model"]
+
+
+# ---- a damaged paired drafter, external text, an unreadable cache, the strategy across a switch -------------
+DAMAGED_DRAFTER_TOML = """
+[[model]]
+name = "other"
+local = "other.gguf"
+role = ["target"]
+
+[[model]]
+name = "tiny"
+local = "tiny"
+role = ["target"]
+
+[[model]]
+name = "drafter"
+local = "drafter"
+role = ["drafter"]
+
+[[pairing]]
+target = "tiny"
+drafter = "drafter"
+default = true
+"""
+
+
+async def test_a_switch_to_a_target_whose_paired_drafter_is_damaged_loads_the_target_alone(tmp_path: Path) -> None:
+    """As at start-up, with the app's own loader (ChatSession.load): the target decodes alone and a
+    warning says why; the switch used to fail, the picker naming the pairing's drafter as a user's
+    ``--drafter`` does."""
+    from ..tiny import saved
+
+    shutil.copytree(saved("llama", str(tmp_path / "build")), tmp_path / "tiny")
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    shutil.copy(tmp_path / "tiny" / "config.json", drafter / "config.json")
+    # what a checkout without `git lfs pull` leaves in place of the weights
+    (drafter / "model.safetensors").write_text("version https://git-lfs.github.com/spec/v1\noid sha256:abc\nsize 55937694\n")
+    (tmp_path / "other.gguf").write_bytes(b"GGUF")
+    models = write_models_file(tmp_path, DAMAGED_DRAFTER_TOML)
+    app = SpecChatApp(lambda: engine_named("other"), models_file=str(models))  # type: ignore[arg-type, return-value]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pick(pilot, await open_picker(pilot), "tiny")
+        await wait_for(pilot, lambda: app.switching_to is None, timeout=120)
+        assert app.session.target.name == "tiny" and app.session.drafter is None
+        assert not any("Could not load" in m for m, _ in notices(app))
+        assert any("the paired drafter 'drafter' was not loaded" in m and "decoding without it" in m for m, _ in notices(app))
+    gc.unfreeze()  # the app froze a real engine into the heap: freed, or nanobind reports it leaked at exit
+
+
+async def test_text_from_the_user_models_toml_and_the_hub_is_shown_as_it_is(fake: FakeHub, tmp_path: Path) -> None:
+    """Toasts and labels read their text as markup unless told not to: a Hub id typed with "[/]"
+    crashed the app (MarkupError), as a models.toml name, a load error or a file name could."""
+    fake.add_repo("org/br", {"config.json": b"{}", "tokenizer[v2].json": b"t" * 50000, "model.safetensors": b"m" * 3000})
+    fake.delay_s, fake.chunk = 0.05, 4096
+    models = write_models_file(tmp_path, MODELS_TOML + '\n[[model]]\nname = "odd[/]name"\nlocal = "local.gguf"\nrole = ["target"]\n')
+    loader = Loader(fail="odd[/]name")
+    app = make_app(models, loader)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await open_picker(pilot)
+        assert "odd[/]name" in "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+        hub_id = screen.query_one(Input)
+        hub_id.focus()
+        hub_id.value = "org/x[/]"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: any("'org/x[/]' is not a Hub id" in m for m, _ in notices(app)))
+        hub_id.value = "org/br"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: "tokenizer" in label(screen, "file"))
+        assert label(screen, "file").startswith("tokenizer[v2].json ")
+        assert str(screen.query_one("#download-file", Label).render()).startswith("tokenizer[v2].json ")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatScreen))
+        await wait_for(pilot, lambda: app.switching_to is None)
+        await pick(pilot, await open_picker(pilot), "odd[/]name")
+        await wait_for(pilot, lambda: any("Could not load odd[/]name" in m for m, _ in notices(app)))
+        await pilot.pause(0.2)  # the toasts are drawn: a markup error would end the test here
+        assert any("odd[/]name: weights are corrupt" in m for m, _ in notices(app))
+
+
+async def test_an_unreadable_repo_folder_in_a_shared_cache_counts_as_not_downloaded(
+        fake: FakeHub, models_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another user's folder (mode 0700) in a shared HF cache: looking into it raises PermissionError
+    (simulated: these tests run as root, whom permissions do not stop), which crashed Ctrl+O."""
+    foreign = hub.default_cache_dir() / hub.repo_folder("org/remote")
+    (foreign / "blobs").mkdir(parents=True)
+    inside = str(foreign) + os.sep
+    real_stat, real_scandir = os.stat, os.scandir
+
+    def stat(path, *args, **kwargs):  # noqa: ANN001, ANN202 - os.stat's signature
+        if os.fspath(path).startswith(inside):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_stat(path, *args, **kwargs)
+
+    def scandir(path="."):  # noqa: ANN001, ANN202 - os.scandir's signature
+        if os.fspath(path).startswith(inside) or os.fspath(path) == str(foreign):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "stat", stat)
+    monkeypatch.setattr(os, "scandir", scandir)
+    assert hub.cached_snapshot("org/remote", "0" * 40) is None and not hub.has_partial("org/remote")
+    app = make_app(models_file, Loader())
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot)
+        assert status_cell(screen, "remote-model") == "not downloaded"
+
+
+async def test_a_strategy_picked_live_survives_a_switch(fake: FakeHub, models_file: Path) -> None:
+    """``--strategy`` chose the first model's strategy; reapplied at every switch, it undid the
+    strategy picked since with Ctrl+S. The pick stays where the new model can run it."""
+    from engine.strategy import preset
+
+    loader = Loader()
+    app = SpecChatApp(lambda: engine_named("local-model", drafter="local-model"), model_loader=loader,  # type: ignore[arg-type, return-value]
+                      models_file=str(models_file), initial_strategy=preset("tree"))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.session is not None)
+        assert app.session.strategy.name == "tree"
+        await pilot.press("ctrl+s")
+        assert app.session.strategy.name == "mab"
+        await pick(pilot, await open_picker(pilot), "remote-model")  # with its drafter
+        await wait_for(pilot, lambda: app.session is not None and "remote-model" in app.session.description)
+        assert app.session.strategy.name == "mab"
