@@ -8,7 +8,7 @@ import os
 # this 2-core machine with one competing process; with passive waits it kept 27. On a quiet
 # machine passive waits cost ~13% (31.5 vs 36.4 tok/s), so headless commands (generate, bench,
 # distill) switch back to active waits in engine.cli before torch loads — only when the machine
-# is idle (1-minute load < 0.5): a 2-thread bench beside one busy process measured 13x noise. An explicit OMP_WAIT_POLICY in the
+# is idle (< 0.5 cores busy over a short sample, engine.cli.cpu_busy): a 2-thread bench beside one busy process measured 13x noise. An explicit OMP_WAIT_POLICY in the
 # environment always wins.
 USER_OMP_WAIT_POLICY = os.environ.get("OMP_WAIT_POLICY")
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")

@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -135,19 +136,47 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
-def spin_headless(cmd: str, dtype: str | None, environ, load1: float) -> bool:
+HEADLESS = ("generate", "bench", "distill")
+
+
+def cpu_busy(sample_s: float = 0.15) -> float:
+    """How many cores are busy right now (other processes': this one has not started its work),
+    from /proc/stat over ``sample_s``; the 1-minute load average where that is unreadable. The load
+    average trails by minutes: a command started right after another one (`distill data && distill
+    train`) read ~2 and took passive waits, at half the training speed (2-core Zen 4, 2026-11-27:
+    4.5 s a step against 2.1 with active waits)."""
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:]]
+        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # all, idle + iowait
+
+    try:
+        t0, i0 = snap()
+        time.sleep(sample_s)
+        t1, i1 = snap()
+    except (OSError, ValueError, IndexError):
+        return os.getloadavg()[0]
+    if t1 <= t0:
+        return os.getloadavg()[0]
+    return (os.cpu_count() or 1) * (1.0 - (i1 - i0) / (t1 - t0))
+
+
+def spin_headless(cmd: str, dtype: str | None, environ, load1: float, torch_only: bool = False) -> bool:
     """Whether a command should switch torch's OpenMP threads to active waits (set before torch
     loads; an explicit OMP_WAIT_POLICY always wins). Only headless commands on an idle machine
-    (1-minute load < 0.5: under any other load spinning collapses, engine/__init__.py), and only
-    when every pass runs in torch: the C kernels off, or bf16 where the bf16 C pass does not apply
+    (< 0.5 cores busy, :func:`cpu_busy`: under any other load spinning collapses, engine/__init__.py), and only
+    when every pass runs in torch (``torch_only``: `distill train`, a Mamba-2 trained in torch,
+    twice as fast with active waits), the C kernels off, or bf16 where the bf16 C pass does not apply
     (no AVX-512 BF16: ``native.bf16_records_on``), where active waits are ~13% faster. Otherwise
     the C kernels' own pool (engine/native/pool.c) spins between regions and torch's actively
     spinning team would take its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active
     (bench/results/2026-11-25-pool.md); bf16 C pass 95 vs 66 (bench/results/2026-11-27-session23)."""
     from . import native  # no torch import: this runs before torch loads
 
-    if not (cmd in ("generate", "bench", "distill") and load1 < 0.5):
+    if not (cmd in HEADLESS and load1 < 0.5):
         return False
+    if torch_only:
+        return True
     # the CPU's flags, not the kernels: loading them here would start OpenMP (libgomp, shared with
     # torch) before the policy is set, and it reads the policy once, at load
     return not native.enabled(environ) or (dtype == "bf16" and not native.bf16_records_likely(environ))
@@ -182,8 +211,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
     from .errors import SpecchatError
 
-    if (user_omp_wait_policy is None and "torch" not in sys.modules
-            and spin_headless(args.cmd, getattr(args, "dtype", None), os.environ, os.getloadavg()[0])):
+    if (user_omp_wait_policy is None and "torch" not in sys.modules and args.cmd in HEADLESS
+            and spin_headless(args.cmd, getattr(args, "dtype", None), os.environ, cpu_busy(),
+                              torch_only=args.cmd == "distill" and getattr(args, "distill_cmd", None) == "train")):
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:

@@ -375,11 +375,13 @@ def cmd_train(args: argparse.Namespace) -> int:
     state_path = out / "train_state.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     step, order_seed = 0, 0
+    resumed_schedule = None  # (the schedule's last step, the warm-up's) as a resumed run left them
     if state_path.exists():
         st = torch.load(state_path, map_location="cpu", weights_only=True)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, order_seed = int(st["step"]), int(st["order_seed"])
+        resumed_schedule = st.get("schedule")
         print(f"resuming at step {step}", file=sys.stderr)
     elif not args.byte_level and not args.init and target is not None:
         with torch.no_grad():
@@ -418,6 +420,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     warm_end = None  # with --time-budget: the warm-up's length, fixed at the first estimate of the schedule's end
     marks = collections.deque(maxlen=6)  # (step, seconds) every 20 steps: the recent rate
+    if resumed_schedule is not None and args.time_budget > 0:
+        # until the first re-estimate (20 steps) a resumed run follows the schedule it left, not one
+        # ending at --steps (its warm-up then ran to step steps/20: 20 steps at ~1% of --lr); a
+        # finished one (continued with a new budget) starts its cosine again after the same warm-up
+        warm_end = resumed_schedule[1]
+        if resumed_schedule[0] > step:
+            total = min(args.steps, int(resumed_schedule[0]))
 
     def lr_at(s: int) -> float:
         warm = warm_end or max(1, total // 20)
@@ -489,7 +498,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         return loss_sum / max(1, n), hits / max(1, n)
 
     def save_state() -> None:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "order_seed": order_seed},
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "order_seed": order_seed,
+                    "schedule": [total, warm_end]},
                    state_path.with_suffix(".tmp"))
         state_path.with_suffix(".tmp").replace(state_path)
 

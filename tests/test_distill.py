@@ -119,6 +119,36 @@ def test_time_budget_schedule_follows_a_machine_that_slows_down(tmp_path, capsys
     assert float(lines[-3][2]) < 1e-4
 
 
+def test_a_resumed_time_budget_run_keeps_its_learning_rate(tmp_path, capsys, monkeypatch):
+    """A run stopped mid-schedule and resumed (--time-budget) follows the schedule it left until the
+    rate is measured again: it spent its first 20 resumed steps at ~1% of --lr (a warm-up to step
+    --steps/20 of a schedule ending at --steps)."""
+    import types
+
+    import engine.distill_train as dt
+
+    calls = [0]
+
+    def clock() -> float:  # 0.05 s a step; Ctrl-C at the 31st call of the first run
+        calls[0] += 1
+        if calls[0] == 31:
+            raise KeyboardInterrupt
+        return 0.05 * calls[0]
+
+    monkeypatch.setattr(dt, "time", types.SimpleNamespace(perf_counter=clock))
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    out = tmp_path / "t"
+    args = ["distill", "train", "--data", str(data), "--out", str(out), *_TINY, *_TINIER, "--steps", "100000",
+            "--time-budget", "12", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1000000"]
+    assert main(args) == 130
+    first = re.findall(r"step (\d+)/(\d+) loss [0-9.]+ lr ([0-9.e+-]+)", capsys.readouterr().err)
+    assert main(args) == 0
+    resumed = re.findall(r"step (\d+)/(\d+) loss [0-9.]+ lr ([0-9.e+-]+)", capsys.readouterr().err)
+    assert int(resumed[0][0]) > int(first[-1][0]) and int(resumed[0][1]) == int(first[-1][1])  # the same schedule
+    assert float(resumed[0][2]) > 0.5e-3  # where the first run's cosine was, not 1e-3 * 31/5000
+
+
 def test_distill_train_with_a_tokenizer_only_and_a_time_budget(tmp_path, smollm2_gguf_path, capsys):
     """A machine without the target's weights (a lent GPU) trains from the replies and a tokenizer
     directory; --time-budget stops it on time with the schedule ended, and saves a loadable drafter."""
