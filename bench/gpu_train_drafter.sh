@@ -22,6 +22,9 @@
 #              tracked tree is 111 MB: put /.gpu3/ and /assets/ in .git/info/exclude and
 #              `git rm -r --cached -q assets` for the call, `git reset -q assets` after.
 #   carry:   .gpu3 assets/distill/smollm2-gpu assets/distill/smollm2-eval
+#            (+ assets/distill/smollm2-copy, 0.7 MB, session 26's copy tasks: 64.2 MiB with the rest, so
+#            take bench/results out of the call's tree too, `git rm -r --cached -q bench/results`, 2.6 MB;
+#            then add it to both commands' --data)
 #   on the device (one call, timeout_s ~560):
 #     GPU_DRAFTER_NAME=gpu-byte bash bench/gpu_train_drafter.sh "$OUT" 450 --data .gpu3/old assets/distill/smollm2-gpu \
 #         --byte-level --d-model 256 --layers 4 --lr 3e-3 --batch 64 --eval-data assets/distill/smollm2-eval &
