@@ -18,7 +18,6 @@ import os
 import re
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -141,24 +140,16 @@ HEADLESS = ("generate", "bench", "distill")
 
 def cpu_busy(sample_s: float = 0.15) -> float:
     """How many cores are busy right now (other processes': this one has not started its work),
-    from /proc/stat over ``sample_s``; the 1-minute load average where that is unreadable. The load
+    over ``sample_s`` (psutil); the 1-minute load average where that cannot be read. The load
     average trails by minutes: a command started right after another one (`distill data && distill
     train`) read ~2 and took passive waits, at half the training speed (2-core Zen 4, 2026-11-27:
     4.5 s a step against 2.1 with active waits)."""
-    def snap() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            v = [int(x) for x in f.readline().split()[1:]]
-        return sum(v), v[3] + (v[4] if len(v) > 4 else 0)  # all, idle + iowait
+    import psutil  # no torch, no OpenMP: safe before the wait policy is set
 
     try:
-        t0, i0 = snap()
-        time.sleep(sample_s)
-        t1, i1 = snap()
-    except (OSError, ValueError, IndexError):
+        return (os.cpu_count() or 1) * psutil.cpu_percent(interval=sample_s) / 100.0
+    except (OSError, psutil.Error):
         return os.getloadavg()[0]
-    if t1 <= t0:
-        return os.getloadavg()[0]
-    return (os.cpu_count() or 1) * (1.0 - (i1 - i0) / (t1 - t0))
 
 
 def spin_headless(cmd: str, dtype: str | None, environ, load1: float, torch_only: bool = False) -> bool:

@@ -296,21 +296,18 @@ def test_headless_commands_spin_only_when_every_pass_is_in_torch():
 
 
 def test_idleness_is_measured_now_not_by_the_trailing_load_average(monkeypatch):
-    """engine/cli.cpu_busy: the cores busy over a short /proc/stat sample (the 1-minute load average
+    """engine/cli.cpu_busy: the cores busy over a short sample (the 1-minute load average
     trails by minutes: `distill data && distill train` started training at ~2 and passive waits,
-    half the speed); the load average where /proc/stat cannot be read."""
-    import builtins
-    import io
+    half the speed); the load average where that cannot be read."""
+    import psutil
 
     from engine import cli
 
-    snaps = iter(["cpu  100 0 100 800 0 0 0 0 0 0\n", "cpu  150 0 150 900 0 0 0 0 0 0\n"])  # 100 busy of 200 ticks
-    real_open = builtins.open
-    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: io.StringIO(next(snaps)) if f == "/proc/stat" else real_open(f, *a, **k))
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval: 50.0)  # 1 core of 2 busy
     monkeypatch.setattr(cli.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(cli.os, "getloadavg", lambda: (3.0, 3.0, 3.0))
     assert cli.cpu_busy(0.0) == 1.0
-    monkeypatch.setattr(builtins, "open", lambda f, *a, **k: (_ for _ in ()).throw(OSError("no /proc")))
+    monkeypatch.setattr(psutil, "cpu_percent", lambda interval: (_ for _ in ()).throw(OSError("no /proc")))
     assert cli.cpu_busy(0.0) == 3.0
 
 
