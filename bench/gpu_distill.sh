@@ -17,6 +17,22 @@
 #   call 3:  bash bench/gpu_distill.sh --fetch "$OUT" B    (the second drafter: a call returns 64 MiB)
 #   here:    cat DIR/A.tar.part-* | tar -x -C drafters/   (drafters/gpu-A-bf16, ready for --drafter)
 #
+# Data only (what session 26's CPU training showed the drafter lacks: on the three reply sets it
+# overfits from its second epoch while held-out agreement stays flat; a GPU writes replies ~40x
+# faster than this CPU, and the CPU trains at ~2,150 tokens/s: so a GPU's minutes are best spent on
+# new replies, trained on over the CPU sessions after):
+#   call 1:  carry .gpu1              bash bench/gpu_distill.sh --stash
+#   call 2:  carry .gpu2 (timeout_s 560; issue it within ~30 s of call 1, while the machine is warm)
+#                                     bash bench/gpu_distill.sh --gen "$OUT" 420 [SEED]
+#   here:    mkdir -p assets/distill/smollm2-gpu2 && cat DIR/gen.tar.part-* | tar -x -C assets/distill/smollm2-gpu2
+#            (responses.jsonl.xz, prompts.jsonl.xz, self_prompts.jsonl.xz, data.log; ~9 MB for 420 s
+#            at session 14's 16,812 reply tokens/s)
+# --gen: a fresh template set (SEED, default 2; sessions 1-13 used 0, session 14 used 1) and prompts
+# the target writes itself, none of the first set's prompts (a repeat of another set's prompt is
+# dropped when the sets are merged: `distill train --data` dedups nothing, so check with
+# prompt_ids), greedy fp32 replies for GEN_S seconds, xz'd.
+# CPU dry run: GPU_DISTILL_DEVICE=cpu GPU_DISTILL_SIZES="16 4 8" bash bench/gpu_distill.sh --gen OUT 30
+#
 # --run: eval replies (assets/prompts/bench.json, 128 tokens, for --eval-data), then new replies
 # for GEN_S seconds (a fresh template set, seed 1, and prompts the target writes itself, none of
 # the old prompts), merged with the old ones (a prompt already answered is not taken twice), then
@@ -48,6 +64,29 @@ case "${1:-}" in
     find .gpu2/site -name __pycache__ -prune -exec rm -rf {} +
     tar -C assets/distill/smollm2 -cf - responses.jsonl prompts.jsonl self_prompts.jsonl | xz -6 -T2 > .gpu2/old.tar.xz
     du -sh .gpu1 .gpu2
+    ;;
+--gen)
+    out=${2:?usage: gpu_distill.sh --gen OUT GEN_S [SEED]}
+    gen=${3:-420}
+    seed=${4:-2}
+    export PYTHONUNBUFFERED=1 SPECCHAT_QUANT=0 PYTHONPATH="$PWD/.gpu2/site${PYTHONPATH:+:$PYTHONPATH}"
+    rm -rf "$w" && mkdir -p "$w/old" "$w/gen"
+    first=.gpu1/$GGUF.part-1
+    [ -f "$first" ] || first=/tmp/keep/$GGUF.part-1
+    cat "$first" .gpu2/$GGUF.part-2 > "$w/$GGUF"
+    echo "$SHA  $w/$GGUF" | sha256sum -c - >&2
+    tar -xJf .gpu2/old.tar.xz -C "$w/old"
+    t0=$SECONDS
+    $py distill data --target "$w/$GGUF" --out "$w/gen" --device "$dev" --dtype fp32 --n "$n_templates" --seed "$seed" \
+        --exclude "$w/old" --self-prompts "$n_self" --batch "$batch" --max-new-tokens 192 --time-budget "$gen" \
+        2> "$w/gen/data.log" || { tail -c 2000 "$w/gen/data.log"; exit 1; }
+    echo "[$((SECONDS - t0)) s] $(wc -l < "$w/gen/responses.jsonl") replies" | tee -a "$w/gen/data.log" >&2
+    tr '\r' '\n' < "$w/gen/data.log" | tail -4 >&2
+    for f in responses.jsonl prompts.jsonl self_prompts.jsonl; do
+        [ -f "$w/gen/$f" ] && xz -6 -T0 "$w/gen/$f"
+    done
+    tar -C "$w/gen" -cf - . | split -b 15M - "$out/gen.tar.part-"
+    ls -la "$out"
     ;;
 --run)
     out=${2:?usage: gpu_distill.sh --run OUT GEN_S TRAIN_S}
@@ -116,7 +155,7 @@ EOF
     ls -la "$out"
     ;;
 *)
-    echo "usage: gpu_distill.sh --pack | --stash | --run OUT GEN_S TRAIN_S | --fetch OUT A|B" >&2
+    echo "usage: gpu_distill.sh --pack | --stash | --gen OUT GEN_S [SEED] | --run OUT GEN_S TRAIN_S | --fetch OUT A|B" >&2
     exit 2
     ;;
 esac

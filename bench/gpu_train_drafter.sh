@@ -33,6 +33,10 @@
 #   (checked on this CPU with --device cpu --steps 2; --init takes the drafter's own shape; the
 #   tokenizer comes from .gpu3/tok where the drafter's own is not there)
 #
+# Session 27's view: the GPU trains only ~10x this CPU's rate here (transformers' PyTorch Mamba-2 path),
+# while it writes replies ~40x faster, and the drafter already overfits the three reply sets: a
+# GPU session's first use is new replies (`bench/gpu_distill.sh --gen`, two calls), this script second.
+#
 # Both train under bf16 autocast on CUDA (`--amp auto`; TF32 for what stays fp32).
 # Writes $OUT/<name>.log and the trained directory, exported to bf16, as a tar in 15 MB pieces (a file that comes back
 # is at most 16 MiB; 4 pieces for a drafter of the shipped size). Defaults: the
