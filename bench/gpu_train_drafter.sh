@@ -33,7 +33,7 @@
 #   (checked on this CPU with --device cpu --steps 2; --init takes the drafter's own shape; the
 #   tokenizer comes from .gpu3/tok where the drafter's own is not there)
 #
-# Session 27's view: the GPU trains only ~10x this CPU's rate here (transformers' PyTorch Mamba-2 path),
+# Session 27's view: the H200 trained ~10x this CPU's tokens/s (two runs sharing it; transformers' PyTorch Mamba-2 path),
 # while it writes replies ~40x faster, and the drafter already overfits the three reply sets: a
 # GPU session's first use is new replies (`bench/gpu_distill.sh --gen`, two calls), this script second.
 #
