@@ -300,6 +300,13 @@ def pca_embedding(embed, d: int):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from .mamba2_train import lean_scan
+
+    with lean_scan():  # transformers' Mamba-2 through a leaner chunked scan (~1.25x a step on a CPU)
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     import torch
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
