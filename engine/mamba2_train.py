@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from typing import Iterator
 
 import torch
@@ -84,14 +85,15 @@ def chunk_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
 @contextlib.contextmanager
 def lean_scan() -> Iterator[bool]:
     """Within the block, transformers' Mamba-2 models run ``chunk_scan`` instead of their PyTorch
-    fallback, unless mamba_ssm (whose fused kernels transformers prefers) is installed. Yields
-    whether it swapped; the original is back on exit."""
+    fallback, unless mamba_ssm (whose fused kernels transformers prefers) is installed or
+    SPECCHAT_LEAN_SCAN=0 (A/B runs). Yields whether it swapped; the original is back on exit."""
     try:
         import transformers.models.mamba2.modeling_mamba2 as mm
     except ImportError:
         yield False
         return
-    if importlib.util.find_spec("mamba_ssm") is not None or not hasattr(mm, "mamba2_chunk_scan"):
+    if (os.environ.get("SPECCHAT_LEAN_SCAN") == "0" or importlib.util.find_spec("mamba_ssm") is not None
+            or not hasattr(mm, "mamba2_chunk_scan")):
         yield False
         return
     original = mm.mamba2_chunk_scan

@@ -94,3 +94,10 @@ def test_distill_train_runs_inside_the_swap(monkeypatch, tmp_path):
     original = mm.mamba2_chunk_scan
     assert distill_train.cmd_train(None) == 0
     assert seen == [mamba2_train.chunk_scan] and mm.mamba2_chunk_scan is original
+
+
+def test_the_swap_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("SPECCHAT_LEAN_SCAN", "0")
+    original = mm.mamba2_chunk_scan
+    with mamba2_train.lean_scan() as swapped:
+        assert not swapped and mm.mamba2_chunk_scan is original
