@@ -10,7 +10,8 @@ heads, and folds the decay into the operands of the state sums; the result is th
 (fp32 rounding aside; the tests compare values and gradients with transformers' own path).
 
 Measured on the 2-core Zen 4 EPYC (bf16 autocast, d480 x 3, 8 x 512 tokens, forward + backward,
-interleaved in one process): 3.2-3.6 s -> 2.5-2.7 s a step (bench/results/2026-11-27-session27/).
+interleaved in one process): 3.2-3.6 s -> 2.5-2.7 s; a whole `distill train` step, optimiser and output
+layer included, ~10-15% less (bench/results/2026-11-27-session27/).
 
 Only for training: the engine's own Mamba-2 (engine/models/mamba2.py) never calls transformers.
 """
