@@ -50,6 +50,18 @@ py="python3 -m engine.cli"
 dev=${GPU_DISTILL_DEVICE:-cuda}
 read -r n_templates n_self batch <<< "${GPU_DISTILL_SIZES:-40000 30000 512}"
 
+# the target from its two pieces (checked), the `gguf` package on the path, the first reply set in
+# $w/old, and an empty $w/$1 for the new replies
+assemble() {
+    export PYTHONUNBUFFERED=1 SPECCHAT_QUANT=0 PYTHONPATH="$PWD/.gpu2/site${PYTHONPATH:+:$PYTHONPATH}"
+    rm -rf "$w" && mkdir -p "$w/old" "$w/$1"
+    local first=.gpu1/$GGUF.part-1
+    [ -f "$first" ] || first=/tmp/keep/$GGUF.part-1
+    cat "$first" .gpu2/$GGUF.part-2 > "$w/$GGUF"
+    echo "$SHA  $w/$GGUF" | sha256sum -c - >&2
+    tar -xJf .gpu2/old.tar.xz -C "$w/old"
+}
+
 case "${1:-}" in
 --stash)
     mkdir -p /tmp/keep && cp .gpu1/$GGUF.part-1 /tmp/keep/ && ls -la /tmp/keep
@@ -69,13 +81,7 @@ case "${1:-}" in
     out=${2:?usage: gpu_distill.sh --gen OUT GEN_S [SEED]}
     gen=${3:-420}
     seed=${4:-2}
-    export PYTHONUNBUFFERED=1 SPECCHAT_QUANT=0 PYTHONPATH="$PWD/.gpu2/site${PYTHONPATH:+:$PYTHONPATH}"
-    rm -rf "$w" && mkdir -p "$w/old" "$w/gen"
-    first=.gpu1/$GGUF.part-1
-    [ -f "$first" ] || first=/tmp/keep/$GGUF.part-1
-    cat "$first" .gpu2/$GGUF.part-2 > "$w/$GGUF"
-    echo "$SHA  $w/$GGUF" | sha256sum -c - >&2
-    tar -xJf .gpu2/old.tar.xz -C "$w/old"
+    assemble gen
     t0=$SECONDS
     $py distill data --target "$w/$GGUF" --out "$w/gen" --device "$dev" --dtype fp32 --n "$n_templates" --seed "$seed" \
         --exclude "$w/old" --self-prompts "$n_self" --batch "$batch" --max-new-tokens 192 --time-budget "$gen" \
@@ -92,13 +98,7 @@ case "${1:-}" in
     out=${2:?usage: gpu_distill.sh --run OUT GEN_S TRAIN_S}
     gen=${3:-120}
     train=${4:-280}
-    export PYTHONUNBUFFERED=1 SPECCHAT_QUANT=0 PYTHONPATH="$PWD/.gpu2/site${PYTHONPATH:+:$PYTHONPATH}"
-    rm -rf "$w" && mkdir -p "$w/old" "$w/all"
-    first=.gpu1/$GGUF.part-1
-    [ -f "$first" ] || first=/tmp/keep/$GGUF.part-1
-    cat "$first" .gpu2/$GGUF.part-2 > "$w/$GGUF"
-    echo "$SHA  $w/$GGUF" | sha256sum -c - >&2
-    tar -xJf .gpu2/old.tar.xz -C "$w/old"
+    assemble all
     t0=$SECONDS
     log() { echo "[$((SECONDS - t0)) s] $*" | tee -a "$out/run.log" >&2; }
     log "eval replies"

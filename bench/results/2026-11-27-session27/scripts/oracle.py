@@ -8,8 +8,6 @@ Exact for greedy chains: a chain's j-th draft conditions on the j-1 drafts befor
 the true tokens wherever the chain is still being accepted, so "the run of consecutive hits from a
 position" is what a greedy loop with that source would accept (session 22 checked this for sd:5).
 """
-import json
-import lzma
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -23,14 +21,8 @@ from engine.drafters.model import ModelDrafter  # noqa: E402
 from engine.drafters.ngram import NgramDrafter  # noqa: E402
 from engine.loading import load  # noqa: E402
 
-
-def replies(data: Path):
-    for name in ("responses.jsonl", "responses.jsonl.xz"):
-        p = data / name
-        if p.exists():
-            with (lzma.open if name.endswith(".xz") else open)(p, "rt", encoding="utf-8") as f:
-                return [json.loads(line) for line in f]
-    raise SystemExit(f"{data}: no responses")
+sys.path.insert(0, str(REPO / "bench/results/2026-11-27-session26/scripts"))
+from tf_eval import replies  # noqa: E402  (session 26's reader of a data directory's replies)
 
 
 def chain(hit, k=5):
