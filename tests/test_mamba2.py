@@ -381,3 +381,34 @@ def test_advance_fast_steps_the_committed_state_like_prefill(tmp_path, monkeypat
     assert a.advance_fast([5]) is None  # outside fast_rows (verify numerics): the caller takes verify
     a.cache.rollback(0)
     assert a.cache.length == 0
+
+
+def test_advance_fast_over_several_tokens_is_the_same_as_one_token_steps(tmp_path, monkeypatch):
+    """advance_fast runs every catch-up token through each block in one C call (the projections over
+    all rows at once, engine/native/mamba2_step.c mamba2_layers_f32): the state and logits are those
+    of stepping the tokens one call at a time, bit for bit (the products are row-consistent), for
+    fp32 and Q8_0 (drafting) weights."""
+    from engine.loading import load
+    from engine.models import common
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    path = saved("mamba2", str(tmp_path))
+    for quant in (False, True):
+        a, b = load(str(path)).model, load(str(path)).model
+        for m in (a, b):
+            if quant:
+                m.quantize_for_drafting()
+            m.allocate()
+            m.prefill([3, 8, 1, 9, 4])
+        with common.fast_rows():
+            if a._native_step(a.cache.conv[:, None], a.cache.ssm[:, None]) is None:
+                pytest.skip("no C step here")
+            got = a.advance_fast([7, 2, 6, 5])
+            for t in (7, 2, 6):
+                assert b.advance_fast([t]) is not None
+            want = b.advance_fast([5])
+        assert a.cache.length == b.cache.length == 9
+        assert torch.equal(got, want)
+        assert torch.equal(a.cache.ssm, b.cache.ssm) and torch.equal(a.cache.conv, b.cache.conv)

@@ -637,20 +637,8 @@ class Mamba2(CausalLM):
         or None without ``want_logits`` (the head is most of a small drafter's step)."""
         x = self.embed[tokens].float()  # (B, D)
         lib = self._native_step(conv, ssm)
-        if lib is not None:  # a drafter's step on a CPU: each block in one C call (engine/native/mamba2_step.c)
-            from .. import native
-
-            c = self.cfg
-            x = x.contiguous()
-            for i, (norm, m) in enumerate(self.layers):
-                rc = lib.mamba2_block_f32(
-                    x.data_ptr(), x.shape[0], c.hidden_size, norm.data_ptr(), c.norm_eps, *m.w_in.native_weight(),
-                    conv[i].data_ptr(), m.conv_w.data_ptr(), None if m.conv_b is None else m.conv_b.data_ptr(), c.conv_kernel,
-                    m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), c.gate_norm_eps,
-                    *m.w_out.native_weight(), ssm[i].data_ptr(), c.num_heads, c.head_dim, c.state_size, c.n_groups,
-                    c.dt_limit[0], c.dt_limit[1], native.threads())
-                if rc:
-                    raise MemoryError("mamba2 step scratch allocation failed")
+        if lib is not None:  # a drafter's step on a CPU: every block in one C call (engine/native/mamba2_step.c)
+            x = self._c_layers(lib, x.contiguous(), tokens.shape[0], 1, conv, ssm)
         else:
             for i, (norm, mixer) in enumerate(self.layers):
                 x = x + mixer.step(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), conv[i], ssm[i])
@@ -659,8 +647,8 @@ class Mamba2(CausalLM):
     @torch.inference_mode()
     def advance_fast(self, tokens: list[int]) -> torch.Tensor | None:
         """A drafter keeping up with the conversation: the committed state stepped through
-        ``tokens`` in place by the C block (engine/native/mamba2_step.c), one token at a time, and
-        the last token's logits returned; None where the C step does not apply (then use verify /
+        ``tokens`` in place by the C blocks (engine/native/mamba2_step.c: the projections over all
+        the tokens at once, the recurrence one token at a time), and the last token's logits returned; None where the C step does not apply (then use verify /
         prefill). ~0.25 ms a token for the shipped drafter against ~1.6 ms for a torch verify pass
         of one token. Drafter numerics only (common.fast_rows), like every draft step. The commit
         keeps no activations, so a later rollback inside it rebuilds from 0 (the drafter's
@@ -670,12 +658,33 @@ class Mamba2(CausalLM):
         if not tokens or self._native_step(conv, ssm) is None or c.length + len(tokens) > c.capacity:
             return None
         c.clear_scratch()
-        out = None
-        for j, t in enumerate(tokens):  # only the last token's logits are wanted
-            out = self._step(conv, ssm, torch.tensor([t], dtype=torch.long), want_logits=j == len(tokens) - 1)
+        # every token in one call: the projections over all of them at once, the recurrence in order
+        x = self._c_layers(self._native_step(conv, ssm), self.embed[torch.tensor(tokens, dtype=torch.long)].float().contiguous(),
+                           1, len(tokens), conv, ssm)
         c._undo = None
         c.length += len(tokens)
-        return out[0]
+        return self.logits(rms_norm(x[-1:], self.norm_f, self.cfg.norm_eps))[0]
+
+    def _c_layers(self, lib, x: torch.Tensor, B: int, T: int, conv: torch.Tensor, ssm: torch.Tensor) -> torch.Tensor:
+        """x (B T, D) through every block by mamba2_layers_f32 (B rows of T tokens in order; the
+        states (L, B, ...) stepped in place); returns x."""
+        from .. import native
+
+        c = self.cfg
+        tab = self.__dict__.get("_c_tab")
+        if tab is None:  # the weights' pointers, once (quantize_for_drafting drops it)
+            rows = []
+            for norm, m in self.layers:
+                (wi, qi), (wo, qo) = m.w_in.native_weight(), m.w_out.native_weight()
+                rows.append([norm.data_ptr(), wi, qi, m.conv_w.data_ptr(), 0 if m.conv_b is None else m.conv_b.data_ptr(),
+                             m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), wo, qo])
+            tab = self.__dict__["_c_tab"] = torch.tensor(rows, dtype=torch.int64)
+        rc = lib.mamba2_layers_f32(x.data_ptr(), B, T, c.hidden_size, tab.data_ptr(), len(self.layers), c.norm_eps,
+                                   conv.data_ptr(), ssm.data_ptr(), c.conv_kernel, c.num_heads, c.head_dim, c.state_size,
+                                   c.n_groups, c.gate_norm_eps, c.dt_limit[0], c.dt_limit[1], native.threads())
+        if rc:
+            raise MemoryError("mamba2 step scratch allocation failed")
+        return x
 
     def quantize_for_drafting(self, act8: bool | None = None) -> int:
         """A drafter's fp32 projections and head in Q8_0 (engine/models/quant.py), a quarter of the
@@ -698,6 +707,7 @@ class Mamba2(CausalLM):
         n += q is not self.lm_head_t
         self.lm_head_t = q
         self._c_block_weights = None
+        self.__dict__.pop("_c_tab", None)
         return n
 
     def _native_step(self, conv: torch.Tensor, ssm: torch.Tensor):

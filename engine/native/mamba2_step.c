@@ -31,35 +31,40 @@ static int product(const float *x, int64_t R, int64_t K, const void *W, int qtyp
 static inline float silu(float v) { return v / (1.0f + expf(-v)); }
 static inline float softplus(float v) { return v > 20.0f ? v : log1pf(expf(v)); }
 
-/* x (B, Dm) residual, updated in place. conv (B, Cd, K-1) and ssm (B, H, P, N) states, updated in
- * place. w_in: linear.c blocks of (Dm -> I + Cd + H), or records of qtype q_in; w_out: the same for
- * (I -> Dm) with q_out. conv_w (K, Cd),
- * conv_b (Cd) or NULL, dt_bias (H), A (H), Dsk (H, P), gate_w (I), norm_w (Dm).
- * Returns 0, or 1 if scratch memory could not be allocated. */
-int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float eps,
-                     const void *w_in, int q_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
-                     const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
-                     const void *w_out, int q_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
-                     float dt_min, float dt_max, int nthreads) {
+/* B rows of T tokens each, in order (row b's tokens at x rows b T .. b T + T - 1): x (B T, Dm)
+ * residual, updated in place. conv (B, Cd, K-1) and ssm (B, H, P, N) states, one a row, updated in
+ * place token by token. w_in: linear.c blocks of (Dm -> I + Cd + H), or records of qtype q_in;
+ * w_out: the same for (I -> Dm) with q_out. conv_w (K, Cd), conv_b (Cd) or NULL, dt_bias (H), A (H),
+ * Dsk (H, P), gate_w (I), norm_w (Dm). T > 1 is a drafter catching up on several tokens: the two
+ * projections then run over all B T rows at once (the weights stream once, not once a token), and
+ * only the recurrence between them runs token by token. Returns 0, or 1 if scratch memory could
+ * not be allocated. */
+static int block(float *x, int64_t B, int64_t T, int64_t Dm, const float *norm_w, float eps,
+                 const void *w_in, int q_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
+                 const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
+                 const void *w_out, int q_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
+                 float dt_min, float dt_max, int nthreads) {
     const int64_t I = H * P, Cd = I + 2 * G * N, Z = I + Cd + H, R = H / G;
-    float *u = (float *)malloc(sizeof(float) * (size_t)(B * Dm + B * Z + B * Cd + B * I + B * Dm));
+    const int64_t BT = B * T;
+    float *u = (float *)malloc(sizeof(float) * (size_t)(BT * Dm + BT * Z + Cd + BT * I + BT * Dm));
     if (!u) return 1;
-    float *proj = u + B * Dm, *act = proj + B * Z, *y = act + B * Cd, *out = y + B * I;
-    for (int64_t b = 0; b < B; b++) {
+    float *proj = u + BT * Dm, *act = proj + BT * Z, *y = act + Cd, *out = y + BT * I;
+    for (int64_t b = 0; b < BT; b++) {
         const float *xr = x + b * Dm;
         double ss = 0.0;
         for (int64_t d = 0; d < Dm; d++) ss += (double)xr[d] * xr[d];
         const float r = 1.0f / sqrtf((float)(ss / Dm) + eps);
         for (int64_t d = 0; d < Dm; d++) u[b * Dm + d] = norm_w[d] * (xr[d] * r);
     }
-    if (product(u, B, Dm, w_in, q_in, Z, proj, nthreads)) {
+    if (product(u, BT, Dm, w_in, q_in, Z, proj, nthreads)) {
         free(u);
         return 1;
     }
     const int64_t k1 = K - 1;
-    for (int64_t b = 0; b < B; b++) {
-        const float *pz = proj + b * Z, *pxbc = pz + I, *pdt = pxbc + Cd;
-        float *cs = conv + b * Cd * k1, *a = act + b * Cd;
+    for (int64_t r = 0; r < BT; r++) { /* row b's tokens in order: each steps its state */
+        const int64_t b = r / T;
+        const float *pz = proj + r * Z, *pxbc = pz + I, *pdt = pxbc + Cd;
+        float *cs = conv + b * Cd * k1, *a = act;
         for (int64_t c = 0; c < Cd; c++) {
             float *st = cs + c * k1;
             float v = conv_b ? conv_b[c] : 0.0f;
@@ -70,7 +75,7 @@ int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float
             a[c] = silu(v);
         }
         const float *xs = a, *Bv = a + I, *Cv = Bv + G * N;
-        float *yr = y + b * I;
+        float *yr = y + r * I;
         for (int64_t h = 0; h < H; h++) {
             float dt = softplus(pdt[h] + dt_bias[h]);
             dt = dt < dt_min ? dt_min : (dt > dt_max ? dt_max : dt);
@@ -103,9 +108,42 @@ int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float
             for (int64_t i = 0; i < gi; i++) yg[i] = yg[i] * r * gate_w[g * gi + i];
         }
     }
-    int rc = product(y, B, I, w_out, q_out, Dm, out, nthreads);
+    int rc = product(y, BT, I, w_out, q_out, Dm, out, nthreads);
     if (!rc)
-        for (int64_t i = 0; i < B * Dm; i++) x[i] += out[i];
+        for (int64_t i = 0; i < BT * Dm; i++) x[i] += out[i];
     free(u);
     return rc;
+}
+
+/* One token a row (B rows): the block as engine/models/mamba2.py calls it layer by layer. */
+int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float eps,
+                     const void *w_in, int q_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
+                     const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
+                     const void *w_out, int q_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
+                     float dt_min, float dt_max, int nthreads) {
+    return block(x, B, 1, Dm, norm_w, eps, w_in, q_in, conv, conv_w, conv_b, K, dt_bias, A, Dsk, gate_w, gate_eps, w_out,
+                 q_out, ssm, H, P, N, G, dt_min, dt_max, nthreads);
+}
+
+/* per-layer table of int64 slots, filled once by engine/models/mamba2.py (_c_table) */
+enum { M_NORM, M_WIN, M_QIN, M_CONVW, M_CONVB, M_DTB, M_A, M_D, M_GATE, M_WOUT, M_QOUT, M_NSLOTS };
+
+/* Every block of a model in one call: x (B T, Dm) as block's; conv (nlayers, B, Cd, K-1) and
+ * ssm (nlayers, B, H, P, N), contiguous. A draft step was three calls from Python, each of ~25
+ * ctypes arguments, and catching up on T tokens was T such steps. Returns block's code. */
+int mamba2_layers_f32(float *x, int64_t B, int64_t T, int64_t Dm, const int64_t *tab, int64_t nlayers, float eps,
+                      float *conv, float *ssm, int64_t K, int64_t H, int64_t P, int64_t N, int64_t G, float gate_eps,
+                      float dt_min, float dt_max, int nthreads) {
+    const int64_t Cd = H * P + 2 * G * N;
+    for (int64_t l = 0; l < nlayers; l++) {
+        const int64_t *L = tab + l * M_NSLOTS;
+#define PTR(i) ((const float *)(intptr_t)L[i])
+        const int rc = block(x, B, T, Dm, PTR(M_NORM), eps, (const void *)(intptr_t)L[M_WIN], (int)L[M_QIN],
+                             conv + l * B * Cd * (K - 1), PTR(M_CONVW), PTR(M_CONVB), K, PTR(M_DTB), PTR(M_A), PTR(M_D),
+                             PTR(M_GATE), gate_eps, (const void *)(intptr_t)L[M_WOUT], (int)L[M_QOUT],
+                             ssm + l * B * H * P * N, H, P, N, G, dt_min, dt_max, nthreads);
+#undef PTR
+        if (rc) return rc;
+    }
+    return 0;
 }

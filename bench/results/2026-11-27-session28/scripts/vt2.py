@@ -3,10 +3,17 @@ PREFIX-token context (default 128), 25 repeats; prints the 4th-fastest / median 
 
     .venv/bin/python bench/results/2026-11-27-session28/scripts/vt2.py 5,6,8 LABEL [PREFIX]
 """
+import os
 import sys
 import time
 
-import torch
+# Session 29: torch read OMP_WAIT_POLICY at import, before engine/__init__.py set it to PASSIVE, so
+# this script first ran with libgomp's default spinning waits, the state in which the pass is slow
+# and bimodal from 6 rows on (torch's spinning worker takes the pool's second core for ~4 ms at a
+# time). The engine's commands never run so; set it here as they do.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 sys.path.insert(0, ".")
 from engine.loading import load  # noqa: E402
