@@ -395,7 +395,16 @@ def test_advance_fast_over_several_tokens_is_the_same_as_one_token_steps(tmp_pat
 
     monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
     path = saved("mamba2", str(tmp_path))
+    calls: list[int] = []
+
+    def counted(fn):
+        def run(lib, x, B, T, conv, ssm):
+            calls.append(T)
+            return fn(lib, x, B, T, conv, ssm)
+        return run
+
     for quant in (False, True):
+        calls.clear()
         a, b = load(str(path)).model, load(str(path)).model
         for m in (a, b):
             if quant:
@@ -405,10 +414,38 @@ def test_advance_fast_over_several_tokens_is_the_same_as_one_token_steps(tmp_pat
         with common.fast_rows():
             if a._native_step(a.cache.conv[:, None], a.cache.ssm[:, None]) is None:
                 pytest.skip("no C step here")
+            monkeypatch.setattr(a, "_c_layers", counted(a._c_layers))
             got = a.advance_fast([7, 2, 6, 5])
+            assert calls == [4]  # one call for the four tokens
             for t in (7, 2, 6):
                 assert b.advance_fast([t]) is not None
             want = b.advance_fast([5])
         assert a.cache.length == b.cache.length == 9
         assert torch.equal(got, want)
         assert torch.equal(a.cache.ssm, b.cache.ssm) and torch.equal(a.cache.conv, b.cache.conv)
+
+
+
+def test_advance_fast_takes_a_long_catch_up_in_chunks(tmp_path, monkeypatch):
+    """A catch-up longer than ADVANCE_ROWS goes in calls of at most that many tokens (bounded
+    scratch), with the same state and logits as one call."""
+    from engine.loading import load
+    from engine.models import common, mamba2
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    path = saved("mamba2", str(tmp_path))
+    a, b = load(str(path)).model, load(str(path)).model
+    toks = [(7 * i + 3) % 50 for i in range(23)]
+    for m in (a, b):
+        m.allocate()
+        m.prefill([3, 8, 1])
+    with common.fast_rows():
+        if a._native_step(a.cache.conv[:, None], a.cache.ssm[:, None]) is None:
+            pytest.skip("no C step here")
+        want = b.advance_fast(toks)
+        monkeypatch.setattr(mamba2, "ADVANCE_ROWS", 5)
+        got = a.advance_fast(toks)
+    assert a.cache.length == b.cache.length == 26
+    assert torch.equal(got, want) and torch.equal(a.cache.ssm, b.cache.ssm) and torch.equal(a.cache.conv, b.cache.conv)

@@ -31,10 +31,13 @@ from ..tree import TokenTree
 from .base import DraftRequest
 
 
-# up to this many new tokens, a recurrent drafter steps them (advance_fast) rather than prefilling:
-# the shipped drafter's C steps ~0.2-0.3 ms a token vs a torch prefill + verify pass ~11.5 ms for
-# 9-24 tokens (2-core Zen 4, q8 target; bench/drafter_confidence.py, bench/results/2026-11-25-q8.md)
-FAST_ADVANCE_MAX = 40
+# up to this many new tokens, a recurrent drafter steps them (advance_fast) rather than prefilling.
+# Since the C blocks take every catch-up token in one call (projections over all of them at once),
+# that is faster at every length measured: the shipped drafter 0.86 / 5.5 / 22 / 56 ms for 8 / 80 /
+# 400 / 1000 tokens against a torch prefill + verify pass's 8.3 / 19.3 / 48 / 116 (2-core Zen 4, bf16
+# target; bench/results/2026-11-27-session29 section 3). It was 40 while the C path stepped one
+# token a call: hybrid:auto's drafter, left out for 32+ steps, then caught up ~80 tokens in torch.
+FAST_ADVANCE_MAX = 1 << 30
 
 
 class ModelDrafter:

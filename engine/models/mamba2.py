@@ -45,6 +45,7 @@ from .common import as_t, mm, require, rms_norm, rows_fast, tensor_getter
 
 MODEL_TYPES = ("mamba2",)
 DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
+ADVANCE_ROWS = 256  # most catch-up tokens a C call of advance_fast takes
 
 
 # ---------------------------------------------------------------------------------------------
@@ -658,9 +659,12 @@ class Mamba2(CausalLM):
         if not tokens or self._native_step(conv, ssm) is None or c.length + len(tokens) > c.capacity:
             return None
         c.clear_scratch()
-        # every token in one call: the projections over all of them at once, the recurrence in order
-        x = self._c_layers(self._native_step(conv, ssm), self.embed[torch.tensor(tokens, dtype=torch.long)].float().contiguous(),
-                           1, len(tokens), conv, ssm)
+        lib = self._native_step(conv, ssm)
+        # the tokens in calls of up to ADVANCE_ROWS: in each, the projections over all of them at
+        # once, the recurrence in order (the chunks bound the call's scratch: ~16 KB a token)
+        for i in range(0, len(tokens), ADVANCE_ROWS):
+            part = tokens[i:i + ADVANCE_ROWS]
+            x = self._c_layers(lib, self.embed[torch.tensor(part, dtype=torch.long)].float().contiguous(), 1, len(part), conv, ssm)
         c._undo = None
         c.length += len(tokens)
         return self.logits(rms_norm(x[-1:], self.norm_f, self.cfg.norm_eps))[0]

@@ -696,3 +696,24 @@ async def test_a_loaded_session_is_frozen_out_of_the_collector_and_a_switch_unfr
         assert ref() is None, "the previous session's cyclic garbage was never collected"
     finally:
         gc.unfreeze()
+
+
+async def test_palette_screenshot_saves_without_a_downloads_folder(tmp_path, monkeypatch) -> None:
+    """The palette's Screenshot went to ~/Downloads and failed where there is none (servers,
+    containers): it now saves into the current directory there, and into Downloads where it exists."""
+    import app.main as main_mod
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("XDG_DOWNLOAD_DIR", str(home / "Downloads"))
+    monkeypatch.chdir(tmp_path)
+    assert main_mod.screenshot_dir() == tmp_path
+    app = make_app(FakeEngine(["Hello"]))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        app.action_screenshot()
+        await wait_for(pilot, lambda: list(tmp_path.glob("*.svg")))
+        assert "<svg" in next(tmp_path.glob("*.svg")).read_text()
+    (home / "Downloads").mkdir()
+    assert main_mod.screenshot_dir() == home / "Downloads"

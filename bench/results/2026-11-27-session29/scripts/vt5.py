@@ -11,7 +11,7 @@ sys.path.insert(0, ".")
 import torch
 from engine.loading import load
 from engine import native
-m = load("smollm2-135m-instruct", dtype="bf16").model
+m = load("smollm2-135m-instruct", dtype=os.environ.get("VT_DTYPE", "bf16")).model
 g = torch.Generator().manual_seed(0)
 V = m.vocab_size
 m.allocate(512)
