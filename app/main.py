@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from textual import work
@@ -93,6 +94,15 @@ def terminal_alive(fd: int) -> bool:
     import os
 
     return os.isatty(fd)
+
+
+def screenshot_dir() -> Path:
+    """Where the palette's Screenshot saves: the Downloads folder where there is one, else the
+    current directory."""
+    from platformdirs import user_downloads_path
+
+    downloads = user_downloads_path()
+    return downloads if downloads.is_dir() else Path.cwd()
 
 
 class SpecChatApp(App[None]):
@@ -264,6 +274,15 @@ class SpecChatApp(App[None]):
         self.notify(message.error, title=title, severity="error", timeout=10, markup=False)
 
     # ---- actions ---------------------------------------------------------------------------------
+    def deliver_screenshot(self, filename: str | None = None, path: str | None = None,
+                           time_format: str | None = None) -> str | None:
+        """The palette's Screenshot: Textual saves into the user's Downloads folder, and failed
+        ("Failed to save screenshot") where there is none, as on most servers and containers a
+        terminal app runs on; then it goes to the current directory (the notice names the file)."""
+        if path is None:
+            path = str(screenshot_dir())
+        return super().deliver_screenshot(filename, path, time_format)
+
     def action_cycle_strategy(self) -> None:
         """Switch to the next usable preset; the loop picks it up at its next step."""
         session = self.session
