@@ -203,9 +203,6 @@ def _load() -> ctypes.CDLL | None:
         lib.llama_rows_grouped.restype = ctypes.c_int
         lib.llama_rows_kv16_ok.argtypes = [i64]
         lib.llama_rows_kv16_ok.restype = ctypes.c_int
-        lib.mamba2_block_f32.argtypes = [p, i64, i64, p, f32, p, i32, p, p, p, i64, p, p, p, p, f32, p, i32, p, i64, i64, i64,
-                                         i64, f32, f32, i32]
-        lib.mamba2_block_f32.restype = ctypes.c_int
         lib.mamba2_layers_f32.argtypes = [p, i64, i64, i64, p, i64, f32, p, p, i64, i64, i64, i64, i64, f32, f32, f32, i32]
         lib.mamba2_layers_f32.restype = ctypes.c_int
         _lib = lib

@@ -1,5 +1,6 @@
-/* One Mamba-2 block for a batch of draft rows, fp32, in one call (engine/models/mamba2.py
- * Mamba2._step uses it for drafting; engine/native/__init__.py builds it beside linear.c).
+/* A Mamba-2 model's blocks for a batch of draft rows, fp32, in one call (engine/models/mamba2.py
+ * Mamba2._step drafts with it and advance_fast catches a drafter up on several tokens a row;
+ * engine/native/__init__.py builds it beside linear.c).
  *
  * Why: a drafter step is a few small products and ~40 tiny torch ops per layer; on a 2-core CPU
  * the ops' dispatch cost more than the products (a 5-token chain of the shipped d480 x 3 drafter:
@@ -115,17 +116,7 @@ static int block(float *x, int64_t B, int64_t T, int64_t Dm, const float *norm_w
     return rc;
 }
 
-/* One token a row (B rows): the block as engine/models/mamba2.py calls it layer by layer. */
-int mamba2_block_f32(float *x, int64_t B, int64_t Dm, const float *norm_w, float eps,
-                     const void *w_in, int q_in, float *conv, const float *conv_w, const float *conv_b, int64_t K,
-                     const float *dt_bias, const float *A, const float *Dsk, const float *gate_w, float gate_eps,
-                     const void *w_out, int q_out, float *ssm, int64_t H, int64_t P, int64_t N, int64_t G,
-                     float dt_min, float dt_max, int nthreads) {
-    return block(x, B, 1, Dm, norm_w, eps, w_in, q_in, conv, conv_w, conv_b, K, dt_bias, A, Dsk, gate_w, gate_eps, w_out,
-                 q_out, ssm, H, P, N, G, dt_min, dt_max, nthreads);
-}
-
-/* per-layer table of int64 slots, filled once by engine/models/mamba2.py (_c_table) */
+/* per-layer table of int64 slots, filled once by engine/models/mamba2.py (Mamba2._c_layers) */
 enum { M_NORM, M_WIN, M_QIN, M_CONVW, M_CONVB, M_DTB, M_A, M_D, M_GATE, M_WOUT, M_QOUT, M_NSLOTS };
 
 /* Every block of a model in one call: x (B T, Dm) as block's; conv (nlayers, B, Cd, K-1) and
