@@ -69,6 +69,14 @@ class _Source:
 
 CAL_BINS = 10
 CAL_PRIOR = 2.0  # pseudo-observations per bin at its mid-point: a calibrated drafter until shown otherwise
+# A bin's memory is bounded: past CAL_WINDOW judged tokens its counts shrink in proportion as new
+# ones come (an exponential window), and a new conversation carries at most CAL_CARRY of them. Its
+# counts used to grow without end, so after a reply stuck in a loop (SmolLM2 repeating a sentence
+# for 300 tokens: copied tokens right ~94% of the time) the copy bin kept that rate into the next
+# conversations, and the gate drafted 16-token copies that a normal reply rejected (the app, q8,
+# hybrid: x0.65 on the next reply, session 29).
+CAL_WINDOW = 256.0
+CAL_CARRY = 64.0
 COPIED = -1.0  # the confidence of a token copied from a context match (prompt lookup has no probability)
 COPIED_PRIOR = 0.5
 # Trees that mix sources (hybrid:auto: the context's copy, the datastore and a drafter model) keep
@@ -145,7 +153,9 @@ class DraftGate:
         of one conversation) carries over; acceptance rates, probes and step timings start over."""
         g = DraftGate(self.cost, self.decay, self.probe)
         for name, src in self.sources.items():
-            g.sources[name] = _Source(cal_hits=list(src.cal_hits), cal_n=list(src.cal_n))
+            keep = [min(1.0, CAL_CARRY / n) if n > 0 else 1.0 for n in src.cal_n]  # at most CAL_CARRY a bin
+            g.sources[name] = _Source(cal_hits=[h * k for h, k in zip(src.cal_hits, keep)],
+                                      cal_n=[n * k for n, k in zip(src.cal_n, keep)])
         g.drafter_costs, g._recheck = list(self.drafter_costs), self._recheck  # what the drafter model costs here
         g.catch_up_ms = self.catch_up_ms
         # and what it brings (tokens per ms, with vs without)
@@ -417,6 +427,10 @@ class DraftGate:
             for i, p in enumerate(confidence):
                 if parents[i] < 0 or parents[i] in on_path:
                     b = _bin(p)
+                    if s.cal_n[b] + 1.0 > CAL_WINDOW:  # the window: older tokens weigh less and less
+                        k = (CAL_WINDOW - 1.0) / s.cal_n[b]
+                        s.cal_n[b] *= k
+                        s.cal_hits[b] *= k
                     s.cal_n[b] += 1.0
                     s.cal_hits[b] += 1.0 if i in on_path else 0.0
         if s.probing:

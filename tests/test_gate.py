@@ -285,3 +285,25 @@ def test_sd_auto_charges_the_catch_up_from_the_replys_start_and_never_skips_a_pr
     monkeypatch.setattr(DraftGate, "drafting_pays", lambda self, lag=0: False)
     evs, _ = run_generation(dec, prompt, from_spec("sd:auto"), 12)
     assert [t for e in evs for t in e.emitted] == ref[:12] and len(calls) == len(evs)
+
+
+def test_calibration_memory_is_bounded_and_a_new_conversation_carries_little_of_it():
+    """A bin's counts stop growing at CAL_WINDOW (older judgements shrink in proportion), so a loop
+    of always-right copies is unlearnt within a window's worth of misses, not never; a new
+    conversation carries at most CAL_CARRY judgements a bin, at the same rate."""
+    from engine.gate import CAL_BINS, CAL_CARRY, CAL_WINDOW, COPIED
+
+    g = DraftGate(_cost())
+    for _ in range(2000):  # a reply stuck in a loop: every copied token right
+        g.observe("pld", 1, 1, 0.1, 1, confidence=[COPIED])
+    s = g.sources["pld"]
+    assert s.cal_n[CAL_BINS] <= CAL_WINDOW + 1e-9 and g.calibrated("pld", COPIED) > 0.99
+    for _ in range(int(CAL_WINDOW)):  # then every copy wrong
+        g.observe("pld", 1, 0, 0.1, 1, confidence=[COPIED])
+    assert g.calibrated("pld", COPIED) < 0.4
+    rate = g.calibrated("pld", COPIED)
+    nxt = g.carried()
+    assert nxt.sources["pld"].cal_n[CAL_BINS] == pytest.approx(CAL_CARRY)
+    assert nxt.calibrated("pld", COPIED) == pytest.approx(rate)
+    untouched = nxt.sources["pld"].cal_n[0]
+    assert untouched == pytest.approx(s.cal_n[0])  # a bin under the carry keeps its counts

@@ -344,6 +344,14 @@ static inline __attribute__((always_inline)) void rows_vnni(const int G, const i
     for (int r = 0; r < G; r++) a[r] = _mm512_loadu_ps(acc + r * JB);
     const __m512i low = _mm512_set1_epi8(15), flip = _mm512_set1_epi8((char)0x80);
     for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
+        /* from 3 rows on, the next column block's record at this offset into L2 (as bf16_rows.c's
+         * rows_vec): a pass of several rows computes long enough per byte that the hardware's own
+         * prefetch of this block alone left the memory idle. SmolLM2's q8 verify pass, 2-core Zen 4
+         * (`specchat bench --verify-cost`, two runs each): 8 rows 5.48/5.30 -> 3.84/3.95 ms, 16
+         * rows 10.30/10.07 -> 6.87/6.87, 1-4 rows unchanged (bench/results/2026-11-27-session29).
+         * A prefetch past the weights' end does not fault. */
+        if (G > 2)
+            for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)(rec + nkb * rb + o), _MM_HINT_T1);
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
         __m512i w[8];
         __m512 m = _mm512_setzero_ps();
