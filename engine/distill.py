@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import os
 import random
 import sys
@@ -46,8 +47,9 @@ def add_parser(sub) -> None:
     data.add_argument("--limit", type=int, default=None, help="stop after this many new replies (for tests)")
     data.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the target decodes (a GPU: "
                       "the dequantised weights, --dtype bf16 unless given; use a large --batch)")
-    data.add_argument("--exclude", default=None, metavar="DIR",
-                      help="skip the prompts of another `distill data` directory (more data, not the same again)")
+    data.add_argument("--exclude", default=None, nargs="+", metavar="DIR",
+                      help="skip the prompts of other `distill data` directories (more data, not the same again; "
+                      "their prompts.jsonl and self_prompts.jsonl, plain or .xz)")
     data.add_argument("--time-budget", type=float, default=0.0, metavar="S",
                       help="stop taking new replies after S seconds (0: no limit); a rerun resumes")
     ng = dsub.add_parser("ngram", help="an n-gram datastore of the target's replies, for pld:auto (engine/drafters/corpus.py)")
@@ -130,14 +132,21 @@ def _drop_partial_tail(path: Path) -> None:
             f.truncate(data.rfind(b"\n") + 1)
 
 
+PROMPT_FILES = ("prompts.jsonl", "prompts.jsonl.xz", "self_prompts.jsonl", "self_prompts.jsonl.xz")
+
+
 def read_prompts(path: Path) -> list[dict]:
     """The prompt records of a prompts.jsonl / self_prompts.jsonl ({"id", "kind", "text"} a line); a
     damaged line is a one-line error naming the file and line (a last line cut by a kill is skipped)."""
     from .errors import SpecchatError
 
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        if path.suffix == ".xz":  # a shipped set's prompts (assets/distill/*/prompts.jsonl.xz)
+            with lzma.open(path, "rt", encoding="utf-8") as f:
+                text = f.read()
+        else:
+            text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError, EOFError, lzma.LZMAError) as e:
         raise SpecchatError(f"{path}: cannot read the prompts ({' '.join(str(e).split()) or type(e).__name__})") from None
     lines, out = text.splitlines(), []
     for n, line in enumerate(lines, 1):
@@ -283,11 +292,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     else:
         prompts = make_prompts(args.n, args.seed)
     exclude: frozenset[str] = frozenset()
-    if args.exclude:
-        if not any((Path(args.exclude) / n).exists() for n in ("prompts.jsonl", "self_prompts.jsonl")):
-            raise SpecchatError(f"--exclude {args.exclude}: not a `distill data` directory (no prompts.jsonl or self_prompts.jsonl)")
-        exclude = frozenset(p["text"] for name in ("prompts.jsonl", "self_prompts.jsonl")
-                            if (Path(args.exclude) / name).exists() for p in read_prompts(Path(args.exclude) / name))
+    for d in args.exclude or ():
+        files = [Path(d) / name for name in PROMPT_FILES if (Path(d) / name).exists()]
+        if not files:
+            raise SpecchatError(f"--exclude {d}: not a `distill data` directory (no prompts.jsonl or self_prompts.jsonl)")
+        exclude = exclude | frozenset(p["text"] for f in files for p in read_prompts(f))
+    if exclude:
         prompts = [p for p in prompts if p["text"] not in exclude]
     if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
         prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))

@@ -358,6 +358,26 @@ def test_distill_data_exclude_skips_another_sets_prompts(tmp_path, smollm2_gguf_
     assert main(["distill", "data", "--out", str(new), "--n", "6", "--exclude", str(tmp_path / "nope")]) == 2
 
 
+def test_distill_data_excludes_several_sets_shipped_as_xz(tmp_path, smollm2_gguf_path):
+    """`--exclude A B`: the prompts of both sets are skipped, a set's prompts.jsonl.xz (as the
+    shipped assets/distill/* keep them) read as the plain file."""
+    import lzma
+
+    from engine.distill_prompts import make_prompts
+
+    pool = make_prompts(8, 1)
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "prompts.jsonl").write_text("".join(json.dumps(p) + "\n" for p in pool[:2]))
+    with lzma.open(b / "prompts.jsonl.xz", "wt") as f:
+        f.write("".join(json.dumps(p) + "\n" for p in pool[2:5]))
+    new = tmp_path / "new"
+    assert main(["distill", "data", "--out", str(new), "--n", "8", "--seed", "1", "--exclude", str(a), str(b),
+                 "--batch", "4", "--max-new-tokens", "2"]) == 0
+    texts = {json.loads(x)["text"] for x in (new / "prompts.jsonl").read_text().splitlines()}
+    assert texts == {p["text"] for p in pool[5:]}
+
+
 def test_distill_train_reads_several_sets_and_xz(tmp_path):
     """`--data A B` trains on both sets; a set shipped as responses.jsonl.xz reads as the plain file."""
     import lzma
