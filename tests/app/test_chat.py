@@ -713,7 +713,8 @@ async def test_palette_screenshot_saves_without_a_downloads_folder(tmp_path, mon
     async with app.run_test(size=SIZE) as pilot:
         await ready(pilot)
         app.action_screenshot()
-        await wait_for(pilot, lambda: list(tmp_path.glob("*.svg")))
-        assert "<svg" in next(tmp_path.glob("*.svg")).read_text()
+        # the driver writes the file after the notice is queued: wait for the whole SVG
+        await wait_for(pilot, lambda: any("</svg>" in f.read_text() for f in tmp_path.glob("*.svg")))
+        assert next(tmp_path.glob("*.svg")).read_text().lstrip().startswith("<svg")
     (home / "Downloads").mkdir()
     assert main_mod.screenshot_dir() == home / "Downloads"
