@@ -1,6 +1,7 @@
 """How well a drafter's own probability predicts acceptance, and what catching up costs it.
 
     .venv/bin/python bench/drafter_confidence.py [--drafter assets/mamba-drafter-smollm2] [--max-new-tokens 128]
+        [--dtype auto] [--lengths 1,2,4,8,16,24,32,48] [--catch-up-only]
 
 1. Calibration: the target's greedy replies to the evaluation prompts (assets/prompts/bench.json),
    then the drafter teacher-forced over prompt + reply: for every reply token, the drafter's
@@ -32,16 +33,27 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--drafter", default="assets/mamba-drafter-smollm2")
     ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="auto", help="the target's compute type")
+    ap.add_argument("--lengths", default="1,2,4,8,16,24,32,48", help="catch-up lengths (new tokens) to time")
+    ap.add_argument("--catch-up-only", action="store_true", help="only part 2 (the catch-up table)")
     args = ap.parse_args()
-    s = ChatSession.load(drafter=args.drafter, dtype="auto")
+    s = ChatSession.load(drafter=args.drafter, dtype=args.dtype)
     dec, dr = s.decoder, s.decoder.drafters["model"]
     print(f"target {s.target.description if hasattr(s.target, 'description') else ''} dtype {dec.target.dtype}")
+    if not args.catch_up_only:
+        calibration(s, args.max_new_tokens)
+    catch_up_table(dr, [int(n) for n in args.lengths.split(",")])
+
+
+def calibration(s, max_new_tokens: int) -> None:
+    """Part 1: the drafter's and the datastore's teacher-forced agreement, by the drafter's p."""
+    dec, dr = s.decoder, s.decoder.drafters["model"]
     bins = [[0, 0] for _ in range(10)]
     ds_hits, dr_hits = [0, 0], [0]
     for p in load_prompts(None):
         ids = s.encode_chat([{"role": "user", "content": p["text"]}])
         dec.reset()
-        evs, _ = run_generation(dec, ids, preset("ar"), args.max_new_tokens)
+        evs, _ = run_generation(dec, ids, preset("ar"), max_new_tokens)
         reply = [t for e in evs for t in e.emitted]
         with torch.inference_mode():
             m = dr.model.with_own_cache()
@@ -67,9 +79,13 @@ def main() -> None:
     print("\n| drafter's p | tokens | matched the target |\n|---|---|---|")
     for i, (n, h) in enumerate(bins):
         print(f"| {i / 10:.1f}-{(i + 1) / 10:.1f} | {n} | {h / max(n, 1):.2f} |")
+
+
+def catch_up_table(dr, lengths: list[int]) -> None:
+    """Part 2: ModelDrafter._sync over n new tokens after 100, the C blocks against torch, median of 5."""
     print("\n| new tokens | C steps (ms) | torch prefill + verify (ms) |\n|---|---|---|")
-    hist = list(range(1000, 1200))
-    for n in (1, 2, 4, 8, 16, 24, 32, 48):
+    hist = list(range(1000, 1100 + max(lengths)))
+    for n in lengths:
         row = []
         for limit in (10 ** 6, 0):
             dm.FAST_ADVANCE_MAX = limit

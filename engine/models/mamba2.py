@@ -656,10 +656,10 @@ class Mamba2(CausalLM):
         ``_recurrent_rollback``): drafters only roll back when the conversation is edited."""
         c = self.cache
         conv, ssm = c.conv[:, None], c.ssm[:, None]  # (L, 1, C, K-1), (L, 1, H, P, N): views of the state
-        if not tokens or self._native_step(conv, ssm) is None or c.length + len(tokens) > c.capacity:
+        lib = self._native_step(conv, ssm) if tokens else None
+        if lib is None or c.length + len(tokens) > c.capacity:
             return None
         c.clear_scratch()
-        lib = self._native_step(conv, ssm)
         # the tokens in calls of up to ADVANCE_ROWS: in each, the projections over all of them at
         # once, the recurrence in order (the chunks bound the call's scratch: ~16 KB a token)
         for i in range(0, len(tokens), ADVANCE_ROWS):
