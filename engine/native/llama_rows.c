@@ -25,6 +25,9 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define LR_VEC 1
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#define LR_V512 1 /* attend_group in 16 lanes: the same operations on each value, so the same bits */
+#endif
 #endif
 
 int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
@@ -151,6 +154,27 @@ static inline __attribute__((always_inline)) __m256 kv8(const void *base, int64_
     return _mm256_loadu_ps((const float *)base + i);
 }
 
+/* the largest of vmax's eight lanes, in every lane */
+static inline __m256 max8(__m256 vmax) {
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    return _mm256_set1_ps(_mm_cvtss_f32(m4));
+}
+
+/* a query's c kept scores sg[0, c) -> e^(s - mx) in place (padded with zeros to a multiple of 8),
+ * summed in eight lanes over the keys in order, then the fixed tree; returns 1 / the sum */
+static inline float exp_in_place(float *sg, int64_t c, __m256 mx) {
+    for (int64_t j = c; j < ((c + 7) & ~(int64_t)7); j++) sg[j] = -INFINITY;
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t j0 = 0; j0 < c; j0 += 8) {
+        const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j0), mx));
+        vsum = _mm256_add_ps(vsum, e);
+        _mm256_storeu_ps(sg + j0, e);
+    }
+    return 1.0f / hsum8(vsum);
+}
+
 #define GQ 24 /* most queries attend_group takes at once */
 /* attend_row (below: what one head computes, and why its bits depend on nothing else) for ng <= GQ
  * queries that share a KV head (GQA): query g at q[g], its mask row mrow[g] (NULL: sees every key),
@@ -208,21 +232,10 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
     for (int g = 0; g < ng; g++) {
         float *sg = s + g * ss;
         int32_t *ig = idx + g * ss;
-        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vmax[g]), _mm256_extractf128_ps(vmax[g], 1));
-        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-        const __m256 mx = _mm256_set1_ps(_mm_cvtss_f32(m4));
         int64_t c = 0;
         for (int64_t j = 0; j < end; j++)
             if (sg[j] != -INFINITY) { sg[c] = sg[j]; ig[c++] = (int32_t)j; }
-        for (int64_t j = c; j < ((c + 7) & ~(int64_t)7); j++) sg[j] = -INFINITY;
-        __m256 vsum = _mm256_setzero_ps();
-        for (int64_t j0 = 0; j0 < c; j0 += 8) {
-            const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sg + j0), mx));
-            vsum = _mm256_add_ps(vsum, e);
-            _mm256_storeu_ps(sg + j0, e);
-        }
-        inv[g] = 1.0f / hsum8(vsum);
+        inv[g] = exp_in_place(sg, c, max8(vmax[g]));
         n[g] = c;
         nmax = c > nmax ? c : nmax;
     }
@@ -268,11 +281,138 @@ static inline __attribute__((always_inline)) void attend_group_nv(const int64_t 
     }
 }
 
+#ifdef LR_V512
+/* attend_group_nv in 512-bit registers (E % 16 == 0): every value goes through the same operations
+ * in the same order as there, so a row's bits are the AVX2 build's.
+ * - scores: two keys a register (key 2p in lanes 0-7, key 2p + 1 in lanes 8-15; the block's keys
+ *   copied once, paired, for all the queries), each lane's product chain over the features in
+ *   order as before, then the halves folded by the same tree of hadds;
+ * - the keys a query sees compacted sixteen at a time (register compress: the same order);
+ * - value sums sixteen features a register (elementwise: the same chains over keys). */
+static inline __attribute__((always_inline)) __m512 kv16x(const void *base, int64_t i, const int bf) {
+    if (bf)
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + i))), 16));
+    return _mm512_loadu_ps((const float *)base + i);
+}
+
+static inline __attribute__((always_inline)) void attend_group_nv512(const int64_t nv, const int bf, const float *const *q, int ng,
+                                                                      const void *Kc, const void *Vc, const uint8_t *const *mrow, int64_t end,
+                                                                      int64_t E, float scale, float *s, int32_t *idx, int64_t ss,
+                                                                      float *const *out) {
+    const __m256 vscale = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax[GQ];
+    for (int g = 0; g < ng; g++) vmax[g] = ninf;
+    /* the block's 8 keys as 4 pairs: pair p, feature chunk c at kp + (p nv + c) 16 (key 2p's 8
+     * features, then key 2p + 1's); keys past the end are zeros (their lanes are masked) */
+    float kp[4 * 16 * 16] __attribute__((aligned(64)));
+    for (int64_t j0 = 0; j0 < end; j0 += 8) {
+        for (int64_t k = 0; k < 8; k++) {
+            float *dst = kp + (k >> 1) * nv * 16 + (k & 1) * 8;
+            if (j0 + k < end)
+                for (int64_t c = 0; c < nv; c++) _mm256_store_ps(dst + c * 16, kv8(Kc, (j0 + k) * E + 8 * c, bf));
+            else
+                for (int64_t c = 0; c < nv; c++) _mm256_store_ps(dst + c * 16, _mm256_setzero_ps());
+        }
+        __m256 vkeep = _mm256_setzero_ps();
+        for (int g = 0; g < ng; g++) {
+            if (g == 0 || mrow[g] != mrow[g - 1]) {
+                float keep[8];
+                for (int k = 0; k < 8; k++) keep[k] = (j0 + k < end && (!mrow[g] || mrow[g][j0 + k])) ? 0.0f : -INFINITY;
+                vkeep = _mm256_loadu_ps(keep);
+            }
+            __m512 qv[16];
+            for (int64_t c = 0; c < nv; c++) qv[c] = _mm512_broadcast_f32x8(_mm256_loadu_ps(q[g] + 8 * c));
+            __m256 pair[4];
+            for (int p = 0; p < 4; p++) {
+                __m512 a = _mm512_setzero_ps();
+                if (j0 + 2 * p < end)
+                    for (int64_t c = 0; c < nv; c++) a = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kp + (p * nv + c) * 16), a);
+                pair[p] = _mm256_hadd_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+            }
+            const __m256 s0123 = _mm256_hadd_ps(pair[0], pair[1]);
+            const __m256 s4567 = _mm256_hadd_ps(pair[2], pair[3]);
+            __m256 sc = _mm256_mul_ps(_mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31)), vscale);
+            sc = _mm256_add_ps(sc, vkeep);
+            vmax[g] = _mm256_max_ps(vmax[g], sc);
+            _mm256_storeu_ps(s + g * ss + j0, sc);
+        }
+    }
+    int64_t n[GQ], nmax = 0;
+    float inv[GQ];
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY);
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int g = 0; g < ng; g++) {
+        float *sg = s + g * ss;
+        int32_t *ig = idx + g * ss;
+        int64_t c = 0, j = 0;
+        /* compaction in place: a block is loaded before anything is stored over it, and the
+         * 16-lane stores end at or before the block's end (c <= j) */
+        for (; j + 16 <= end; j += 16) {
+            const __m512 v = _mm512_loadu_ps(sg + j);
+            const __mmask16 keep = _mm512_cmp_ps_mask(v, ninf16, _CMP_NEQ_UQ);
+            _mm512_storeu_ps(sg + c, _mm512_maskz_compress_ps(keep, v));
+            _mm512_storeu_si512(ig + c, _mm512_maskz_compress_epi32(keep, _mm512_add_epi32(iota, _mm512_set1_epi32((int)j))));
+            c += __builtin_popcount((unsigned)keep);
+        }
+        for (; j < end; j++)
+            if (sg[j] != -INFINITY) { sg[c] = sg[j]; ig[c++] = (int32_t)j; }
+        inv[g] = exp_in_place(sg, c, max8(vmax[g]));
+        n[g] = c;
+        nmax = c > nmax ? c : nmax;
+    }
+    for (int64_t c0 = 0; c0 < nv; c0 += 8) { /* value sums, 64 features at a time in registers */
+        const int64_t nc = (nv - c0 < 8 ? nv - c0 : 8) / 2; /* 16-feature registers */
+        float held[GQ][64] __attribute__((aligned(64)));
+        for (int g = 0; g < ng; g++) memset(held[g], 0, sizeof held[g]);
+        float vbuf[16 * 64] __attribute__((aligned(64)));
+        for (int64_t t0 = 0; t0 < nmax; t0 += 16) {
+            const int64_t tb = t0 + 16 < nmax ? t0 + 16 : nmax;
+            if (ng > 1)
+                for (int64_t t = t0; t < tb; t++)
+                    for (int64_t c = 0; c < nc; c++) _mm512_store_ps(vbuf + (t - t0) * 64 + 16 * c, kv16x(Vc, t * E + 8 * c0 + 16 * c, bf));
+            for (int g = 0; g < ng; g++) {
+                const int64_t t1 = t0 + 16 < n[g] ? t0 + 16 : n[g];
+                if (t0 >= t1) continue;
+                const float *sg = s + g * ss;
+                const int32_t *ig = idx + g * ss;
+                __m512 o[4];
+                for (int64_t c = 0; c < nc; c++) o[c] = _mm512_load_ps(held[g] + 16 * c);
+                if (ng > 1 && ig[t0] == t0 && ig[t1 - 1] == t1 - 1) {
+                    for (int64_t t = t0; t < t1; t++) {
+                        const __m512 pj = _mm512_set1_ps(sg[t]);
+                        for (int64_t c = 0; c < nc; c++) o[c] = _mm512_fmadd_ps(pj, _mm512_load_ps(vbuf + (t - t0) * 64 + 16 * c), o[c]);
+                    }
+                } else {
+                    for (int64_t t = t0; t < t1; t++) {
+                        const __m512 pj = _mm512_set1_ps(sg[t]);
+                        const int64_t vr = (int64_t)ig[t] * E + 8 * c0;
+                        for (int64_t c = 0; c < nc; c++) o[c] = _mm512_fmadd_ps(pj, kv16x(Vc, vr + 16 * c, bf), o[c]);
+                    }
+                }
+                for (int64_t c = 0; c < nc; c++) _mm512_store_ps(held[g] + 16 * c, o[c]);
+            }
+        }
+        for (int g = 0; g < ng; g++) {
+            const __m512 vinv = _mm512_set1_ps(inv[g]);
+            for (int64_t c = 0; c < nc; c++)
+                _mm512_storeu_ps(out[g] + 8 * c0 + 16 * c, _mm512_mul_ps(_mm512_load_ps(held[g] + 16 * c), vinv));
+        }
+    }
+}
+#endif
+
 /* E / 8 a compile-time constant for the common head sizes (SmolLM2: 64): the feature loops unroll
  * into registers instead of a chain of runtime bound checks and stack spills (the scores' loop
  * spent a third of its time there, perf, 8-row pass). Same operations in the same order. */
 static void attend_group(const float *const *q, int ng, const void *Kc, const void *Vc, int bf, const uint8_t *const *mrow,
                          int64_t end, int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
+#ifdef LR_V512
+#define AG(NV, BF) attend_group_nv512(NV, BF, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out)
+    if (E == 64) { if (bf) AG(8, 1); else AG(8, 0); return; }
+    if (E == 128) { if (bf) AG(16, 1); else AG(16, 0); return; }
+    if (E % 16 == 0) { if (bf) AG(E / 8, 1); else AG(E / 8, 0); return; }
+#undef AG
+#endif
 #define AG(NV, BF) attend_group_nv(NV, BF, q, ng, Kc, Vc, mrow, end, E, scale, s, idx, ss, out)
     if (E == 64) { if (bf) AG(8, 1); else AG(8, 0); }
     else if (E == 128) { if (bf) AG(16, 1); else AG(16, 0); }
