@@ -21,6 +21,7 @@ from textual.worker import get_current_worker
 from engine.session import ChatEngine, leading_system, strategy_label
 from engine.strategy import StrategyError
 
+from ..gc_hold import FULL_COLLECTIONS
 from ..keys import app_keys
 from ..reply import ReplyRun, add_change
 from ..store import ChatStore, StoreError, strategy_from_dict, title_from
@@ -166,6 +167,7 @@ class ChatScreen(Screen[None]):
         self._reply: ChatMessage | None = None
         self._stream: MarkdownStream | None = None
         self._timer: Timer | None = None
+        self._gc_held = False  # this screen holds FULL_COLLECTIONS (from a reply's start to its finish)
         self._finishing = False
         self._reply_saved = False
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
@@ -604,6 +606,9 @@ class ChatScreen(Screen[None]):
         self._set_state(READING_STATE)  # until the first step: the prompt's prefill (seconds for a long one)
         self.dashboard.start_reply()
         self._timer = self.set_interval(FRAME_INTERVAL_S, self._drain)
+        if not self._gc_held:  # no full collection (GIL held for tens of ms) while the engine decodes
+            self._gc_held = True
+            FULL_COLLECTIONS.hold()
         self._generate(session, run)
 
     @work(thread=True, exclusive=True, group="generate", exit_on_error=False)
@@ -672,6 +677,7 @@ class ChatScreen(Screen[None]):
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
+        self._release_gc()
         failed = run.error is not None or run.finish_reason == "error"
         reason = "error" if failed else run.finish_reason
         if self._continuing is not None:
@@ -918,9 +924,15 @@ class ChatScreen(Screen[None]):
         self.notify(f"Copied the last reply ({len(reply)} characters) with OSC 52; "
                     "if it does not paste, your terminal does not allow OSC 52.", timeout=5)
 
+    def _release_gc(self) -> None:
+        if self._gc_held:
+            self._gc_held = False
+            FULL_COLLECTIONS.release()
+
     def on_unmount(self) -> None:
         """Quitting mid-reply: stop the engine, save what came so far as a stopped reply (or, in a
         regenerate with nothing yet, the reply it was replacing), close the store."""
+        self._release_gc()
         run = self._run
         if run is not None:
             run.stop.set()
