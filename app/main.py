@@ -54,8 +54,11 @@ TERMINAL_CHECK_S = 1.0  # how often the app checks that its terminal is still th
 # thread runs a frame (tens of ms of pure Python: layout, render), each take-back waited up to the
 # whole interval. `bench/app_stream.py --strategy ar --gil-switch-ms 5|0.5`, 5 alternated pairs on a
 # 2-core AVX2 EPYC: app / no-UI rate, median 0.706 -> 0.765, 0.5 ms ahead in 4 of 5
-# (bench/results/2026-11-26-session19/).
-GIL_SWITCH_S = 0.0005
+# (bench/results/2026-11-26-session19/). 0.5 -> 0.1 ms (session 30, 2-core Zen 4, `pld:auto`,
+# six alternated pairs): mean app / no-UI 0.755 -> 0.801, 0.1 ms ahead in 5 of 6; a Python thread
+# busy 30% of the time cost `stream_chat` 25-32% of its rate at 0.5 ms, 12-15% at 0.1
+# (bench/results/2026-11-28-session30/).
+GIL_SWITCH_S = 0.0001
 
 
 def freeze_heap() -> None:

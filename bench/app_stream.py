@@ -13,6 +13,7 @@ Usage: .venv/bin/python bench/app_stream.py [--strategy ar] [--prompts 4] [--max
        [--profile FILE]   (cProfile of the UI thread's event loop while the app streams)
        [--one-chat]       (every prompt in one growing conversation, both ways, and each reply's
                            rate printed: how the app's cost grows with the conversation)
+       [--no-gc-hold]     (full collections allowed while a reply streams: app/gc_hold.py off)
 """
 
 from __future__ import annotations
@@ -125,7 +126,13 @@ def main() -> int:
     ap.add_argument("--gil-switch-ms", type=float, default=None,
                     help="the app's GIL switch interval (app.main.GIL_SWITCH_S) for this run, in ms")
     ap.add_argument("--dtype", default="auto", help="compute type, as `specchat chat --dtype` (default auto: q8 where faster)")
+    ap.add_argument("--no-gc-hold", action="store_true",
+                    help="let full garbage collections run while a reply streams (app/gc_hold.py off, for A/Bs)")
     a = ap.parse_args()
+    if a.no_gc_hold:
+        from app.gc_hold import FULL_COLLECTIONS
+
+        FULL_COLLECTIONS.hold = FULL_COLLECTIONS.release = lambda: None  # type: ignore[method-assign]
     if "SPECCHAT_DATA_DIR" not in os.environ:  # the chats it sends stay out of the user's history
         os.environ["SPECCHAT_DATA_DIR"] = tempfile.mkdtemp(prefix="specchat-app-stream-")
     from engine.session import ChatSession
