@@ -1,3 +1,6 @@
+"""Session 30: where full garbage collections fall in bench/app_stream.py (during an app reply or not).
+    .venv/bin/python bench/results/2026-11-28-session30/scripts/gc_where.py [--no-gc-hold]
+"""
 import gc, sys, time, runpy
 sys.argv = ["app_stream.py", "--strategy", "pld:auto", "--prompts", "6", "--one-chat"] + sys.argv[1:]
 from app.gc_hold import FULL_COLLECTIONS

@@ -1,7 +1,10 @@
-"""Decode rate headless under: nothing / a busy process (CPU only) / a busy Python thread (CPU + GIL)."""
+"""Session 30: stream_chat's decode rate alone, beside a busy process (CPU only) and beside a busy Python
+thread (CPU + GIL), at the GIL switch interval SWITCH (s, default 0.0005); DUTY (0.3) of every 0.25 s busy.
+    SWITCH=0.0001 .venv/bin/python bench/results/2026-11-28-session30/scripts/gil_burn.py pld:auto [DTYPE]
+"""
 import os, sys, time, threading, json, multiprocessing as mp
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-sys.path.insert(0, "/work/main")
+sys.path.insert(0, ".")  # run from the repository root
 from engine.session import ChatSession
 from engine.strategy import from_spec
 
@@ -31,7 +34,7 @@ def run(session, prompts, max_new):
 
 def main():
     strat = sys.argv[1]; dtype = sys.argv[2] if len(sys.argv) > 2 else "auto"
-    prompts = [p["text"] for p in json.load(open("/work/main/assets/prompts/bench.json"))][:6]
+    prompts = [p["text"] for p in json.load(open("assets/prompts/bench.json"))][:6]
     s = ChatSession.load(strategy=from_spec(strat), dtype=dtype)
     sys.setswitchinterval(float(os.environ.get("SWITCH", "0.0005")))
     run(s, prompts[:1], 64)
