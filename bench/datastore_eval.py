@@ -28,7 +28,7 @@ def main() -> int:
     from engine.drafters.corpus import CorpusIndex
 
     rows = []
-    for f in sorted(Path(a.eval).glob("*.jsonl*")):
+    for f in sorted(Path(a.eval).glob("responses.jsonl*")):  # not the prompt files beside them
         with (lzma.open if f.suffix == ".xz" else open)(f, "rt") as fh:
             rows += [json.loads(line) for line in fh]
     print(f"{len(rows)} evaluation replies, {sum(len(r['response_ids']) for r in rows)} tokens")
