@@ -56,14 +56,23 @@ def test_young_collections_go_on_while_held() -> None:
         gc.set_threshold(*before)
 
 
+def _gated_app() -> tuple[threading.Semaphore, object]:
+    """An app whose engine streams three steps, each when the test releases the gate once."""
+    gate = threading.Semaphore(0)
+    return gate, make_app(FakeEngine(["one", " two", " three"], gate=gate, step_delay_s=0.0))
+
+
+async def _first_step(pilot, gate: threading.Semaphore) -> None:
+    await ready(pilot)
+    await send(pilot, "hi")
+    gate.release(1)
+
+
 async def test_a_streaming_reply_holds_full_collections_until_it_finishes() -> None:
     before = gc.get_threshold()
-    gate = threading.Semaphore(0)
-    app = make_app(FakeEngine(["one", " two", " three"], gate=gate, step_delay_s=0.0))
+    gate, app = _gated_app()
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "hi")
-        gate.release(1)
+        await _first_step(pilot, gate)
         await wait_for(pilot, lambda: "generating" in str(app.chat.status_line.render()))
         assert FULL_COLLECTIONS.held and gc.get_threshold()[2] == FullCollectionsHeld.HELD_THRESHOLD
         gate.release(2)
@@ -73,12 +82,9 @@ async def test_a_streaming_reply_holds_full_collections_until_it_finishes() -> N
 
 async def test_quitting_mid_reply_gives_the_threshold_back() -> None:
     before = gc.get_threshold()
-    gate = threading.Semaphore(0)
-    app = make_app(FakeEngine(["one", " two", " three"], gate=gate, step_delay_s=0.0))
+    gate, app = _gated_app()
     async with app.run_test(size=SIZE) as pilot:
-        await ready(pilot)
-        await send(pilot, "hi")
-        gate.release(1)
+        await _first_step(pilot, gate)
         await wait_for(pilot, lambda: FULL_COLLECTIONS.held)
     gate.release(5)
     assert not FULL_COLLECTIONS.held and gc.get_threshold() == before

@@ -3,7 +3,6 @@
 """
 import gc, sys, time, runpy
 sys.argv = ["app_stream.py", "--strategy", "pld:auto", "--prompts", "6", "--one-chat"] + sys.argv[1:]
-from app.gc_hold import FULL_COLLECTIONS
 from app.screens.chat import ChatScreen
 streaming = [False]
 _start, _fin = ChatScreen._start_reply, ChatScreen._finish
