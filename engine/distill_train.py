@@ -29,6 +29,12 @@ def add_parser(dsub) -> None:
     e.add_argument("--from", dest="src", required=True, metavar="DIR", help="a `distill train` output directory")
     e.add_argument("--to", dest="dst", required=True, metavar="DIR")
     e.add_argument("--dtype", choices=["bf16", "fp16", "fp32"], default="bf16")
+    e.add_argument("--shrink-vocab", nargs="+", default=None, metavar="DIR",
+                   help="store embedding rows only for the draft vocabulary, the tokenizer's special tokens and "
+                        "every token seen --row-min-count times in these `distill data` directories (prompts and "
+                        "replies), plus one row shared by all others (their mean): a deeper drafter for the same "
+                        "file size; the loader widens it back, exact for every stored token")
+    e.add_argument("--row-min-count", type=int, default=2, metavar="N")
     t = dsub.add_parser("train", help="train a Mamba-2 drafter on distillation data (resumable)")
     t.add_argument("--data", required=True, nargs="+", metavar="DIR",
                    help="`distill data` directories (responses.jsonl or .jsonl.xz); several are trained on together")
@@ -68,6 +74,11 @@ def add_parser(dsub) -> None:
                    help="start from a trained drafter (a `distill train` or `distill export` directory; bf16 weights are "
                         "widened to fp32) instead of a fresh model: its config sets the architecture (--d-model, --layers, "
                         "--d-state and --head-dim are ignored). A saved train_state.pt in --out still takes precedence")
+    t.add_argument("--grow-layers", type=int, default=0, metavar="N",
+                   help="with --init: deepen the drafter to N layers, each added layer a copy of the one before it "
+                        "with its output projection zeroed, so the grown drafter starts out computing exactly what "
+                        "--init did and training adds depth (a small drafter's agreement is capacity-bound: it "
+                        "matches its training replies barely better than unseen ones)")
     t.add_argument("--amp", choices=["auto", "bf16", "off"], default="auto",
                    help="run the forward pass under bf16 autocast (the weights, optimiser and loss stay fp32): auto "
                         "= bf16 on CUDA (with TF32 matmuls), off on a CPU (bf16 there is ~1.35x faster on AVX-512 BF16, "
@@ -299,6 +310,81 @@ def pca_embedding(embed, d: int):
     return P
 
 
+def grow_layers(model, n: int) -> int:
+    """Deepen a transformers Mamba2ForCausalLM to ``n`` layers in place, the new layers spread
+    evenly (after old layer i come its copies); each copy's mixer output projection is zeroed, so
+    its residual branch adds nothing until training moves it (the grown model's outputs equal the
+    original's exactly). Returns how many layers were added."""
+    import copy
+
+    import torch
+
+    layers = model.backbone.layers
+    old = len(layers)
+    if n <= old:
+        return 0
+    extra, grown = n - old, []
+    for i, layer in enumerate(layers):
+        grown.append(layer)
+        for _ in range(extra // old + (1 if i < extra % old else 0)):
+            blk = copy.deepcopy(layer)
+            with torch.no_grad():
+                blk.mixer.out_proj.weight.zero_()
+                if blk.mixer.out_proj.bias is not None:
+                    blk.mixer.out_proj.bias.zero_()
+            grown.append(blk)
+    for j, blk in enumerate(grown):
+        blk.layer_idx = blk.mixer.layer_idx = j
+    model.backbone.layers = torch.nn.ModuleList(grown)
+    model.config.num_hidden_layers = n
+    return extra
+
+
+def load_for_training(init: Path):
+    """A drafter directory as a transformers Mamba2ForCausalLM in fp32; a row-reduced export
+    (`distill export --shrink-vocab`) is widened back to the full vocabulary first."""
+    import torch
+    from transformers import Mamba2Config, Mamba2ForCausalLM
+
+    from .errors import SpecchatError
+    from .loading import expand_rows, read_config, read_draft_vocab_file, read_state_dict
+
+    cfg = read_config(init)
+    dv = read_draft_vocab_file(init / "draft_vocab.json", cfg.get("vocab_size")) if (init / "draft_vocab.json").exists() else None
+    if dv is None or dv["row_ids"] is None:
+        return Mamba2ForCausalLM.from_pretrained(str(init), dtype=torch.float32)
+    sd = expand_rows(read_state_dict(init), dv["row_ids"], dv["vocab_size"], init)
+    config = Mamba2Config.from_pretrained(str(init))
+    config.vocab_size = dv["vocab_size"]
+    model = Mamba2ForCausalLM(config)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in sd.items()}, strict=False)
+    if unexpected or set(missing) - {"lm_head.weight"}:
+        raise SpecchatError(f"--init {init}: weights do not fit a Mamba-2 drafter "
+                            f"({', '.join((unexpected or sorted(missing))[:3])})")
+    model.tie_weights()
+    return model
+
+
+def keep_freed_memory() -> bool:
+    """glibc on Linux: serve large blocks from the heap and keep freed memory for reuse. A CPU
+    training step allocates and frees its output layer's logits (~0.4 GB); by default glibc maps
+    such blocks fresh and unmaps them on free, so every step faults them in again page by page
+    (~100k minor faults a second measured in session 30, a fifth of the process's time in the
+    kernel). Returns whether the settings took."""
+    import ctypes
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False  # not glibc (musl has no mallopt)
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_MAX = -1, -2, -4
+    return all(mallopt(opt, val) == 1 for opt, val in
+               ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, (1 << 31) - 1), (M_TOP_PAD, 1 << 30)))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from .mamba2_train import lean_scan
 
@@ -372,12 +458,16 @@ def _train(args: argparse.Namespace) -> int:
         init = Path(args.init)
         if not (init / "config.json").exists() or not list(init.glob("*.safetensors")):
             raise SpecchatError(f"--init {init}: not a drafter directory (config.json and *.safetensors expected)")
-        model = Mamba2ForCausalLM.from_pretrained(str(init), dtype=torch.float32)
+        model = load_for_training(init)
         if model.config.vocab_size != V:
             what = "the byte vocabulary has" if args.byte_level else "the target has"
             raise SpecchatError(f"--init {init}: vocabulary of {model.config.vocab_size} tokens, {what} {V}")
+        if args.grow_layers:
+            grow_layers(model, args.grow_layers)
         cfg = model.config
     else:
+        if args.grow_layers:
+            raise SpecchatError("--grow-layers deepens an --init drafter; a fresh one takes --layers")
         model = Mamba2ForCausalLM(cfg)
     state_path = out / "train_state.pt"
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -394,6 +484,8 @@ def _train(args: argparse.Namespace) -> int:
         with torch.no_grad():
             model.get_input_embeddings().weight.copy_(pca_embedding(target.model.embed, args.d_model))
     del target
+    if device == "cpu" and os.environ.get("SPECCHAT_MALLOC_DEFAULTS") != "1":
+        keep_freed_memory()  # SPECCHAT_MALLOC_DEFAULTS=1 leaves glibc as it is (for an A/B)
     model.to(device).train()
     cuda = str(device).startswith("cuda")
     amp = args.amp if args.amp != "auto" else ("bf16" if cuda else "off")
@@ -612,6 +704,9 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise SpecchatError(f"{dst / name}: is {src / name} itself (a link); choose another --to")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     sd = read_state_dict(src)  # the loader's own checks: a damaged file is the one-line error `generate` gives
+    shrunk = None
+    if args.shrink_vocab:
+        sd, shrunk = shrink_rows(src, sd, [Path(d) for d in args.shrink_vocab], args.row_min_count)
     ensure_dir(dst, "--to")  # only once everything read is known good
     total = 0
     for w in weights:
@@ -633,5 +728,62 @@ def cmd_export(args: argparse.Namespace) -> int:
                 shutil.copy2(src / name, dst / name)
             except OSError as e:
                 raise SpecchatError(f"{dst / name}: cannot write ({e.strerror or e})") from None
+    if shrunk is not None:
+        cfg, dv = shrunk
+        for name, obj in (("config.json", cfg), ("draft_vocab.json", dv)):
+            try:
+                (dst / name).write_text(json.dumps(obj, indent=1 if name == "config.json" else None) + "\n")
+            except OSError as e:
+                raise SpecchatError(f"{dst / name}: cannot write ({e.strerror or e})") from None
+        print(f"embedding rows: {len(dv['row_ids'])} of {dv['vocab_size']} (one shared by the rest)", file=sys.stderr)
     print(f"exported {src} -> {dst} ({args.dtype}, {total / 2**20:.1f} MiB of weights)", file=sys.stderr)
     return 0
+
+
+def shrink_rows(src: Path, sd: dict, data_dirs: list[Path], min_count: int) -> tuple[dict, tuple[dict, dict]]:
+    """The state dict with its (vocab, d) tensors cut to the rows kept (see `distill export
+    --shrink-vocab`), and the config and draft vocabulary that describe them."""
+    import torch
+
+    from .errors import SpecchatError
+    from .loading import ROW_KEYS, read_config, read_draft_vocab_file
+
+    read_config(src)  # the loader's checks (a one-line error); the raw JSON is rewritten as it was
+    cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
+    V = int(cfg.get("vocab_size") or 0)
+    if not (src / "draft_vocab.json").exists():
+        raise SpecchatError(f"{src}: no draft_vocab.json (train with --vocab-min-count); nothing says which rows it proposes")
+    dv = read_draft_vocab_file(src / "draft_vocab.json", V)
+    if dv["row_ids"] is not None:
+        raise SpecchatError(f"{src}: its embedding is row-reduced already")
+    counts = torch.zeros(V, dtype=torch.long)
+    for d in data_dirs:
+        seqs = load_sequences(d)
+        check_vocab((ids for ids, _ in seqs), V, d)
+        for ids, _ in seqs:
+            counts += torch.bincount(torch.tensor(ids), minlength=V)
+    keep = counts >= max(1, min_count)
+    keep[dv["token_ids"]] = True
+    for k in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        v = cfg.get(k)
+        for t in (v if isinstance(v, list) else [v]):
+            if isinstance(t, int) and 0 <= t < V:
+                keep[t] = True
+    try:  # the tokenizer's special (added) tokens: chat markers a prompt may hold
+        for a in json.loads((src / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", []):
+            if isinstance(a.get("id"), int) and 0 <= a["id"] < V:
+                keep[a["id"]] = True
+    except (OSError, ValueError, AttributeError):
+        pass
+    rows = torch.nonzero(keep).flatten()
+    rest = torch.nonzero(~keep).flatten()
+    out, hit = dict(sd), False
+    for k, w in sd.items():
+        if k.endswith(ROW_KEYS) and w.dim() == 2 and w.shape[0] == V:
+            shared = w[rest].float().mean(0, keepdim=True).to(w.dtype) if len(rest) else w.new_zeros(1, w.shape[1])
+            out[k], hit = torch.cat([w[rows], shared]), True
+    if not hit:
+        raise SpecchatError(f"{src}: no embedding of {V} rows to shrink")
+    row_ids = rows.tolist() + [-1]
+    return out, ({**cfg, "vocab_size": len(row_ids)},
+                 {"token_ids": dv["token_ids"].tolist(), "row_ids": row_ids, "vocab_size": V})

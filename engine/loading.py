@@ -442,7 +442,14 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
                  device: torch.device | None = None) -> Loaded:
     cfg = read_config(path)
     dtype = parse_dtype(dtype, cfg.get("model_type"), cfg)
-    sd = _on(read_state_dict(path), device)
+    sd = read_state_dict(path)
+    dv = None
+    if (path / "draft_vocab.json").exists():
+        dv = read_draft_vocab_file(path / "draft_vocab.json", cfg.get("vocab_size"))
+        if dv.get("row_ids") is not None:
+            cfg = {**cfg, "vocab_size": dv["vocab_size"]}
+            sd = expand_rows(sd, dv["row_ids"], dv["vocab_size"], path)
+    sd = _on(sd, device)
     params = count_params(sd, cfg)
     model = build(cfg, sd, dtype, max_context, str(path))
     tok = None
@@ -456,22 +463,65 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
         except Exception as e:
             raise ModelLoadError(f"{path}/tokenizer.json: cannot load tokenizer ({str(e).splitlines()[0][:160]})") from None
         _check_tokenizer(tok, model, path)
-    if (path / "draft_vocab.json").exists():
-        model.draft_vocab = _read_draft_vocab(path / "draft_vocab.json", model.vocab_size)
+    if dv is not None:
+        if int(dv["token_ids"].max()) >= model.vocab_size:
+            raise ModelLoadError(f"{path / 'draft_vocab.json'}: token ids must be distinct and within the model's "
+                                 f"vocabulary (0..{model.vocab_size - 1})")
+        model.draft_vocab = dv["token_ids"]
     return Loaded(model, tok, name, path, "hf", cfg, params=params)
 
 
-def _read_draft_vocab(path: Path, vocab_size: int) -> torch.Tensor:
-    """A drafter's draft vocabulary ({"token_ids": [...]}, written by `specchat distill train`):
-    the only tokens it proposes, so its output layer can shrink to them."""
+def read_draft_vocab_file(path: Path, rows: int | None) -> dict[str, Any]:
+    """A drafter's draft vocabulary, written by `specchat distill train` / `distill export`:
+    {"token_ids": [...]}, the only tokens it proposes (its output layer shrinks to them), and, in a
+    row-reduced export, {"row_ids": [...], "vocab_size": V}: row r of the stored embedding is the
+    target's token row_ids[r], -1 the one row shared by every token not listed (the drafter then
+    stores ``rows`` embedding rows instead of V; the loader widens it back, expand_rows).
+    Returns {"token_ids": tensor, "row_ids": tensor | None, "vocab_size": int | None}."""
     try:
-        ids = json.loads(read_small(path, "draft vocabulary", MAX_CONFIG_BYTES, ModelLoadError))["token_ids"]
-        t = torch.tensor(ids, dtype=torch.long)
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        d = json.loads(read_small(path, "draft vocabulary", MAX_CONFIG_BYTES, ModelLoadError))
+        t = torch.tensor(d["token_ids"], dtype=torch.long)
+        r = torch.tensor(d["row_ids"], dtype=torch.long) if "row_ids" in d else None
+        V = int(d["vocab_size"]) if r is not None else rows
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise ModelLoadError(f"{path}: not a draft vocabulary ({str(e).splitlines()[0][:120]})") from None
-    if t.dim() != 1 or t.numel() == 0 or int(t.min()) < 0 or int(t.max()) >= vocab_size or t.unique().numel() != t.numel():
-        raise ModelLoadError(f"{path}: token ids must be distinct and within the model's vocabulary (0..{vocab_size - 1})")
-    return t
+    if r is not None:
+        known = r[r >= 0]
+        if (r.dim() != 1 or rows is None or r.numel() != rows or V <= 0 or int(r.min()) < -1 or int(r.max()) >= V
+                or (r < 0).sum() > 1 or known.unique().numel() != known.numel()):
+            raise ModelLoadError(f"{path}: row_ids must name each of the config's {rows} embedding rows once "
+                                 f"(distinct token ids below vocab_size {V}, at most one -1)")
+        if not bool(torch.isin(t, known).all()):
+            raise ModelLoadError(f"{path}: every draft token must have an embedding row of its own (in row_ids)")
+    if (t.dim() != 1 or t.numel() == 0 or int(t.min()) < 0 or (V is not None and int(t.max()) >= V)
+            or t.unique().numel() != t.numel()):
+        top = "?" if V is None else V - 1
+        raise ModelLoadError(f"{path}: token ids must be distinct and within the model's vocabulary (0..{top})")
+    return {"token_ids": t, "row_ids": r, "vocab_size": V}
+
+
+ROW_KEYS = ("embeddings.weight", "embed_tokens.weight", "lm_head.weight")  # the (vocab, d) tensors a row map widens
+
+
+def expand_rows(sd: dict[str, torch.Tensor], row_ids: torch.Tensor, vocab_size: int, where: object) -> dict[str, torch.Tensor]:
+    """A row-reduced drafter's embedding (and untied head) widened to the full vocabulary: token
+    row_ids[r] takes stored row r, every other token the shared row (row_ids == -1; zeros where
+    there is none). Exact for the listed tokens, so the widened drafter computes what was trained."""
+    out = dict(sd)
+    fill = torch.nonzero(row_ids < 0).flatten()
+    known = torch.nonzero(row_ids >= 0).flatten()
+    hit = False
+    for k, w in sd.items():
+        if not k.endswith(ROW_KEYS):
+            continue
+        if w.dim() != 2 or w.shape[0] != row_ids.numel():
+            raise ModelLoadError(f"{where}: {k} has {w.shape[0]} rows, the draft vocabulary's row_ids {row_ids.numel()}")
+        full = (w[fill[0]].expand(vocab_size, -1) if len(fill) else w.new_zeros(1, w.shape[1]).expand(vocab_size, -1)).clone()
+        full[row_ids[known]] = w[known]
+        out[k], hit = full, True
+    if not hit:
+        raise ModelLoadError(f"{where}: draft_vocab.json has row_ids but the weights have no embedding to widen")
+    return out
 
 
 def _load_gguf(name: str, path: Path, dtype: torch.dtype | str, max_context: int | None,

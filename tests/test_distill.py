@@ -665,3 +665,105 @@ def test_distill_export_is_readable_by_others(tmp_path):
         os.umask(old)
     assert (shipped / "model.safetensors").stat().st_mode & 0o777 == 0o644
     assert (shipped / "config.json").stat().st_mode & 0o777 == 0o644
+
+
+def test_grow_layers_starts_where_the_init_left_off_and_trains_deeper(tmp_path, capsys):
+    """--grow-layers N deepens an --init drafter: the added layers are copies with a zeroed output
+    projection, so before any update the grown drafter's logits are the init's exactly; it then
+    saves N layers that the engine loads, and a resumed run keeps them."""
+    import torch
+
+    from engine.loading import load
+
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    first = tmp_path / "first"
+    assert main(["distill", "train", "--data", str(data), "--out", str(first), *_TINY, "--holdout", "0.25"]) == 0
+    grown = tmp_path / "grown"
+    argv = ["distill", "train", "--data", str(data), "--out", str(grown), "--init", str(first), "--grow-layers", "3",
+            *_TINY, "--lr", "0", "--holdout", "0.25", "--save-every", "1"]
+    assert main(argv) == 0
+    assert json.loads((grown / "config.json").read_text())["num_hidden_layers"] == 3
+    a, b = load(str(first)).model, load(str(grown)).model
+    ids = [1, 17, 300, 4000, 9, 9, 250]
+    with torch.inference_mode():
+        a.allocate(), b.allocate()
+        ra, rb = a.verify(ids, list(range(-1, len(ids) - 1))), b.verify(ids, list(range(-1, len(ids) - 1)))
+    assert torch.equal(ra, rb)
+    assert main(argv[:-4] + ["--steps", "2", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1"]) == 0  # resumes
+    assert torch.load(grown / "train_state.pt", weights_only=True)["step"] == 2
+    assert json.loads((grown / "distill.json").read_text())["args"]["grow_layers"] == 3
+    _one_line_error(capsys, ["distill", "train", "--data", str(data), "--out", str(tmp_path / "x"), *_TINY,
+                             "--grow-layers", "3"], "--grow-layers deepens an --init drafter")
+
+
+def test_export_shrink_vocab_keeps_the_drafter_exact_and_trains_on(tmp_path, capsys):
+    """`distill export --shrink-vocab DATA` stores embedding rows only for the draft vocabulary,
+    the special tokens and the tokens DATA holds twice or more, plus one shared row; the engine
+    widens it back (every stored token's row bit-identical, the rest the shared row), the draft
+    vocabulary is unchanged, and `distill train --init` continues from it at full width."""
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.loading import load
+
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    src = tmp_path / "src"
+    assert main(["distill", "train", "--data", str(data), "--out", str(src), *_TINY, "--holdout", "0.25",
+                 "--vocab-min-count", "1"]) == 0
+    small = tmp_path / "small"
+    assert main(["distill", "export", "--from", str(src), "--to", str(small), "--dtype", "fp32",
+                 "--shrink-vocab", str(data)]) == 0
+    assert "embedding rows:" in capsys.readouterr().err
+    dv = json.loads((small / "draft_vocab.json").read_text())
+    rows = dv["row_ids"]
+    cfg = json.loads((small / "config.json").read_text())
+    assert rows[-1] == -1 and cfg["vocab_size"] == len(rows) and dv["vocab_size"] == 49152
+    from engine.distill_train import load_sequences
+
+    counts = {}
+    for ids, _ in load_sequences(data):
+        for t in ids:
+            counts[t] = counts.get(t, 0) + 1
+    assert {t for t, c in counts.items() if c >= 2} <= set(rows) and set(dv["token_ids"]) <= set(rows)
+    assert 1 in rows and 2 in rows  # the tokenizer's special tokens (<|im_start|>, <|im_end|>)
+    assert load_file(str(small / "model.safetensors"))["backbone.embeddings.weight"].shape[0] == len(rows)
+    full, cut = load(str(src)).model, load(str(small)).model
+    assert cut.vocab_size == full.vocab_size == 49152 and torch.equal(cut.draft_vocab, full.draft_vocab)
+    assert torch.equal(cut.embed[rows[:-1]], full.embed[rows[:-1]])
+    other = sorted(set(range(49152)) - set(rows))
+    assert torch.allclose(cut.embed[other[0]], full.embed[other].mean(0), atol=1e-6)
+    ids = sorted(set(rows[:-1]))[:6]
+    with torch.inference_mode():
+        full.allocate(), cut.allocate()
+        pos = list(range(-1, len(ids) - 1))
+        # every stored token's logit is exact (the draft vocabulary's among them); the others all score the shared row
+        assert torch.equal(full.verify(ids, pos)[:, rows[:-1]], cut.verify(ids, pos)[:, rows[:-1]])
+    again = tmp_path / "again"
+    assert main(["distill", "train", "--data", str(data), "--out", str(again), "--init", str(small), *_TINY,
+                 "--lr", "0", "--holdout", "0.25"]) == 0
+    w = load_file(str(again / "model.safetensors"))["backbone.embeddings.weight"]
+    assert w.shape[0] == 49152 and torch.equal(w, cut.embed.float())
+    _one_line_error(capsys, ["distill", "export", "--from", str(small), "--to", str(tmp_path / "twice"), "--shrink-vocab",
+                             str(data)], "row-reduced already")
+    bad = dict(dv, row_ids=rows[:-2] + [-1])  # one row short of the weights
+    (small / "draft_vocab.json").write_text(json.dumps(bad))
+    _one_line_error(capsys, ["generate", "--target", str(small), "--prompt-ids", "1,2", "--max-new-tokens", "2"],
+                    "row_ids must name each of the config's")
+    (small / "draft_vocab.json").write_text(json.dumps(dict(dv, token_ids=dv["token_ids"] + [other[0]])))
+    _one_line_error(capsys, ["generate", "--target", str(small), "--prompt-ids", "1,2", "--max-new-tokens", "2"],
+                    "every draft token must have an embedding row")
+
+
+def test_training_keeps_freed_memory_on_glibc():
+    """`distill train` on a CPU keeps glibc from unmapping each step's freed logits (mallopt)."""
+    import platform
+    import sys
+
+    from engine.distill_train import keep_freed_memory
+
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert keep_freed_memory() is True
+    else:
+        assert keep_freed_memory() in (True, False)

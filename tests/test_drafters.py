@@ -155,3 +155,56 @@ def test_draft_vocabulary_shrinks_the_head_and_stays_lossless(tmp_path_factory):
         (dpath / "draft_vocab.json").write_text(bad)
         with pytest.raises(ModelLoadError, match="draft_vocab.json"):
             load(str(dpath))
+
+
+def test_row_reduced_drafter_is_lossless_and_drafts_as_the_full_one(tmp_path_factory):
+    """A Mamba-2 drafter exported with `distill export --shrink-vocab` (embedding and head rows
+    only for the tokens its data holds, one row shared by the rest) drafts exactly the trees the
+    full drafter drafts while the conversation stays within the stored tokens, and every strategy
+    stays identical to plain greedy whatever the prompt holds."""
+    import json
+    import shutil
+
+    from engine.cli import main
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import from_spec
+    from tests.tiny import hf_greedy, saved
+
+    root = str(tmp_path_factory.mktemp("rows"))
+    target_path = saved("llama", root)
+    src = tmp_path_factory.mktemp("rows2") / "draft"
+    shutil.copytree(saved("mamba2", root), src)
+    keep = list(range(0, 96, 3))
+    (src / "draft_vocab.json").write_text(json.dumps({"token_ids": keep}))
+    data = tmp_path_factory.mktemp("rows3")
+    stored = sorted(set(keep) | set(range(20, 90)))
+    with open(data / "responses.jsonl", "w") as f:
+        for i in range(2):  # tokens 20..89 twice: stored beside the draft vocabulary
+            f.write(json.dumps({"id": i, "prompt_ids": list(range(20, 55)), "response_ids": list(range(55, 90))}) + "\n")
+    cut_path = tmp_path_factory.mktemp("rows4") / "cut"
+    assert main(["distill", "export", "--from", str(src), "--to", str(cut_path), "--dtype", "fp32", "--shrink-vocab", str(data)]) == 0
+    rows = json.loads((cut_path / "draft_vocab.json").read_text())["row_ids"]
+    specials = {json.loads((src / "config.json").read_text()).get(k) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    assert set(rows) - {-1} == set(stored) | (specials - {None}) and rows.count(-1) == 1
+    full = Decoder(load(str(target_path)).model, load(str(src)).model)  # each decoder its own target cache
+    cut = Decoder(load(str(target_path)).model, load(str(cut_path)).model)
+    inside = [42, 45, 51, 60]  # every token stored
+    n = 24
+    for prompt in (inside, [5, 7, 11, 13]):
+        ref = hf_greedy(target_path, prompt, n)
+        for spec in ("sd:4", "tree:3-2-1", "mab"):  # a fresh strategy per run (mab's bandit keeps its statistics)
+            s = from_spec(spec)
+            evs, _ = run_generation(cut, prompt, s, n)
+            assert [t for e in evs for t in e.emitted] == ref, (prompt, s)
+            assert all(t in set(keep) for e in evs for t in e.tree_tokens)
+            if prompt is inside and spec != "mab":  # the same trees while all seen so far is stored (mab's
+                evf, _ = run_generation(full, prompt, from_spec(spec), n)  # arms follow measured times)
+                seen, same = list(prompt), 0
+                for a, b in zip(evs, evf):
+                    if not set(seen) <= set(stored):
+                        break
+                    assert a.tree_tokens == b.tree_tokens
+                    seen += a.emitted
+                    same += 1
+                assert same >= 2, (s, same)
