@@ -549,21 +549,30 @@ def _train(args: argparse.Namespace) -> int:
     full_softmax = args.negatives <= 0 or len(unseen) == 0 or args.byte_level
     print(f"softmax over {'all ' + str(V) if full_softmax else f'{len(seen)} seen + {args.negatives} sampled'} tokens", file=sys.stderr)
 
-    def hidden_and_targets(x, m):
+    def hidden_and_targets(x, m, bucket: int = 0):
+        """The hidden states that predict reply tokens, and those tokens. ``bucket``: pad the rows
+        up to a multiple of it (target -1: no loss), so the output layer's large blocks come in a
+        few sizes a step reuses; with glibc's mmap off (keep_freed_memory) every new size grew
+        the heap instead (~150 MB a step until the OOM killer, session 31)."""
         h = model.backbone(x.to(device)).last_hidden_state[:, :-1]
         keep = m[:, 1:].to(device)
-        return h[keep], x[:, 1:].to(device)[keep]
+        h, y = h[keep], x[:, 1:].to(device)[keep]
+        if bucket and len(y) % bucket:
+            pad = bucket - len(y) % bucket
+            h = torch.cat([h, h.new_zeros(pad, h.shape[1])])
+            y = torch.cat([y, y.new_full((pad,), -1)])
+        return h, y
 
     def loss_of(x, m, idx):
         with autocast():
-            h, y = hidden_and_targets(x, m)
+            h, y = hidden_and_targets(x, m, bucket=0 if args.kd else 512)
             W = model.get_input_embeddings().weight
             if full_softmax:
                 logits, y_sub = (h @ W.T).float(), y
             else:
                 neg = unseen[torch.randint(len(unseen), (args.negatives,), device=device)]
                 sub = torch.cat([seen, neg])
-                logits, y_sub = (h @ W[sub].T).float(), remap[y]
+                logits, y_sub = (h @ W[sub].T).float(), torch.where(y >= 0, remap[y.clamp(min=0)], -1)
         if not args.kd:
             # with --vocab-min-count, a target outside the draft vocabulary is a prediction the
             # drafter never makes: it leaves the loss (ignore_index) instead of being forced in
