@@ -377,7 +377,10 @@ def test_advance_fast_steps_the_committed_state_like_prefill(tmp_path, monkeypat
     b.cache.commit([0])
     assert a.cache.length == b.cache.length == 8
     assert torch.allclose(got, want, atol=1e-4 * want.abs().max().item())
-    assert torch.allclose(a.cache.ssm, b.cache.ssm, atol=1e-4) and torch.allclose(a.cache.conv, b.cache.conv, atol=1e-5)
+    # fp32 rounding relative to the state's scale: the random tiny model's states reach ~3e3, where
+    # an Intel AVX-512 build's C step differed by 1.1e-3 (4e-7 of the scale; session 31)
+    for x, y in ((a.cache.ssm, b.cache.ssm), (a.cache.conv, b.cache.conv)):
+        assert torch.allclose(x, y, atol=1e-5 * max(1.0, y.abs().max().item()))
     assert a.advance_fast([5]) is None  # outside fast_rows (verify numerics): the caller takes verify
     a.cache.rollback(0)
     assert a.cache.length == 0
