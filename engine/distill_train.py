@@ -769,8 +769,7 @@ def shrink_rows(src: Path, sd: dict, data_dirs: list[Path], min_count: int) -> t
     for d in data_dirs:
         seqs = load_sequences(d)
         check_vocab((ids for ids, _ in seqs), V, d)
-        for ids, _ in seqs:
-            counts += torch.bincount(torch.tensor(ids), minlength=V)
+        counts += torch.bincount(torch.tensor([t for ids, _ in seqs for t in ids], dtype=torch.long), minlength=V)
     keep = counts >= max(1, min_count)
     keep[dv["token_ids"]] = True
     for k in ("bos_token_id", "eos_token_id", "pad_token_id"):

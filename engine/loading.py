@@ -516,7 +516,7 @@ def expand_rows(sd: dict[str, torch.Tensor], row_ids: torch.Tensor, vocab_size: 
             continue
         if w.dim() != 2 or w.shape[0] != row_ids.numel():
             raise ModelLoadError(f"{where}: {k} has {w.shape[0]} rows, the draft vocabulary's row_ids {row_ids.numel()}")
-        full = (w[fill[0]].expand(vocab_size, -1) if len(fill) else w.new_zeros(1, w.shape[1]).expand(vocab_size, -1)).clone()
+        full = w[fill[0]].repeat(vocab_size, 1) if len(fill) else w.new_zeros(vocab_size, w.shape[1])
         full[row_ids[known]] = w[known]
         out[k], hit = full, True
     if not hit:
