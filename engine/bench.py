@@ -250,14 +250,16 @@ def _settings(session, args, n_prompts: int) -> dict[str, Any]:
 
 def _kernels() -> dict[str, str]:
     """Which CPU kernels this run used (they are chosen per machine): oneDNN packing per dtype,
-    the C attention and the C row-consistent fp32 linear (engine/native)."""
+    the C attention and the C row-consistent fp32 linear (engine/native), and which kernel runs the
+    bf16 and q8 compute types' products (AMX / AVX-512 BF16 / scalar; VNNI / AVX2 / scalar)."""
     import torch
 
     from . import native
     from .models import common
 
     return {"packed_fp32": str(common.packs(torch.float32)), "packed_bf16": str(common.packs(torch.bfloat16)),
-            "native": native.status(), "native_linear": common.native_linear_status()}
+            "native": native.status(), "native_linear": common.native_linear_status(),
+            "bf16_products": native.bf16_path(), "q8_products": native.a8_path()}
 
 
 def _threads() -> int:

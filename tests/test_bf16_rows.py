@@ -5,7 +5,10 @@ as zero), everything else in fp32.
 
 Checks: the products equal a float64 evaluation of that chain rounded to fp32 at each step, bit for
 bit; a row's bits do not depend on the rows, row count or threads run with it, and the vector path
-equals the scalar form (SPECCHAT_BF16_PATH=scalar, what CPUs without AVX-512 BF16 would run); the
+equals the scalar form (SPECCHAT_BF16_PATH=scalar, what CPUs without AVX-512 BF16 would run). On a
+CPU with AMX-BF16 the default path is AMX's tile products (SPECCHAT_BF16_PATH=amx), whose sums round
+as the hardware does: there the products are held close to the chain, and every row's bits to
+themselves whatever rows, row count or threads run with them, which is what lossless needs; the
 records hold the bf16 weights exactly; a bf16 llama model takes the C pass, stays close to fp32, and
 every greedy strategy equals its own greedy plain decoding; SPECCHAT_NATIVE_BF16=0 keeps torch's
 bf16 pass. The scalar chain was matched to vdpbf16ps on a Zen 4 EPYC (3.2M random lanes and the
@@ -43,6 +46,21 @@ def _flush(t: torch.Tensor) -> torch.Tensor:
     return torch.where(t.abs() < TINY, t * 0.0, t)
 
 
+def _abs_scale(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """|x| @ |W|^T over the bf16-rounded operands: the size of the terms each output sums."""
+    return _flush(x).to(torch.bfloat16).float().abs().double() @ W.to(torch.bfloat16).float().abs().double().t()
+
+
+def assert_close_to_chain(y: torch.Tensor, ref: torch.Tensor, x: torch.Tensor, W: torch.Tensor, bias=None) -> None:
+    """AMX's sums (rounded as the hardware rounds them) close to the chain's: |y - ref| <= 2^-19 of
+    the terms' absolute sum (measured on a Xeon with AMX: at most ~2^-23 over these tests' shapes)."""
+    tol = _abs_scale(x, W) * 2.0**-19 + 1e-30
+    if bias is not None:
+        tol = tol + bias.abs().double() * 2.0**-23
+    err = (y.double() - ref.double()).abs()
+    assert bool((err <= tol).all()), float((err / tol).max())
+
+
 def _reference(x: torch.Tensor, W: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """The chain of bf16_rows.c's header evaluated in float64 and rounded to fp32 after every step
     (a bf16 x bf16 product is exact; an fp32 + such a product is exact in float64 up to the far
@@ -70,10 +88,15 @@ def test_bf16_products_are_the_chain_and_row_consistent(K, N):
     x[4, : K // 2] = 1e-39  # denormal activations: zero, as vdpbf16ps takes them
     x[5] = 3e-38 * (1 + torch.rand(K, generator=g))  # normal, but their products and sums underflow: flushed
     y = lin(x, b)
-    assert torch.equal(y, _reference(x, W, b))
-    assert torch.equal(lin(x), _reference(x, W, None))
+    if native.bf16_path() == "amx" and K % 32 == 0:  # the tile products (K % 32 != 0: the vector path)
+        assert_close_to_chain(y, _reference(x, W, b), x, W, b)
+        assert_close_to_chain(lin(x), _reference(x, W, None), x, W)
+    else:
+        assert torch.equal(y, _reference(x, W, b))
+        assert torch.equal(lin(x), _reference(x, W, None))
     # every row's bits alone, whichever rows run with it, on 1 or 2 threads (N = 1536: the column
-    # blocks split between the threads, 8 at a time for 1-2 rows)
+    # blocks split between the threads, 8 at a time for 1-2 rows; AMX: tiles of <= 16 rows, rows
+    # 17-40 in even groups run two at a time, an odd last one padded)
     assert_rows_consistent(lin, x, b, y)
 
 
@@ -99,34 +122,73 @@ from engine.models import common
 g = torch.Generator().manual_seed(7)
 out = []
 for K, N, R in ((576, 1536, 1), (576, 96, 3), (1536, 40, 8), (64, 33, 11), (34, 5, 2), (576, 256, 2), (96, 200, 4),
-                (64, 130, 7), (32, 64, 5)):
+                (64, 130, 7), (32, 64, 5), (576, 70, 16), (128, 48, 23), (96, 64, 40)):
     W = torch.randn(N, K, generator=g) * 0.3
     x = torch.randn(R, K, generator=g) * 3
     x[0, :4] = 1e-39
     W[:2, :6] = 1e-40
     x[-1, : K // 2] = 3e-38  # products and partial sums below the normal range: flushed
-    y = common.Linear.bf16(W)(x)
-    out.append(y.view(torch.int32).flatten().tolist()[:4000])
+    lin = common.Linear.bf16(W)
+    y = lin(x)
+    # a row alone, and the rows in two parts, give the same bits (every path)
+    rows_ok = all(torch.equal(lin(x[r:r + 1]), y[r:r + 1]) for r in range(R)) and torch.equal(
+        torch.cat([lin(x[: R // 2]), lin(x[R // 2:])]), y)
+    out.append({"bits": y.view(torch.int32).flatten().tolist()[:4000], "rows_ok": rows_ok})
 print(json.dumps({"path": native.bf16_path(), "out": out}))
 """
 
 
 @needs_native
 def test_bf16_kernel_paths_agree_bit_for_bit():
-    """The AVX-512 BF16 kernel and the scalar form (SPECCHAT_BF16_PATH=scalar) give the same bits,
-    denormal weights and activations included. On a CPU without AVX-512 BF16 both runs are the
-    scalar form, which the test above holds to the chain."""
+    """The AVX-512 BF16 kernel (SPECCHAT_BF16_PATH=avx512) and the scalar form (=scalar) give the
+    same bits, denormal weights and activations included; AMX's tile products (=amx, the default
+    where the CPU has them) stay close to them. Every path keeps a row's bits whatever rows run with
+    it. On a CPU without AVX-512 BF16 every run is the scalar form, which the test above holds to
+    the chain; without AMX the amx run is the AVX-512 one."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outs = {}
-    for path in ("best", "scalar"):
+    for path in ("", "avx512", "amx", "scalar"):
         env = dict(os.environ, SPECCHAT_BF16_PATH=path, PYTHONPATH=root)
         r = subprocess.run([sys.executable, "-c", _PATH_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         outs[path] = json.loads(r.stdout.strip().splitlines()[-1])
+        assert all(o["rows_ok"] for o in outs[path]["out"]), path
+    flags = _cpu_flags()
     assert outs["scalar"]["path"] == "scalar"
-    if "avx512_bf16" in _cpu_flags():
-        assert outs["best"]["path"] == "avx512"  # a CPU with the instructions runs them
-    assert outs["best"]["out"] == outs["scalar"]["out"], outs["best"]["path"]
+    if "avx512_bf16" in flags:
+        assert outs["avx512"]["path"] == "avx512"  # a CPU with the instructions runs them
+    if "amx_bf16" not in flags:
+        assert outs["amx"]["path"] == outs["avx512"]["path"]
+    assert outs[""]["path"] == outs["amx"]["path"]  # the default: the best path here
+    bits = {p: [o["bits"] for o in outs[p]["out"]] for p in outs}
+    assert bits["avx512"] == bits["scalar"], outs["avx512"]["path"]
+    if outs["amx"]["path"] == "amx":
+        for a, s in zip(bits["amx"], bits["scalar"]):
+            fa = torch.tensor(a, dtype=torch.int32).view(torch.float32).double()
+            fs = torch.tensor(s, dtype=torch.int32).view(torch.float32).double()
+            assert bool(((fa - fs).abs() <= 2.0**-14 * fs.abs().max() + 1e-30).all())
+    else:
+        assert bits["amx"] == bits["scalar"]
+
+
+@needs_native
+def test_bf16_products_between_torch_bf16_products():
+    """torch's bf16 products (oneDNN, which on a CPU with AMX loads its own tile configuration and
+    releases it) running on the same thread between ours, as a torch bf16 drafter's pass does
+    between a C-pass target's: ours give the same bits as alone (on AMX, a configuration cached
+    across calls faulted with an illegal instruction there)."""
+    g = torch.Generator().manual_seed(3)
+    W = torch.randn(96, 64, generator=g)
+    lin = common.Linear.bf16(W)
+    x = torch.randn(5, 64, generator=g)
+    alone = [lin(x[:r]) for r in (1, 5, 2)]
+    a = torch.randn(64, 256, generator=g).to(torch.bfloat16)
+    b = torch.randn(256, 128, generator=g).to(torch.bfloat16)
+    for _ in range(3):
+        for r, want in zip((1, 5, 2), alone):
+            (a @ b).sum()
+            torch.nn.functional.linear(a, b.t().contiguous())
+            assert torch.equal(lin(x[:r]), want)
 
 
 def _cpu_flags() -> set[str]:

@@ -19,10 +19,18 @@
  * depend on that row alone, whatever the row count, grouping or thread, so a 1-token decode step
  * and a k-token verify pass agree. SPECCHAT_BF16_PATH=scalar runs the scalar form (tests compare).
  *
+ * Where the CPU has AMX-BF16 (and Linux grants the tile state) the products run on AMX's tiles
+ * instead (the AMX section below; SPECCHAT_BF16_PATH=avx512 keeps the vector path): a 16-row verify
+ * pass then costs about what a 1-row step does. Those sums round as the hardware rounds them, not
+ * as the chain above, but a row's bits still depend on that row alone; one path runs per process,
+ * so lossless holds on each.
+ *
  * Layout (engine/models/quant.py `pack_bf16`): per column block of 16 outputs, K/2 vectors of 64
  * bytes; in vector p, 32-bit lane j holds (w[2p][j], w[2p + 1][j]) as two bf16, the even input in
- * the low half (`vdpbf16ps`'s pair). Outputs past N in the last block are zero.
+ * the low half (`vdpbf16ps`'s pair; 16 consecutive vectors are one AMX weight tile). Outputs past N
+ * in the last block are zero.
  */
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,24 +42,43 @@
 #include <immintrin.h>
 #define BF_VEC 1
 #endif
+#if defined(BF_VEC) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define BF_AMX_BUILD 1
+#endif
 
 #define JB 16
 #define GMAX 8 /* rows per group (the scalar form's; the vector kernels' per block count: GMAX_B) */
 
-enum { BF_SCALAR = 0, BF_AVX512 = 1 };
+enum { BF_SCALAR = 0, BF_AVX512 = 1, BF_AMX = 2 };
 
-/* Which kernel runs: the AVX-512 BF16 one where this build has it, else (or when
- * SPECCHAT_BF16_PATH=scalar) the scalar form. Read once per process (tests switch it in a child
- * process); a first call racing on two threads computes the same value either way. */
+#ifdef BF_AMX_BUILD
+/* Linux hands out AMX's tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
+ * XFEATURE_XTILEDATA, process-wide); without the grant the first tile instruction faults. */
+static int amx_granted(void) { return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0; }
+#endif
+
+/* Which kernel runs: AMX's tile products where this build has them and the kernel grants the tile
+ * state, else the AVX-512 BF16 one where the build has it, else the scalar form;
+ * SPECCHAT_BF16_PATH=scalar / avx512 / amx asks for one (one not available here falls back in that
+ * order). Read once per process (tests switch it in a child process); a first call racing on two
+ * threads computes the same value either way. */
 static int bf_path(void) {
     static int v = -1;
     if (v < 0) {
+        const char *e = getenv("SPECCHAT_BF16_PATH");
+        int want = BF_AMX;
+        if (e && !strcmp(e, "scalar")) want = BF_SCALAR;
+        else if (e && !strcmp(e, "avx512")) want = BF_AVX512;
         int best = BF_SCALAR;
 #ifdef BF_VEC
-        best = BF_AVX512;
+        if (want >= BF_AVX512) best = BF_AVX512;
 #endif
-        const char *e = getenv("SPECCHAT_BF16_PATH");
-        v = (e && !strcmp(e, "scalar")) ? BF_SCALAR : best;
+#ifdef BF_AMX_BUILD
+        if (want == BF_AMX && amx_granted()) best = BF_AMX;
+#endif
+        v = best;
     }
     return v;
 }
@@ -90,7 +117,7 @@ static inline float bf(uint16_t h) { return daz(bf2f(h)); }
 static void convert_row(const float *x, int64_t K, uint32_t *xp) {
     int64_t i = 0;
 #ifdef BF_VEC
-    if (bf_path() == BF_AVX512)
+    if (bf_path() >= BF_AVX512)
         for (; i + 32 <= K; i += 32) {
             /* cvtne2ps: the second operand's 16 values go to the low half */
             const __m512bh v = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i));
@@ -166,6 +193,116 @@ static const bf_fn VEC[4][9] = {
 static const int GMAX_B[4] = {8, 8, 5, 2}; /* rows a group at 1, 2, 4, 8 blocks */
 #endif
 
+#ifdef BF_AMX_BUILD
+/* The AMX path (SPECCHAT_BF16_PATH=amx, the default where the CPU has AMX-BF16 and Linux grants
+ * the tile state): `tdpbf16ps` multiplies a tile of up to 16 rows x 16 input pairs by a 16 pairs x
+ * 16 columns tile of the records above, which are already its pair-interleaved layout (16
+ * consecutive vectors of a column block are one 1 KB tile). A pass streams each weight once for up
+ * to 16 rows, as the vector path does for 8, but at ~16x the multiply-adds a cycle, so a 16-row
+ * verify costs about what a 1-row step does where the vector path's products were compute-bound
+ * (2-core Xeon with AMX, session 32). Numerics: each output is a chain over the K/32 tiles of the
+ * input, started from zero, each tile's 32 products added as the hardware adds them: Intel does not
+ * specify that rounding (it matches none of the one-rounding-per-product or per-pair chains in
+ * fp32; checked on 0.5M random lanes), but it is deterministic and a row's bits depend on that row
+ * alone (checked: any tile row count 1-16, any other rows), so a 1-token step and a k-token verify
+ * agree on this path as on the others; one path runs per process. Matrices with K % 32 != 0 take
+ * the vector path (per matrix, whatever the row count). */
+#define AMX_NB 4 /* column blocks a step of one row group: C tiles 0-3, the rows' tile 4, weight tiles 5-7 */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) amx_cfg;
+
+/* tiles 0-4 of `take` rows, 6-7 of 16 (weights), 5 of `take` rows for two row groups (a second
+ * rows tile: amx_blocks2) else of 16 (a third weight tile: amx_blocks) */
+static void amx_config(int take, int two) {
+    amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = (uint8_t)(t >= 6 || (t == 5 && !two) ? 16 : take);
+    }
+    _tile_loadconfig(&c);
+}
+
+/* acc (B blocks of take x 16) = rows [r, r + take) of xp over blocks rec, rec + K/2 vectors, ...;
+ * the tiles configured for `take` rows. The weights' lines are prefetched AMX_PD vectors (4 tiles)
+ * ahead in each block's stream: tile loads alone left the memory idle (lm_head, 1 row: ~29 -> ~34
+ * GB/s). */
+#define AMX_PD 64
+static inline void amx_zero_sums(void) { /* the C tiles 0-3 */
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+}
+
+static inline void amx_prefetch(const int B, const uint32_t *rec, int64_t stride, int64_t p) {
+    for (int bb = 0; bb < B; bb++) {
+        const char *f = (const char *)(rec + bb * stride + (p + AMX_PD) * JB);
+        for (int l = 0; l < 16; l++) _mm_prefetch(f + 64 * l, _MM_HINT_T0);
+    }
+}
+
+static void amx_blocks(const int B, const uint32_t *xp, int64_t K, int64_t r, const uint32_t *rec, float *acc, int take) {
+    const int64_t P = K / 2, stride = P * JB;
+    const uint32_t *xr = xp + r * P;
+    amx_zero_sums();
+    for (int64_t p = 0; p < P; p += 16) {
+        amx_prefetch(B, rec, stride, p);
+        _tile_loadd(4, xr + p, P * 4);
+        _tile_loadd(5, rec + p * JB, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (B > 1) {
+            _tile_loadd(6, rec + stride + p * JB, 64);
+            _tile_dpbf16ps(1, 4, 6);
+        }
+        if (B > 2) {
+            _tile_loadd(7, rec + 2 * stride + p * JB, 64);
+            _tile_dpbf16ps(2, 4, 7);
+        }
+        if (B > 3) {
+            _tile_loadd(5, rec + 3 * stride + p * JB, 64);
+            _tile_dpbf16ps(3, 4, 5);
+        }
+    }
+    _tile_stored(0, acc, 64);
+    if (B > 1) _tile_stored(1, acc + take * JB, 64);
+    if (B > 2) _tile_stored(2, acc + 2 * take * JB, 64);
+    if (B > 3) _tile_stored(3, acc + 3 * take * JB, 64);
+}
+
+/* Two row groups [r0, r0 + take) and [r1, r1 + take) x B <= 2 blocks: each weight tile loaded
+ * once feeds both groups (C tiles 0-1: the first group, 2-3: the second; rows 4, 5; weights 6, 7).
+ * acc: the first group's B blocks, then the second's (each take x 16). The same tile products per
+ * row as amx_blocks. */
+static void amx_blocks2(const int B, const uint32_t *xp, int64_t K, int64_t r0, int64_t r1, const uint32_t *rec, float *acc,
+                        int take) {
+    const int64_t P = K / 2, stride = P * JB;
+    const uint32_t *x0 = xp + r0 * P, *x1 = xp + r1 * P;
+    amx_zero_sums();
+    for (int64_t p = 0; p < P; p += 16) {
+        amx_prefetch(B, rec, stride, p);
+        _tile_loadd(4, x0 + p, P * 4);
+        _tile_loadd(5, x1 + p, P * 4);
+        _tile_loadd(6, rec + p * JB, 64);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_dpbf16ps(2, 5, 6);
+        if (B > 1) {
+            _tile_loadd(7, rec + stride + p * JB, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+        }
+    }
+    _tile_stored(0, acc, 64);
+    if (B > 1) _tile_stored(1, acc + take * JB, 64);
+    _tile_stored(2, acc + B * take * JB, 64);
+    if (B > 1) _tile_stored(3, acc + (B + 1) * take * JB, 64);
+}
+#endif
+
 /* y rows [r, r + take) of column block b from acc (take x 16) */
 static void put(float *y, const float *bias, const float *acc, int64_t N, int64_t b, int64_t r, int64_t take) {
     const int64_t j0 = b * JB, nj = N - j0 < JB ? N - j0 : JB;
@@ -184,6 +321,8 @@ typedef struct {
     const float *bias;
     float *y;
     int64_t R, K, N;
+    int amx; /* rows in tile groups of `take` (xp padded with zero rows to a whole number of them) */
+    int64_t take;
 } bf_job;
 
 /* log2 of the blocks at once for a pass of R rows: 8 for 1-2 rows, 4 for 3-5, else 2 (row groups
@@ -194,8 +333,55 @@ typedef struct {
  * streams did not pay, the next blocks' into L2 from 3 rows on does (rows_vec). */
 static int blocks_for(int64_t R) { return R <= 2 ? 3 : R <= 5 ? 2 : 1; }
 
+#ifdef BF_AMX_BUILD
+static void bf_part_amx(const bf_job *J, pool_region *region) {
+    const int64_t R = J->R, K = J->K, N = J->N, take = J->take;
+    float acc[AMX_NB * 16 * JB] __attribute__((aligned(64)));
+    int64_t b0, b1;
+    const int two = R > take;
+    int configured = 0;
+    while (pool_claim(region, &b0, &b1)) {
+        /* configured on every call: the configuration is thread state that other AMX code on the
+         * thread (oneDNN's bf16 products, torch's drafter passes) replaces and releases */
+        if (!configured) {
+            amx_config((int)take, two);
+            configured = 1;
+        }
+        for (int64_t b = b0; b < b1;) {
+            const int B = b1 - b >= AMX_NB ? AMX_NB : (int)(b1 - b);
+            const uint32_t *rec = J->W + b * (K / 2) * JB;
+            if (R <= take) { /* one row group: four blocks a step */
+                amx_blocks(B, J->xp, K, 0, rec, acc, (int)take);
+                for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, 0, R);
+                b += B;
+                continue;
+            }
+            const int B2 = B >= 2 ? 2 : 1; /* several row groups: two blocks a step, groups in pairs */
+            for (int64_t r = 0; r < R; r += 2 * take) {
+                const int64_t keep0 = R - r < take ? R - r : take;
+                const int pair = r + take < R; /* an odd last group runs as both of a pair, once kept */
+                const int64_t keep1 = pair ? (R - r - take < take ? R - r - take : take) : 0; /* padding rows dropped */
+                amx_blocks2(B2, J->xp, K, r, pair ? r + take : r, rec, acc, (int)take);
+                for (int bb = 0; bb < B2; bb++) {
+                    put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, keep0);
+                    if (keep1) put(J->y, J->bias, acc + (B2 + bb) * take * JB, N, b + bb, r + take, keep1);
+                }
+            }
+            b += B2;
+        }
+    }
+    if (configured) _tile_release(); /* tiles back to their initial state: nothing for a context switch to save */
+}
+#endif
+
 static void bf_part(void *ctx, pool_region *region) {
     const bf_job *J = (const bf_job *)ctx;
+#ifdef BF_AMX_BUILD
+    if (J->amx) {
+        bf_part_amx(J, region);
+        return;
+    }
+#endif
     const int64_t R = J->R, K = J->K, N = J->N;
     float acc[8 * GMAX * JB];
     int64_t b0, b1;
@@ -204,14 +390,14 @@ static void bf_part(void *ctx, pool_region *region) {
             const uint32_t *rec = J->W + b * (K / 2) * JB;
             int lb = 0;
 #ifdef BF_VEC
-            if (bf_path() == BF_AVX512) {
+            if (bf_path() >= BF_AVX512) {
                 lb = blocks_for(R);
                 while (lb > 0 && b + (1 << lb) > b1) lb--;
             }
 #endif
             const int B = 1 << lb;
 #ifdef BF_VEC
-            const int64_t gmax = bf_path() == BF_AVX512 ? GMAX_B[lb] : GMAX;
+            const int64_t gmax = bf_path() >= BF_AVX512 ? GMAX_B[lb] : GMAX;
 #else
             const int64_t gmax = GMAX;
 #endif
@@ -220,7 +406,7 @@ static void bf_part(void *ctx, pool_region *region) {
             for (int64_t g = 0; g < groups; g++) {
                 const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 5 + 5 */
 #ifdef BF_VEC
-                if (bf_path() == BF_AVX512)
+                if (bf_path() >= BF_AVX512)
                     VEC[lb][take](J->xp, K, r, rec, acc);
                 else
 #endif
@@ -239,10 +425,21 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
                      float *y, int nthreads) {
     if (K % 2 != 0 || K <= 0) return 2;
     if (R <= 0) return 0;
-    uint32_t *xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(R * K / 2) + 64);
+    int amx = 0;
+    int64_t take = R, Rp = R;
+#ifdef BF_AMX_BUILD
+    if (bf_path() == BF_AMX && K % 32 == 0) {
+        const int64_t groups = (R + 15) / 16;
+        amx = 1;
+        take = (R + groups - 1) / groups; /* even groups: 20 -> 10 + 10, 17 -> 9 + 9 (one padding row) */
+        Rp = groups * take;
+    }
+#endif
+    uint32_t *xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(Rp * K / 2) + 64);
     if (!xp) return 1;
     for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
-    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N};
+    if (Rp > R) memset(xp + R * (K / 2), 0, sizeof(uint32_t) * (size_t)((Rp - R) * K / 2));
+    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take};
     const int64_t nb = (N + JB - 1) / JB;
     if (nthreads < 1) nthreads = 1;
     const int nt = R * K * N > 65536 ? nthreads : 1;
