@@ -347,10 +347,10 @@ def load_for_training(init: Path):
     from transformers import Mamba2Config, Mamba2ForCausalLM
 
     from .errors import SpecchatError
-    from .loading import expand_rows, read_config, read_draft_vocab_file, read_state_dict
+    from .loading import draft_vocab_of, expand_rows, read_config, read_state_dict
 
     cfg = read_config(init)
-    dv = read_draft_vocab_file(init / "draft_vocab.json", cfg.get("vocab_size")) if (init / "draft_vocab.json").exists() else None
+    dv = draft_vocab_of(init, cfg.get("vocab_size"))
     if dv is None or dv["row_ids"] is None:
         return Mamba2ForCausalLM.from_pretrained(str(init), dtype=torch.float32)
     sd = expand_rows(read_state_dict(init), dv["row_ids"], dv["vocab_size"], init)
@@ -755,14 +755,14 @@ def shrink_rows(src: Path, sd: dict, data_dirs: list[Path], min_count: int) -> t
     import torch
 
     from .errors import SpecchatError
-    from .loading import ROW_KEYS, read_config, read_draft_vocab_file
+    from .loading import ROW_KEYS, draft_vocab_of, read_config
 
     read_config(src)  # the loader's checks (a one-line error); the raw JSON is rewritten as it was
     cfg = json.loads((src / "config.json").read_text(encoding="utf-8"))
     V = int(cfg.get("vocab_size") or 0)
-    if not (src / "draft_vocab.json").exists():
+    dv = draft_vocab_of(src, V)
+    if dv is None:
         raise SpecchatError(f"{src}: no draft_vocab.json (train with --vocab-min-count); nothing says which rows it proposes")
-    dv = read_draft_vocab_file(src / "draft_vocab.json", V)
     if dv["row_ids"] is not None:
         raise SpecchatError(f"{src}: its embedding is row-reduced already")
     counts = torch.zeros(V, dtype=torch.long)

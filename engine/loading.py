@@ -443,12 +443,10 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
     cfg = read_config(path)
     dtype = parse_dtype(dtype, cfg.get("model_type"), cfg)
     sd = read_state_dict(path)
-    dv = None
-    if (path / "draft_vocab.json").exists():
-        dv = read_draft_vocab_file(path / "draft_vocab.json", cfg.get("vocab_size"))
-        if dv.get("row_ids") is not None:
-            cfg = {**cfg, "vocab_size": dv["vocab_size"]}
-            sd = expand_rows(sd, dv["row_ids"], dv["vocab_size"], path)
+    dv = draft_vocab_of(path, cfg.get("vocab_size"))
+    if dv is not None and dv["row_ids"] is not None:
+        cfg = {**cfg, "vocab_size": dv["vocab_size"]}
+        sd = expand_rows(sd, dv["row_ids"], dv["vocab_size"], path)
     sd = _on(sd, device)
     params = count_params(sd, cfg)
     model = build(cfg, sd, dtype, max_context, str(path))
@@ -498,6 +496,12 @@ def read_draft_vocab_file(path: Path, rows: int | None) -> dict[str, Any]:
         top = "?" if V is None else V - 1
         raise ModelLoadError(f"{path}: token ids must be distinct and within the model's vocabulary (0..{top})")
     return {"token_ids": t, "row_ids": r, "vocab_size": V}
+
+
+def draft_vocab_of(path: Path, rows: int | None) -> dict[str, Any] | None:
+    """The drafter directory ``path``'s draft_vocab.json (read_draft_vocab_file), or None without one."""
+    f = path / "draft_vocab.json"
+    return read_draft_vocab_file(f, rows) if f.exists() else None
 
 
 ROW_KEYS = ("embeddings.weight", "embed_tokens.weight", "lm_head.weight")  # the (vocab, d) tensors a row map widens
