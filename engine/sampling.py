@@ -36,12 +36,41 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
         raise ValueError(f"top_p must be in (0, 1] (got {top_p})")
     probs = torch.softmax(logits.float() / temperature, dim=-1)  # (..., V)
     if top_p < 1.0:
-        sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
-        mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # exclusive prefix mass; 0 for the top token
-        sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
-        probs = probs / probs.sum(dim=-1, keepdim=True)
+        probs = nucleus(probs, top_p)
     return probs
+
+
+NUCLEUS_TOPK = 256  # a 49k-entry stable sort costs ~6 ms a row on a 2-core CPU, topk(256) ~0.4 ms
+
+
+def nucleus_by_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The top-p cut by its definition: a stable descending sort, the tokens whose exclusive prefix
+    mass is below top_p kept (the most likely always; ties in token order), renormalised."""
+    sorted_p, order = probs.sort(dim=-1, descending=True, stable=True)
+    mass_before = sorted_p.cumsum(dim=-1) - sorted_p  # exclusive prefix mass; 0 for the top token
+    sorted_p = sorted_p.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return kept / kept.sum(dim=-1, keepdim=True)
+
+
+def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """``nucleus_by_sort``'s result, bit for bit, from the ``NUCLEUS_TOPK`` largest values where
+    every row's cut falls among them (else the sort, for the whole batch). The descending values,
+    their prefix masses and so the kept count m are the same whatever order ties take; the kept set
+    is every token above the m-th value plus the lowest-id tokens equal to it, as many as the stable
+    sort keeps; the kept probabilities are summed in token order as there."""
+    V = probs.shape[-1]
+    flat = probs.reshape(-1, V)
+    vals = flat.topk(min(NUCLEUS_TOPK, V), dim=-1).values  # descending
+    mass_before = vals.cumsum(dim=-1) - vals
+    if not bool((mass_before[:, -1] >= top_p).all()):
+        return nucleus_by_sort(probs, top_p)  # a cut past the top-k somewhere (a flat distribution)
+    m = (mass_before < top_p).sum(dim=-1, keepdim=True)  # >= 1: the top token's mass before is 0
+    last = vals.gather(-1, m - 1)  # the smallest kept value
+    above, tied = flat > last, flat == last
+    need = m - above.sum(dim=-1, keepdim=True)  # of the tied tokens the sort keeps the lowest ids
+    kept = torch.where(above | (tied & (tied.cumsum(dim=-1) <= need)), flat, torch.zeros((), dtype=flat.dtype))
+    return (kept / kept.sum(dim=-1, keepdim=True)).reshape(probs.shape)
 
 
 def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

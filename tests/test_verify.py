@@ -495,6 +495,32 @@ def test_probs_from_logits_top_p_truncates_exactly():
         probs_from_logits(logits, 0.0)
 
 
+@pytest.mark.parametrize("V", [49152, 1000, 257, 256, 7])
+def test_nucleus_from_the_top_k_is_the_sort_bit_for_bit(V):
+    """sampling.nucleus (the top-k values first; the sort only where a cut falls past them) gives
+    nucleus_by_sort's bits: peaked and flat rows, exact ties at the top and across the cut, batches
+    where some rows fall back."""
+    from engine.sampling import NUCLEUS_TOPK, nucleus, nucleus_by_sort
+
+    g = torch.Generator().manual_seed(V)
+    fast = fell_back = 0
+    for trial in range(60):
+        B = 1 + trial % 4
+        logits = torch.randn(B, V, generator=g) * [0.5, 2.0, 5.0, 12.0][trial % 4]
+        if trial % 3 == 0:
+            logits = (logits * 2).round() / 2  # many exact ties
+        if trial % 5 == 0:
+            logits[:, : min(40, V)] = logits[:, :1]  # ties at the top
+        probs = torch.softmax(logits, -1)
+        for top_p in (0.05, 0.5, 0.9, 0.95, 0.999):
+            assert torch.equal(nucleus(probs, top_p), nucleus_by_sort(probs, top_p)), (trial, top_p)
+            mass = probs.topk(min(NUCLEUS_TOPK, V), -1).values
+            inside = bool(((mass.cumsum(-1) - mass)[:, -1] >= top_p).all())
+            fast, fell_back = fast + inside, fell_back + (not inside)
+    assert torch.equal(nucleus(probs[0], 0.9), nucleus_by_sort(probs[0], 0.9))  # one row, no batch dim
+    assert fast > 50 and (fell_back > 10 or V <= NUCLEUS_TOPK)  # both paths were taken
+
+
 def test_argmax_rows_is_torch_argmax():
     """verify.argmax_rows (numpy's argmax for CPU fp32, torch's otherwise) picks what torch's does:
     the first maximum on ties, a NaN as the maximum, rows of a 2-D tensor, strided and inference
