@@ -172,7 +172,7 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
     ``temperature`` > 0 samples instead (top-p, seeded): used to draw the target's own prompts."""
     import torch
 
-    from .sampling import probs_from_logits
+    from .sampling import draw_rows
 
     dev = model.embed.device
     gen = torch.Generator(device=dev).manual_seed(seed)
@@ -180,8 +180,7 @@ def batched_greedy(model, prompts: list[list[int]], max_new: int, eos_ids, batch
     def pick(logits: torch.Tensor) -> torch.Tensor:
         if temperature <= 0:
             return logits.argmax(-1)
-        q = probs_from_logits(logits.float(), temperature, top_p)
-        return torch.multinomial(q, 1, generator=gen)[:, 0]
+        return draw_rows(torch.softmax(logits.float() / temperature, dim=-1), top_p, gen)
 
     # by length within windows of 16 batches (little padding), the windows in the given order: a
     # run stopped by its time budget has answered a fair share of every kind of prompt

@@ -73,6 +73,26 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return (kept / kept.sum(dim=-1, keepdim=True)).reshape(probs.shape)
 
 
+DRAW_TOPK = 4096  # draw_rows's candidates
+
+
+def draw_rows(probs: torch.Tensor, top_p: float, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of probs (R, V) from its top-p nucleus (R,): drawn among the ``DRAW_TOPK``
+    most likely tokens where every row's nucleus lies among them, else from ``nucleus`` over the
+    whole vocabulary. The same distribution either way (where tied tokens straddle the cut, which
+    of them are kept may differ); a different random stream from ``sample``. For batched data
+    generation (`distill data --self-prompts`): a 49k-entry sort and draw took 230 of a 48-row
+    step's ~390 ms on a 2-core Xeon (session 32)."""
+    if top_p < 1.0:
+        vals, ids = probs.topk(min(DRAW_TOPK, probs.shape[-1]), dim=-1)
+        mass_before = vals.cumsum(dim=-1) - vals
+        if bool((mass_before[:, -1] >= top_p).all()):
+            j = torch.multinomial(vals.masked_fill(mass_before >= top_p, 0.0), 1, generator=generator)
+            return ids.gather(-1, j)[:, 0]
+        probs = nucleus(probs, top_p)
+    return torch.multinomial(probs, 1, generator=generator)[:, 0]
+
+
 def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     # torch.multinomial needs the generator on the tensor's device (a CPU generator with CUDA probs
     # raises); moving one row of V floats is cheaper than failing.

@@ -521,6 +521,31 @@ def test_nucleus_from_the_top_k_is_the_sort_bit_for_bit(V):
     assert fast > 50 and (fell_back > 10 or V <= NUCLEUS_TOPK)  # both paths were taken
 
 
+def test_draw_rows_samples_the_nucleus(monkeypatch):
+    """sampling.draw_rows draws each row's token from its top-p nucleus with the nucleus's
+    probabilities: among the top candidates where every row's nucleus lies there, over the whole
+    vocabulary otherwise (DRAW_TOPK made small to take both), and from the softmax at top_p = 1."""
+    from engine import sampling
+
+    g = torch.Generator().manual_seed(11)
+    probs = torch.softmax(torch.randn(3, 40, generator=g) * 2.0, -1)
+    probs[2] = torch.softmax(torch.randn(40, generator=g) * 0.1, -1)  # flat: its nucleus is wide
+    gen = torch.Generator().manual_seed(5)
+    n = 6000
+    for topk, top_p, rows in ((8, 0.6, slice(0, 2)), (8, 0.9, slice(0, 3)), (40, 1.0, slice(0, 3))):
+        monkeypatch.setattr(sampling, "DRAW_TOPK", topk)
+        p = probs[rows]
+        want = sampling.nucleus(p, top_p) if top_p < 1 else p
+        counts = torch.zeros_like(p)
+        for _ in range(n):
+            t = sampling.draw_rows(p, top_p, gen)
+            counts[torch.arange(len(t)), t] += 1
+        assert bool((counts[want == 0] == 0).all())  # nothing outside the nucleus
+        # every token's frequency within 5 standard deviations of its probability
+        sd = (want * (1 - want) / n).sqrt()
+        assert bool(((counts / n - want).abs() <= 5 * sd + 1e-9).all()), (topk, top_p)
+
+
 def test_argmax_rows_is_torch_argmax():
     """verify.argmax_rows (numpy's argmax for CPU fp32, torch's otherwise) picks what torch's does:
     the first maximum on ties, a NaN as the maximum, rows of a 2-D tensor, strided and inference
