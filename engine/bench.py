@@ -245,13 +245,14 @@ def _spec_error(spec: str, e: ValueError) -> SpecchatError:
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "prompts": n_prompts, "dtype": session.target.compute, "dtype_arg": args.dtype, "warmup": args.warmup,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels()}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels(getattr(session.target, "model", None))}
 
 
-def _kernels() -> dict[str, str]:
+def _kernels(model=None) -> dict[str, str]:
     """Which CPU kernels this run used (they are chosen per machine): oneDNN packing per dtype,
-    the C attention and the C row-consistent fp32 linear (engine/native), and which kernel runs the
-    bf16 and q8 compute types' products (AMX / AVX-512 BF16 / scalar; VNNI / AVX2 / scalar)."""
+    the C attention and the C row-consistent fp32 linear (engine/native), which kernel runs the
+    bf16 and q8 compute types' products (AMX / AVX-512 BF16 / scalar; VNNI / AVX2 / scalar) and,
+    for a target with a bf16 KV cache in the C pass, its attention (AMX tiles / vector)."""
     import torch
 
     from . import native
@@ -259,7 +260,9 @@ def _kernels() -> dict[str, str]:
 
     return {"packed_fp32": str(common.packs(torch.float32)), "packed_bf16": str(common.packs(torch.bfloat16)),
             "native": native.status(), "native_linear": common.native_linear_status(),
-            "bf16_products": native.bf16_path(), "q8_products": native.a8_path()}
+            "bf16_products": native.bf16_path(), "q8_products": native.a8_path(),
+            **({"bf16_cache_attention": native.attention_path(model.cfg.head_dim)}
+               if getattr(model, "kv_bf16", False) and hasattr(getattr(model, "cfg", None), "head_dim") else {})}
 
 
 def _threads() -> int:
@@ -275,7 +278,7 @@ def _progress(msg: str) -> None:
 def _print_table(rows: list[Row], session, args, n_prompts: int) -> None:
     print(f"target: {session.description}; {n_prompts} prompts x {args.max_new_tokens} new tokens, T={args.temperature:g}; "
           f"{_threads()} threads, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
-    print("kernels: " + ", ".join(f"{k} {v}" for k, v in _kernels().items()))
+    print("kernels: " + ", ".join(f"{k} {v}" for k, v in _kernels(getattr(session.target, "model", None)).items()))
     print(f"{'strategy':<16} {'engine':<13} {'prompt':<12} {'tok/s':>8} {'speedup':>8} {'mean acc':>9} {'acc rate':>8} {'peak MB':>8} {'same as ar':>10}")
     for r in rows:
         same = "" if r.identical is None else ("yes" if r.identical else "NO")

@@ -767,3 +767,39 @@ def test_training_keeps_freed_memory_on_glibc():
         assert keep_freed_memory() is True
     else:
         assert keep_freed_memory() in (True, False)
+
+
+def test_sigterm_stops_a_training_run_as_ctrl_c_does(tmp_path):
+    """A run started in the background ignores SIGINT (nohup ... &); SIGTERM saves the state and
+    exits 130 like Ctrl-C, and the run resumes from it."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    out = tmp_path / "t"
+    cmd = [sys.executable, "-m", "engine.cli", "distill", "train", "--data", str(data), "--out", str(out), *_TINY, *_TINIER,
+           "--steps", "100000", "--lr", "1e-3", "--holdout", "0.25", "--save-every", "1", "--threads", "1"]
+    p = subprocess.Popen(cmd, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)), stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        t0 = time.monotonic()
+        while not (out / "train_state.pt").exists() and p.poll() is None and time.monotonic() - t0 < 120:
+            time.sleep(0.2)
+        assert p.poll() is None, p.communicate()[1][-2000:]
+        os.kill(p.pid, signal.SIGINT)  # ignored, as under nohup ... &
+        time.sleep(0.5)
+        assert p.poll() is None
+        os.kill(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err[-2000:]
+    assert "interrupted at step" in err
+    step = int(torch.load(out / "train_state.pt", weights_only=True)["step"])
+    assert step >= 1

@@ -203,6 +203,8 @@ def _load() -> ctypes.CDLL | None:
         lib.llama_rows_grouped.restype = ctypes.c_int
         lib.llama_rows_kv16_ok.argtypes = [i64]
         lib.llama_rows_kv16_ok.restype = ctypes.c_int
+        lib.llama_rows_amx_attention.argtypes = [i64]
+        lib.llama_rows_amx_attention.restype = ctypes.c_int
         lib.mamba2_layers_f32.argtypes = [p, i64, i64, i64, p, i64, f32, p, p, i64, i64, i64, i64, i64, f32, f32, f32, i32]
         lib.mamba2_layers_f32.restype = ctypes.c_int
         _lib = lib
@@ -241,3 +243,12 @@ def bf16_path() -> str:
     "off" without the library. SPECCHAT_BF16_PATH=amx / avx512 / scalar asks for one."""
     lb = lib()
     return "off" if lb is None else ("scalar", "avx512", "amx")[lb.bf16_rows_path()]
+
+
+def attention_path(head_dim: int) -> str:
+    """Which kernel runs the C pass's attention over a bf16 KV cache (the bf16 and q8 compute
+    types): "amx" (llama_rows.c's attend_group_amx: AMX-BF16 tiles, bf16-rounded queries and
+    weights; where the products run on AMX, head size % 32 == 0 and <= 128, SPECCHAT_AMX_ATTN not
+    0), "vector" (attend_group's fp32 FMA chains), or "off" without the library."""
+    lb = lib()
+    return "off" if lb is None else ("amx" if lb.llama_rows_amx_attention(int(head_dim)) else "vector")

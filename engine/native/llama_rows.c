@@ -27,8 +27,13 @@
 #define LR_VEC 1
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
 #define LR_V512 1 /* attend_group in 16 lanes: the same operations on each value, so the same bits */
+#if defined(__AVX512BW__) && defined(__AVX512BF16__) && defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#define LR_AMX 1 /* attend_group_amx: attention on AMX-BF16 tiles */
 #endif
 #endif
+#endif
+
+int bf16_rows_path(void); /* bf16_rows.c: 2 where the bf16 products run on AMX (the tile state granted) */
 
 int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
                     const float *bias, float *y, int nthreads);
@@ -295,6 +300,25 @@ static inline __attribute__((always_inline)) __m512 kv16x(const void *base, int6
     return _mm512_loadu_ps((const float *)base + i);
 }
 
+/* a query's scores sg[0, end) -> the kept ones (not -inf) in order at sg[0, c), their keys' indices
+ * at ig[0, c); returns c. In place: a block is loaded before anything is stored over it, and the
+ * 16-lane stores end at or before the block's end (c <= j). */
+static inline int64_t compact_kept(float *sg, int32_t *ig, int64_t end) {
+    const __m512 ninf16 = _mm512_set1_ps(-INFINITY);
+    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    int64_t c = 0, j = 0;
+    for (; j + 16 <= end; j += 16) {
+        const __m512 v = _mm512_loadu_ps(sg + j);
+        const __mmask16 keep = _mm512_cmp_ps_mask(v, ninf16, _CMP_NEQ_UQ);
+        _mm512_storeu_ps(sg + c, _mm512_maskz_compress_ps(keep, v));
+        _mm512_storeu_si512(ig + c, _mm512_maskz_compress_epi32(keep, _mm512_add_epi32(iota, _mm512_set1_epi32((int)j))));
+        c += __builtin_popcount((unsigned)keep);
+    }
+    for (; j < end; j++)
+        if (sg[j] != -INFINITY) { sg[c] = sg[j]; ig[c++] = (int32_t)j; }
+    return c;
+}
+
 static inline __attribute__((always_inline)) void attend_group_nv512(const int64_t nv, const int bf, const float *const *q, int ng,
                                                                       const void *Kc, const void *Vc, const uint8_t *const *mrow, int64_t end,
                                                                       int64_t E, float scale, float *s, int32_t *idx, int64_t ss,
@@ -339,23 +363,9 @@ static inline __attribute__((always_inline)) void attend_group_nv512(const int64
     }
     int64_t n[GQ], nmax = 0;
     float inv[GQ];
-    const __m512 ninf16 = _mm512_set1_ps(-INFINITY);
-    const __m512i iota = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
     for (int g = 0; g < ng; g++) {
         float *sg = s + g * ss;
-        int32_t *ig = idx + g * ss;
-        int64_t c = 0, j = 0;
-        /* compaction in place: a block is loaded before anything is stored over it, and the
-         * 16-lane stores end at or before the block's end (c <= j) */
-        for (; j + 16 <= end; j += 16) {
-            const __m512 v = _mm512_loadu_ps(sg + j);
-            const __mmask16 keep = _mm512_cmp_ps_mask(v, ninf16, _CMP_NEQ_UQ);
-            _mm512_storeu_ps(sg + c, _mm512_maskz_compress_ps(keep, v));
-            _mm512_storeu_si512(ig + c, _mm512_maskz_compress_epi32(keep, _mm512_add_epi32(iota, _mm512_set1_epi32((int)j))));
-            c += __builtin_popcount((unsigned)keep);
-        }
-        for (; j < end; j++)
-            if (sg[j] != -INFINITY) { sg[c] = sg[j]; ig[c++] = (int32_t)j; }
+        const int64_t c = compact_kept(sg, idx + g * ss, end);
         inv[g] = exp_in_place(sg, c, max8(vmax[g]));
         n[g] = c;
         nmax = c > nmax ? c : nmax;
@@ -459,6 +469,201 @@ static void attend_row(const float *q, const void *Kv, const void *Vv, int bf, c
     }
 }
 
+/* fp32 -> bf16, round to nearest even (torch's .to(torch.bfloat16) for every finite value; NaN
+ * stays a NaN) */
+static inline uint16_t to_bf16(float f) {
+    uint32_t b;
+    memcpy(&b, &f, 4);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
+    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+#ifdef LR_AMX
+/* Attention on AMX-BF16 tiles (bf16 cache, E % 32 == 0, E <= 128), where the CPU's bf16 products
+ * run on AMX too (bf16_rows_path() == 2; SPECCHAT_AMX_ATTN=0 keeps attend_group). Why: a 16-row
+ * verify pass's attention ran ~23 cycles per query and key in attend_group's FMA chains (a 16-row
+ * pass at 300 tokens of context 16.6 ms against 11.3 at 30, 2-core Xeon), where two tile products
+ * per 16 keys x 16 queries do the scores and two per 32 keys the value sums.
+ *
+ * Numerics (one path per process, like the products): the queries and the softmax weights enter
+ * as two bf16 halves each (bf16_split: hi + lo, each product taken for both) and the sums are the
+ * tiles' own, so the bits differ from attend_group's, but a query's bits still
+ * depend only on that query, its keys and which of them it sees, never on the other queries in the
+ * tile or the pass, so a 1-token step and a verify pass agree:
+ * - scores: C[key][query] += K[key] . q over 32-feature chunks in order; a key's score is its own
+ *   tile element, whatever else rides in the tile; masked keys are -inf;
+ * - the keys a query sees compacted in order, e^(s - max) and their sum as attend_group computes
+ *   them (exp_in_place: eight lanes over the compacted keys, a fixed tree);
+ * - value sums over the compacted keys in blocks of 32 in order, each block one tile product per 16
+ *   features into the query's row of the accumulator (a key past the query's count weighs an exact
+ *   zero and reads a zero row), then times 1 / sum. A tree row's keys are gathered through its
+ *   compacted order, so they sit where a chain's would. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} lr_tilecfg;
+
+static void amx_attn_config(void) {
+    lr_tilecfg c __attribute__((aligned(64)));
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) { c.colsb[t] = 64; c.rows[t] = 16; }
+    _tile_loadconfig(&c);
+}
+
+/* 32 floats (a: the first 16) as two bf16 vectors, hi = bf16(x) and lo = bf16(x - hi), each to
+ * nearest even (vcvtne2ps2bf16, denormals to zero): hi + lo carries ~16 of x's 24 bits, so the tile
+ * products of both halves keep attention's inputs about as exact as the cache's bf16 K/V (bf16
+ * queries and weights alone took SmolLM2's mean logit error against an fp32 pass from 0.037 to
+ * 0.047; split, 0.040) */
+static inline void bf16_split32(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
+    const __m512i h = (__m512i)_mm512_cvtne2ps_pbh(b, a);
+    const __m512 ha = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(h)), 16));
+    const __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
+    *hi = h;
+    *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+}
+
+static void attend_group_amx(const float *const *q, int ng, const void *Kc, const void *Vc, const uint8_t *const *mrow,
+                             int64_t end, int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
+    const int nfc = (int)(E / 32), nqt = (ng + 15) / 16;
+    /* the queries as B tiles: tile (qt, c) row i, column n = query 16 qt + n's features 32c + 2i, +1 */
+    uint16_t qb[2][2][4][16][16][2] __attribute__((aligned(64))); /* [hi, lo][qt][c][i][n][pair] */
+    for (int h = 0; h < 2; h++)
+        for (int qt = 0; qt < nqt; qt++) memset(qb[h][qt], 0, sizeof qb[0][0][0] * (size_t)nfc);
+    const __m512i rows16 = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+    for (int g = 0; g < ng; g++)
+        for (int c = 0; c < nfc; c++) { /* the chunk's 16 pairs down column g % 16 */
+            __m512i h, l;
+            bf16_split32(_mm512_loadu_ps(q[g] + 32 * c), _mm512_loadu_ps(q[g] + 32 * c + 16), &h, &l);
+            _mm512_i32scatter_epi32((uint32_t *)qb[0][g / 16][c] + g % 16, rows16, h, 4);
+            _mm512_i32scatter_epi32((uint32_t *)qb[1][g / 16][c] + g % 16, rows16, l, 4);
+        }
+    uint16_t kpad[16 * 128] __attribute__((aligned(64)));
+    float sb[16][16] __attribute__((aligned(64)));
+    const __m512 vscale = _mm512_set1_ps(scale), ninf16 = _mm512_set1_ps(-INFINITY);
+    __m512 vmx[GQ];
+    for (int g = 0; g < ng; g++) vmx[g] = ninf16;
+    const uint16_t *K16 = (const uint16_t *)Kc, *V16 = (const uint16_t *)Vc;
+    for (int64_t j0 = 0; j0 < end; j0 += 16) {
+        const int64_t kn = end - j0 < 16 ? end - j0 : 16;
+        const uint16_t *Kb = K16 + j0 * E;
+        if (kn < 16) { /* the last block: its keys, then zero rows (never past the cache's end) */
+            memset(kpad, 0, sizeof(uint16_t) * 16 * (size_t)E);
+            memcpy(kpad, Kb, sizeof(uint16_t) * (size_t)(kn * E));
+            Kb = kpad;
+        }
+        _tile_zero(0);
+        if (nqt > 1) _tile_zero(1);
+        for (int c = 0; c < nfc; c++) {
+            _tile_loadd(2, Kb + 32 * c, E * 2);
+            _tile_loadd(3, qb[0][0][c], 64);
+            _tile_dpbf16ps(0, 2, 3);
+            _tile_loadd(4, qb[1][0][c], 64);
+            _tile_dpbf16ps(0, 2, 4);
+            if (nqt > 1) {
+                _tile_loadd(3, qb[0][1][c], 64);
+                _tile_dpbf16ps(1, 2, 3);
+                _tile_loadd(4, qb[1][1][c], 64);
+                _tile_dpbf16ps(1, 2, 4);
+            }
+        }
+        for (int qt = 0; qt < nqt; qt++) {
+            if (qt == 0) _tile_stored(0, sb, 64);
+            else _tile_stored(1, sb, 64);
+            const int nq = ng - 16 * qt < 16 ? ng - 16 * qt : 16;
+            const __mmask16 valid = kn == 16 ? 0xffff : (__mmask16)((1u << kn) - 1);
+            for (int n = 0; n < nq; n++) { /* query n's column: its 16 keys' scores, masked ones -inf */
+                const int g = 16 * qt + n;
+                __mmask16 seen = valid;
+                if (mrow[g]) seen = _mm_mask_cmpneq_epi8_mask(valid, _mm_maskz_loadu_epi8(valid, mrow[g] + j0), _mm_setzero_si128());
+                const __m512 v = _mm512_mask_blend_ps(seen, ninf16, _mm512_mul_ps(_mm512_i32gather_ps(rows16, &sb[0][n], 4), vscale));
+                _mm512_mask_storeu_ps(s + g * ss + j0, valid, v);
+                vmx[g] = _mm512_max_ps(vmx[g], v);
+            }
+        }
+    }
+    int64_t n[GQ];
+    float inv[GQ];
+    for (int g = 0; g < ng; g++) { /* attend_group_nv512's compaction and exp_in_place */
+        float *sg = s + g * ss;
+        const int64_t c = compact_kept(sg, idx + g * ss, end);
+        inv[g] = exp_in_place(sg, c, _mm256_set1_ps(_mm512_reduce_max_ps(vmx[g])));
+        n[g] = c;
+    }
+    /* value sums: the queries that see the same keys (a row's heads; every query without a mask)
+     * share the gathered V tiles, up to 16 a tile */
+    uint16_t pb[2][16][32] __attribute__((aligned(64))); /* the weights' hi and lo halves (bf16_split) */
+    uint32_t vb[4][16][16] __attribute__((aligned(64))); /* 4 B tiles: 16 key pairs x 16 features */
+    float ob[16][16] __attribute__((aligned(64)));
+    static const uint16_t zero_row[128] __attribute__((aligned(64))) = {0};
+    const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    for (int g0 = 0, g1; g0 < ng; g0 = g1) {
+        for (g1 = g0 + 1; g1 < ng && g1 - g0 < 16 && mrow[g1] == mrow[g0]; g1++) {}
+        const int m = g1 - g0;
+        const int64_t nn = n[g0];
+        const int32_t *ig = idx + g0 * ss;
+        memset(pb, 0, sizeof pb);
+        for (int64_t fh = 0; fh < E; fh += 64) {
+            const int nf = (int)((E - fh < 64 ? E - fh : 64) / 16); /* 2 or 4 accumulator tiles */
+            _tile_zero(0);
+            _tile_zero(1);
+            if (nf > 2) { _tile_zero(2); _tile_zero(3); }
+            for (int64_t t0 = 0; t0 < nn; t0 += 32) {
+                const int64_t tn = nn - t0 < 32 ? nn - t0 : 32;
+                for (int r = 0; r < m; r++) { /* e^(s - max), keys past the count as zeros */
+                    const float *sg = s + (g0 + r) * ss + t0;
+                    const __mmask16 k0 = tn >= 16 ? 0xffff : (__mmask16)((1u << tn) - 1);
+                    const __mmask16 k1 = tn >= 32 ? 0xffff : tn <= 16 ? 0 : (__mmask16)((1u << (tn - 16)) - 1);
+                    __m512i h, l;
+                    bf16_split32(_mm512_maskz_loadu_ps(k0, sg), _mm512_maskz_loadu_ps(k1, sg + 16), &h, &l);
+                    _mm512_store_si512(pb[0][r], h);
+                    _mm512_store_si512(pb[1][r], l);
+                }
+                for (int i = 0; i < 16; i++) {
+                    const int64_t ta = t0 + 2 * i, tb = ta + 1;
+                    const uint16_t *ra = ta < nn ? V16 + (int64_t)ig[ta] * E + fh : zero_row;
+                    const uint16_t *rb = tb < nn ? V16 + (int64_t)ig[tb] * E + fh : zero_row;
+                    for (int p = 0; p < nf / 2; p++) {
+                        const __m512i a = _mm512_loadu_si512(ra + 32 * p), b = _mm512_loadu_si512(rb + 32 * p);
+                        _mm512_store_si512(vb[2 * p][i], _mm512_permutex2var_epi16(a, ilo, b));
+                        _mm512_store_si512(vb[2 * p + 1][i], _mm512_permutex2var_epi16(a, ihi, b));
+                    }
+                }
+                _tile_loadd(4, pb[0], 64);
+                _tile_loadd(7, pb[1], 64);
+                _tile_loadd(5, vb[0], 64);
+                _tile_dpbf16ps(0, 4, 5);
+                _tile_dpbf16ps(0, 7, 5);
+                _tile_loadd(6, vb[1], 64);
+                _tile_dpbf16ps(1, 4, 6);
+                _tile_dpbf16ps(1, 7, 6);
+                if (nf > 2) {
+                    _tile_loadd(5, vb[2], 64);
+                    _tile_dpbf16ps(2, 4, 5);
+                    _tile_dpbf16ps(2, 7, 5);
+                    _tile_loadd(6, vb[3], 64);
+                    _tile_dpbf16ps(3, 4, 6);
+                    _tile_dpbf16ps(3, 7, 6);
+                }
+            }
+            for (int f = 0; f < nf; f++) {
+                if (f == 0) _tile_stored(0, ob, 64);
+                else if (f == 1) _tile_stored(1, ob, 64);
+                else if (f == 2) _tile_stored(2, ob, 64);
+                else _tile_stored(3, ob, 64);
+                for (int r = 0; r < m; r++) {
+                    const __m512 vinv = _mm512_set1_ps(inv[g0 + r]);
+                    _mm512_storeu_ps(out[g0 + r] + fh + 16 * f, _mm512_mul_ps(_mm512_load_ps(ob[r]), vinv));
+                }
+            }
+        }
+    }
+}
+#endif
+
 /* A per-thread scratch of at least n floats, kept between calls and freed when its thread ends
  * (the app decodes each reply on a worker thread). */
 typedef struct { size_t n; float *p; } kept_buf;
@@ -495,6 +700,7 @@ typedef struct {
     int64_t chunks; /* 0: an item is one (row, head); else an item is one KV head's G heads of the
                      * rows of one of `chunks` even row ranges (attend_group) */
     float scale;
+    int amx; /* attend_group_amx (amx_attention) */
     atomic_int failed;
 } att_job;
 
@@ -516,6 +722,9 @@ static void att_part(void *ctx, pool_region *region) {
         while (pool_claim(region, &a0, &a1)) {} /* nobody computes these: the call fails */
         return;
     }
+#ifdef LR_AMX
+    if (A->amx) amx_attn_config();
+#endif
     do for (int64_t th = a0; th < a1; th++) {
 #ifdef LR_VEC
         if (A->chunks) {
@@ -532,26 +741,56 @@ static void att_part(void *ctx, pool_region *region) {
                     ms[ng] = A->mask ? A->mask + t * A->ldm : NULL;
                     os[ng] = A->o + t * A->H * A->E + hd * A->E;
                 }
+#ifdef LR_AMX
+            if (A->amx) {
+                attend_group_amx(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), ms, A->end, A->E, A->scale, s,
+                                 (int32_t *)(s + ng * ss), ss, os);
+                continue;
+            }
+#endif
             attend_group(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16, ms, A->end, A->E, A->scale, s,
                          (int32_t *)(s + ng * ss), ss, os);
             continue;
         }
 #endif
         const int64_t t = th / A->H, hd = th % A->H, k = hd / A->G;
+#ifdef LR_AMX
+        if (A->amx) {
+            const float *q1 = A->qkv + t * A->QKV + hd * A->E;
+            const uint8_t *m1 = A->mask ? A->mask + t * A->ldm : NULL;
+            float *o1 = A->o + t * A->H * A->E + hd * A->E;
+            attend_group_amx(&q1, 1, kv_head(A, A->kc, k), kv_head(A, A->vc, k), &m1, A->end, A->E, A->scale, s,
+                             (int32_t *)(s + ss), ss, &o1);
+            continue;
+        }
+#endif
         attend_row(A->qkv + t * A->QKV + hd * A->E, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16,
                    A->mask ? A->mask + t * A->ldm : NULL, A->end, A->E, A->scale, s, A->o + t * A->H * A->E + hd * A->E);
     } while (pool_claim(region, &a0, &a1));
+#ifdef LR_AMX
+    if (A->amx) _tile_release();
+#endif
     free(s);
 }
 
-/* fp32 -> bf16, round to nearest even (torch's .to(torch.bfloat16) for every finite value; NaN
- * stays a NaN) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t b;
-    memcpy(&b, &f, 4);
-    if ((b & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((b >> 16) | 0x40);
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+/* 1 where a pass with a bf16 cache and head size E runs its attention on AMX tiles
+ * (attend_group_amx): this build has them, E % 32 == 0 and E <= 128, the bf16 products run on AMX
+ * (bf16_rows_path: the tile state granted; SPECCHAT_BF16_PATH=avx512 turns both off) and
+ * SPECCHAT_AMX_ATTN is not 0. Read once per process, like the products' path. */
+int llama_rows_amx_attention(int64_t E) {
+#ifdef LR_AMX
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("SPECCHAT_AMX_ATTN");
+        on = bf16_rows_path() == 2 && !(e && !strcmp(e, "0"));
+    }
+    return on && E % 32 == 0 && E <= 128;
+#else
+    (void)E;
+    return 0;
+#endif
 }
+
 
 /* 1 where a pass's attention runs grouped (attend_group: the query heads that share a KV head, of
  * several rows, read each K/V block once) for head size E and G query heads a KV head; else every
@@ -589,6 +828,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
     const int64_t G = H / KV, QKV = (H + 2 * KV) * E, end = start + T;
     if (kv16 && !llama_rows_kv16_ok(E)) return 3;
     const int64_t es = kv16 ? 2 : 4; /* bytes a cached feature */
+    const int amx = kv16 && llama_rows_amx_attention(E);
     if (nthreads < 1) nthreads = 1;
     const size_t n = (size_t)T * (size_t)(D + QKV + H * E + 2 * F + F + D);
     /* the pass's activations live in a per-thread buffer kept between calls: a fresh one past
@@ -637,7 +877,7 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
             if (chunks > T) chunks = T;
         }
 #endif
-        att_job A = {qkv, kc, vc, kv16, mask, o, ldm, T, H, G, E, QKV, P, end, chunks, scale, 0};
+        att_job A = {qkv, kc, vc, kv16, mask, o, ldm, T, H, G, E, QKV, P, end, chunks, scale, amx, 0};
         const int64_t items = chunks ? KV * chunks : T * H;
         pool_run(T * H * end * E > 32768 ? nthreads : 1, items, items >= 8 * nthreads ? 2 : 1, att_part, &A);
         const int failed = atomic_load(&A.failed);
