@@ -22,7 +22,7 @@ from engine import native
 from engine.loading import load
 from .test_llama_rows import native_linear_on, root  # noqa: F401 (fixtures)
 from .test_models import _random_tree, tree_walk
-from .tiny import saved
+from .tiny import saved, sharpen
 
 needs_native = pytest.mark.skipif(native.lib() is None, reason=f"native kernels {native.status()}")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -52,15 +52,38 @@ def test_the_path_follows_the_products_and_the_head_size():
         assert r.stdout.split()[0] == "vector", (env, r.stdout)
 
 
+def _llama(root: str, head_dim: int, heads: int, kv: int) -> str:
+    """A tiny llama of another head size (tests/tiny.py's llama_hd64 is SmolLM2's shape)."""
+    from pathlib import Path
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if head_dim == 64:
+        return str(saved("llama_hd64", root))
+    path = Path(root) / f"llama_e{head_dim}"
+    if not (path / "config.json").exists():
+        cfg = LlamaConfig(vocab_size=96, hidden_size=head_dim * heads, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=heads, num_key_value_heads=kv, max_position_embeddings=512,
+                          tie_word_embeddings=False)
+        torch.manual_seed(0)
+        sharpen(LlamaForCausalLM(cfg)).eval().save_pretrained(path)
+    return str(path)
+
+
 @needs_native
 @needs_amx
-@pytest.mark.parametrize("ctx", [9, 47, 90])
-def test_a_rows_bits_do_not_depend_on_its_pass(ctx, root, native_linear_on):
-    """llama_hd64: head size 64, 3 query heads a KV head. Contexts of 9, 47 and 90 tokens put keys
-    in one, three and six 16-key score blocks and one to three 32-key value blocks, partial ones
-    included; trees of 14-21 rows put 24 queries in an item (two query tiles)."""
-    m = load(str(saved("llama_hd64", root))).model
-    assert m._native_table() is not None and m.use_bf16_kv()
+@pytest.mark.parametrize("head_dim, heads, kv, ctx", [(64, 6, 2, 9), (64, 6, 2, 47), (64, 6, 2, 90),
+                                                      (32, 4, 2, 47), (96, 2, 1, 47), (128, 2, 1, 90)])
+def test_a_rows_bits_do_not_depend_on_its_pass(head_dim, heads, kv, ctx, root, native_linear_on, monkeypatch):
+    """Head size 64 with 3 query heads a KV head (SmolLM2's shape): contexts of 9, 47 and 90 tokens
+    put keys in one, three and six 16-key score blocks and one to three 32-key value blocks,
+    partial ones included; trees of 14-20 rows put 24 queries in an item (two query tiles). Head
+    sizes 32, 96 and 128: one, three and four 32-feature chunks, value sums in one 32-, a 64- and a
+    32-, and two 64-feature halves. The logits stay close to the torch pass's over the same bf16
+    cache (native rows off: torch's attention in fp32), within 0.5% of the largest logit."""
+    m = load(_llama(root, head_dim, heads, kv)).model
+    assert m._native_table() is not None and m.use_bf16_kv() and m.cfg.head_dim == head_dim
+    assert native.attention_path(head_dim) == "amx"
     ids = torch.randint(0, 96, (ctx + 12,), generator=torch.Generator().manual_seed(ctx)).tolist()
     full = m.full_logits(ids)
     m.allocate()
@@ -75,6 +98,11 @@ def test_a_rows_bits_do_not_depend_on_its_pass(ctx, root, native_linear_on):
         for i, (a, b) in enumerate(nodes):
             assert torch.equal(a, b), (seed, i)
         assert torch.equal(got, ref)
+    monkeypatch.setattr(native, "rows_enabled", lambda: False)
+    t = load(_llama(root, head_dim, heads, kv)).model
+    assert t._native_table() is None and t.use_bf16_kv()
+    ref = t.full_logits(ids)
+    assert (ref - full).abs().max() <= 0.005 * ref.abs().max(), (ref - full).abs().max()  # measured <= 0.0007
 
 
 _CHILD = """
