@@ -524,8 +524,96 @@ static inline void bf16_split32(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
     *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
 }
 
+/* how many of a query's compacted keys sit at their own index (ig[t] == t): a prefix, as ig
+ * increases strictly from ig[t] >= t */
+static inline int64_t identity_prefix(const int32_t *ig, int64_t n) {
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (ig[mid] == mid) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* the A tiles of value block t0: queries g0 .. g0 + m - 1's weights e^(s - max) over its tn keys
+ * (the rest zeros) as bf16 hi and lo halves; rows m.. stay as the caller zeroed them */
+static inline void p_rows(uint16_t pb[2][16][32], const float *s, int64_t ss, int g0, int m, int64_t t0, int64_t tn) {
+    const __mmask16 k0 = tn >= 16 ? 0xffff : (__mmask16)((1u << tn) - 1);
+    const __mmask16 k1 = tn >= 32 ? 0xffff : tn <= 16 ? 0 : (__mmask16)((1u << (tn - 16)) - 1);
+    for (int r = 0; r < m; r++) {
+        const float *sg = s + (g0 + r) * ss + t0;
+        __m512i h, l;
+        bf16_split32(_mm512_maskz_loadu_ps(k0, sg), _mm512_maskz_loadu_ps(k1, sg + 16), &h, &l);
+        _mm512_store_si512(pb[0][r], h);
+        _mm512_store_si512(pb[1][r], l);
+    }
+}
+
+/* nf B tiles (16 features each, from feature fh) of the V rows of compacted keys t0 .. t0 + 31:
+ * tile f, row i holds keys 2i and 2i + 1's pairs (the even key low); keys at or past nn are zero
+ * rows. ig NULL: key t is cache row t. */
+static inline void v_tiles(uint32_t *vb, const uint16_t *V16, int64_t E, const int32_t *ig, int64_t t0, int64_t nn,
+                           int64_t fh, int nf) {
+    static const uint16_t zero_row[128] __attribute__((aligned(64))) = {0};
+    const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
+                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
+    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    for (int i = 0; i < 16; i++) {
+        const int64_t ta = t0 + 2 * i, tb = ta + 1;
+        const uint16_t *ra = ta < nn ? V16 + (ig ? (int64_t)ig[ta] : ta) * E + fh : zero_row;
+        const uint16_t *rb = tb < nn ? V16 + (ig ? (int64_t)ig[tb] : tb) * E + fh : zero_row;
+        for (int p = 0; p < nf / 2; p++) {
+            const __m512i a = _mm512_loadu_si512(ra + 32 * p), b = _mm512_loadu_si512(rb + 32 * p);
+            _mm512_store_si512(vb + (2 * p) * 256 + 16 * i, _mm512_permutex2var_epi16(a, ilo, b));
+            _mm512_store_si512(vb + (2 * p + 1) * 256 + 16 * i, _mm512_permutex2var_epi16(a, ihi, b));
+        }
+    }
+}
+
+/* the value sums' accumulators: tiles 0 .. nf - 1 (nf = 2 or 4: 32 or 64 features) */
+static inline void amx_zero_acc(int nf) {
+    _tile_zero(0);
+    _tile_zero(1);
+    if (nf > 2) { _tile_zero(2); _tile_zero(3); }
+}
+
+static inline void amx_load_acc(const float *a, int64_t E, int nf) {
+    _tile_loadd(0, a, E * 4);
+    _tile_loadd(1, a + 16, E * 4);
+    if (nf > 2) { _tile_loadd(2, a + 32, E * 4); _tile_loadd(3, a + 48, E * 4); }
+}
+
+static inline void amx_store_acc(int f, float ob[16][16]) {
+    if (f == 0) _tile_stored(0, ob, 64);
+    else if (f == 1) _tile_stored(1, ob, 64);
+    else if (f == 2) _tile_stored(2, ob, 64);
+    else _tile_stored(3, ob, 64);
+}
+
+/* accumulators += P (hi, then lo) . V over one block of 32 keys, nf feature tiles at vb */
+static inline void amx_accumulate(uint16_t pb[2][16][32], const uint32_t *vb, int nf) {
+    _tile_loadd(4, pb[0], 64);
+    _tile_loadd(7, pb[1], 64);
+    _tile_loadd(5, vb, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(0, 7, 5);
+    _tile_loadd(6, vb + 256, 64);
+    _tile_dpbf16ps(1, 4, 6);
+    _tile_dpbf16ps(1, 7, 6);
+    if (nf > 2) {
+        _tile_loadd(5, vb + 512, 64);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(2, 7, 5);
+        _tile_loadd(6, vb + 768, 64);
+        _tile_dpbf16ps(3, 4, 6);
+        _tile_dpbf16ps(3, 7, 6);
+    }
+}
+
 static void attend_group_amx(const float *const *q, int ng, const void *Kc, const void *Vc, const uint8_t *const *mrow,
-                             int64_t end, int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *const *out) {
+                             int64_t end, int64_t E, float scale, float *s, int32_t *idx, int64_t ss, float *xs,
+                             float *const *out) {
     const int nfc = (int)(E / 32), nqt = (ng + 15) / 16;
     /* the queries as B tiles: tile (qt, c) row i, column n = query 16 qt + n's features 32c + 2i, +1 */
     uint16_t qb[2][2][4][16][16][2] __attribute__((aligned(64))); /* [hi, lo][qt][c][i][n][pair] */
@@ -591,69 +679,60 @@ static void attend_group_amx(const float *const *q, int ng, const void *Kc, cons
         inv[g] = exp_in_place(sg, c, _mm256_set1_ps(_mm512_reduce_max_ps(vmx[g])));
         n[g] = c;
     }
-    /* value sums: the queries that see the same keys (a row's heads; every query without a mask)
-     * share the gathered V tiles, up to 16 a tile */
-    uint16_t pb[2][16][32] __attribute__((aligned(64))); /* the weights' hi and lo halves (bf16_split) */
-    uint32_t vb[4][16][16] __attribute__((aligned(64))); /* 4 B tiles: 16 key pairs x 16 features */
+    /* value sums. The blocks every query reads in the cache's own order (the committed prefix:
+     * every row of a pass sees it all) are gathered once into V tiles for all the queries, up to 16
+     * a tile; the rest per set of queries that see the same keys (a row's heads; every query
+     * without a mask), their rows' accumulators carried over exactly (stored fp32, reloaded). Either
+     * way a query's sums run over its compacted keys block by block in order. */
+    const int nc16 = (int)(E / 16);
+    int64_t pre = end;
+    for (int g = 0; g < ng; g++) {
+        const int64_t L = identity_prefix(idx + g * ss, n[g]);
+        pre = L < pre ? L : pre;
+    }
+    pre &= ~(int64_t)31;
+    uint32_t *vsh = (uint32_t *)xs;                     /* pre / 32 blocks x nc16 tiles of 256 pairs */
+    float *acc = xs + (pre / 32) * nc16 * 256;           /* (ng + 16) x E: each query's sums after the prefix */
+    uint16_t pb[2][16][32] __attribute__((aligned(64))); /* the weights' hi and lo halves (bf16_split32) */
+    uint32_t vb[4][256] __attribute__((aligned(64)));     /* a set's B tiles: 16 key pairs x 16 features */
     float ob[16][16] __attribute__((aligned(64)));
-    static const uint16_t zero_row[128] __attribute__((aligned(64))) = {0};
-    const __m512i ilo = _mm512_set_epi16(47, 15, 46, 14, 45, 13, 44, 12, 43, 11, 42, 10, 41, 9, 40, 8,
-                                         39, 7, 38, 6, 37, 5, 36, 4, 35, 3, 34, 2, 33, 1, 32, 0);
-    const __m512i ihi = _mm512_add_epi16(ilo, _mm512_set1_epi16(16));
+    if (pre > 0) {
+        for (int64_t b = 0; b < pre / 32; b++) v_tiles(vsh + b * nc16 * 256, V16, E, NULL, 32 * b, pre, 0, nc16);
+        memset(acc + (int64_t)ng * E, 0, sizeof(float) * 16 * (size_t)E);
+        for (int q0 = 0; q0 < ng; q0 += 16) {
+            const int mq = ng - q0 < 16 ? ng - q0 : 16;
+            memset(pb, 0, sizeof pb);
+            for (int64_t fh = 0; fh < E; fh += 64) {
+                const int nf = (int)((E - fh < 64 ? E - fh : 64) / 16); /* 2 or 4 accumulator tiles */
+                amx_zero_acc(nf);
+                for (int64_t b = 0; b < pre / 32; b++) {
+                    p_rows(pb, s, ss, q0, mq, 32 * b, 32);
+                    amx_accumulate(pb, vsh + (b * nc16 + fh / 16) * 256, nf);
+                }
+                for (int f = 0; f < nf; f++) {
+                    amx_store_acc(f, ob);
+                    for (int r = 0; r < mq; r++) memcpy(acc + (int64_t)(q0 + r) * E + fh + 16 * f, ob[r], sizeof ob[r]);
+                }
+            }
+        }
+    }
     for (int g0 = 0, g1; g0 < ng; g0 = g1) {
-        for (g1 = g0 + 1; g1 < ng && g1 - g0 < 16 && mrow[g1] == mrow[g0]; g1++) {}
+        for (g1 = g0 + 1; g1 < ng && g1 - g0 < 16 && mrow[g1] == mrow[g0] && n[g1] == n[g0]; g1++) {}
         const int m = g1 - g0;
         const int64_t nn = n[g0];
         const int32_t *ig = idx + g0 * ss;
         memset(pb, 0, sizeof pb);
         for (int64_t fh = 0; fh < E; fh += 64) {
-            const int nf = (int)((E - fh < 64 ? E - fh : 64) / 16); /* 2 or 4 accumulator tiles */
-            _tile_zero(0);
-            _tile_zero(1);
-            if (nf > 2) { _tile_zero(2); _tile_zero(3); }
-            for (int64_t t0 = 0; t0 < nn; t0 += 32) {
-                const int64_t tn = nn - t0 < 32 ? nn - t0 : 32;
-                for (int r = 0; r < m; r++) { /* e^(s - max), keys past the count as zeros */
-                    const float *sg = s + (g0 + r) * ss + t0;
-                    const __mmask16 k0 = tn >= 16 ? 0xffff : (__mmask16)((1u << tn) - 1);
-                    const __mmask16 k1 = tn >= 32 ? 0xffff : tn <= 16 ? 0 : (__mmask16)((1u << (tn - 16)) - 1);
-                    __m512i h, l;
-                    bf16_split32(_mm512_maskz_loadu_ps(k0, sg), _mm512_maskz_loadu_ps(k1, sg + 16), &h, &l);
-                    _mm512_store_si512(pb[0][r], h);
-                    _mm512_store_si512(pb[1][r], l);
-                }
-                for (int i = 0; i < 16; i++) {
-                    const int64_t ta = t0 + 2 * i, tb = ta + 1;
-                    const uint16_t *ra = ta < nn ? V16 + (int64_t)ig[ta] * E + fh : zero_row;
-                    const uint16_t *rb = tb < nn ? V16 + (int64_t)ig[tb] * E + fh : zero_row;
-                    for (int p = 0; p < nf / 2; p++) {
-                        const __m512i a = _mm512_loadu_si512(ra + 32 * p), b = _mm512_loadu_si512(rb + 32 * p);
-                        _mm512_store_si512(vb[2 * p][i], _mm512_permutex2var_epi16(a, ilo, b));
-                        _mm512_store_si512(vb[2 * p + 1][i], _mm512_permutex2var_epi16(a, ihi, b));
-                    }
-                }
-                _tile_loadd(4, pb[0], 64);
-                _tile_loadd(7, pb[1], 64);
-                _tile_loadd(5, vb[0], 64);
-                _tile_dpbf16ps(0, 4, 5);
-                _tile_dpbf16ps(0, 7, 5);
-                _tile_loadd(6, vb[1], 64);
-                _tile_dpbf16ps(1, 4, 6);
-                _tile_dpbf16ps(1, 7, 6);
-                if (nf > 2) {
-                    _tile_loadd(5, vb[2], 64);
-                    _tile_dpbf16ps(2, 4, 5);
-                    _tile_dpbf16ps(2, 7, 5);
-                    _tile_loadd(6, vb[3], 64);
-                    _tile_dpbf16ps(3, 4, 6);
-                    _tile_dpbf16ps(3, 7, 6);
-                }
+            const int nf = (int)((E - fh < 64 ? E - fh : 64) / 16);
+            if (pre > 0) amx_load_acc(acc + (int64_t)g0 * E + fh, E, nf); /* rows past the set: others' sums, left as they are */
+            else amx_zero_acc(nf);
+            for (int64_t t0 = pre; t0 < nn; t0 += 32) {
+                p_rows(pb, s, ss, g0, m, t0, nn - t0 < 32 ? nn - t0 : 32);
+                v_tiles(vb[0], V16, E, ig, t0, nn, fh, nf);
+                amx_accumulate(pb, vb[0], nf);
             }
             for (int f = 0; f < nf; f++) {
-                if (f == 0) _tile_stored(0, ob, 64);
-                else if (f == 1) _tile_stored(1, ob, 64);
-                else if (f == 2) _tile_stored(2, ob, 64);
-                else _tile_stored(3, ob, 64);
+                amx_store_acc(f, ob);
                 for (int r = 0; r < m; r++) {
                     const __m512 vinv = _mm512_set1_ps(inv[g0 + r]);
                     _mm512_storeu_ps(out[g0 + r] + fh + 16 * f, _mm512_mul_ps(_mm512_load_ps(ob[r]), vinv));
@@ -716,7 +795,10 @@ static void att_part(void *ctx, pool_region *region) {
     if (!pool_claim(region, &a0, &a1)) return;
     const int64_t ss = (A->end + 15) & ~(int64_t)7;
     const int64_t nq = A->chunks ? ((A->T + A->chunks - 1) / A->chunks) * A->G : 1; /* most queries an item */
-    float *s = (float *)malloc(sizeof(float) * (size_t)(2 * nq * ss));
+    /* scores and key indices (2 nq ss); with AMX its value scratch: the prefix's V tiles and the
+     * queries' accumulators (attend_group_amx) */
+    const int64_t xn = A->amx ? ((A->end + 31) / 32) * (A->E / 16) * 256 + (nq + 16) * A->E : 0;
+    float *s = (float *)aligned_alloc(64, sizeof(float) * (size_t)(((2 * nq * ss + xn) + 15) & ~(int64_t)15));
     if (!s) {
         atomic_store(&A->failed, 1);
         while (pool_claim(region, &a0, &a1)) {} /* nobody computes these: the call fails */
@@ -744,7 +826,7 @@ static void att_part(void *ctx, pool_region *region) {
 #ifdef LR_AMX
             if (A->amx) {
                 attend_group_amx(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), ms, A->end, A->E, A->scale, s,
-                                 (int32_t *)(s + ng * ss), ss, os);
+                                 (int32_t *)(s + ng * ss), ss, s + 2 * nq * ss, os);
                 continue;
             }
 #endif
@@ -760,7 +842,7 @@ static void att_part(void *ctx, pool_region *region) {
             const uint8_t *m1 = A->mask ? A->mask + t * A->ldm : NULL;
             float *o1 = A->o + t * A->H * A->E + hd * A->E;
             attend_group_amx(&q1, 1, kv_head(A, A->kc, k), kv_head(A, A->vc, k), &m1, A->end, A->E, A->scale, s,
-                             (int32_t *)(s + ss), ss, &o1);
+                             (int32_t *)(s + ss), ss, s + 2 * nq * ss, &o1);
             continue;
         }
 #endif
