@@ -491,8 +491,8 @@ static inline uint16_t to_bf16(float f) {
  * tile or the pass, so a 1-token step and a verify pass agree:
  * - scores: C[key][query] += K[key] . q over 32-feature chunks in order; a key's score is its own
  *   tile element, whatever else rides in the tile; masked keys are -inf;
- * - the keys a query sees compacted in order, e^(s - max) and their sum as attend_group computes
- *   them (exp_in_place: eight lanes over the compacted keys, a fixed tree);
+ * - the keys a query sees compacted in order (as attend_group does), e^(s - max) and their sum in
+ *   sixteen lanes over the compacted keys, then a fixed tree (exp_in_place16);
  * - value sums over the compacted keys in blocks of 32 in order, each block one tile product per 16
  *   features into the query's row of the accumulator (a key past the query's count weighs an exact
  *   zero and reads a zero row), then times 1 / sum. A tree row's keys are gathered through its
@@ -522,6 +522,42 @@ static inline void bf16_split32(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
     const __m512 hb = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1)), 16));
     *hi = h;
     *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
+}
+
+/* exp8's operations in sixteen lanes (the same value a lane) */
+static inline __m512 exp16(__m512 x) {
+    const __m512 hi = _mm512_set1_ps(88.7228f), lo = _mm512_set1_ps(-87.3365f);
+    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
+    x = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    const __m512i e = _mm512_cvtps_epi32(n);
+    const __m512i h = _mm512_srai_epi32(e, 1);
+    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, _mm512_set1_epi32(127)), 23));
+    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(e, h), _mm512_set1_epi32(127)), 23));
+    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(_mm512_mul_ps(p, s1), s2));
+}
+
+/* exp_in_place in sixteen lanes: sg[0, c) -> e^(s - mx) in place (nothing written past c), summed
+ * in sixteen lanes over the keys in order, then _mm512_reduce_add_ps's fixed tree; 1 / the sum */
+static inline float exp_in_place16(float *sg, int64_t c, float mx) {
+    const __m512 vmx = _mm512_set1_ps(mx);
+    __m512 vsum = _mm512_setzero_ps();
+    for (int64_t j0 = 0; j0 < c; j0 += 16) {
+        const __mmask16 k = c - j0 >= 16 ? 0xffff : (__mmask16)((1u << (c - j0)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + j0), vmx)));
+        vsum = _mm512_add_ps(vsum, e);
+        _mm512_mask_storeu_ps(sg + j0, k, e);
+    }
+    return 1.0f / _mm512_reduce_add_ps(vsum);
 }
 
 /* how many of a query's compacted keys sit at their own index (ig[t] == t): a prefix, as ig
@@ -673,10 +709,10 @@ static void attend_group_amx(const float *const *q, int ng, const void *Kc, cons
     }
     int64_t n[GQ];
     float inv[GQ];
-    for (int g = 0; g < ng; g++) { /* attend_group_nv512's compaction and exp_in_place */
+    for (int g = 0; g < ng; g++) { /* attend_group_nv512's compaction; the exponentials in 16 lanes */
         float *sg = s + g * ss;
         const int64_t c = compact_kept(sg, idx + g * ss, end);
-        inv[g] = exp_in_place(sg, c, _mm256_set1_ps(_mm512_reduce_max_ps(vmx[g])));
+        inv[g] = exp_in_place16(sg, c, _mm512_reduce_max_ps(vmx[g]));
         n[g] = c;
     }
     /* value sums. The blocks every query reads in the cache's own order (the committed prefix:
