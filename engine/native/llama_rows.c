@@ -524,28 +524,6 @@ static inline void bf16_split32(__m512 a, __m512 b, __m512i *hi, __m512i *lo) {
     *lo = (__m512i)_mm512_cvtne2ps_pbh(_mm512_sub_ps(b, hb), _mm512_sub_ps(a, ha));
 }
 
-/* exp8's operations in sixteen lanes (the same value a lane) */
-static inline __m512 exp16(__m512 x) {
-    const __m512 hi = _mm512_set1_ps(88.7228f), lo = _mm512_set1_ps(-87.3365f);
-    const __mmask16 under = _mm512_cmp_ps_mask(x, lo, _CMP_LT_OQ);
-    x = _mm512_max_ps(_mm512_min_ps(x, hi), lo);
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    const __m512i e = _mm512_cvtps_epi32(n);
-    const __m512i h = _mm512_srai_epi32(e, 1);
-    const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(h, _mm512_set1_epi32(127)), 23));
-    const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(e, h), _mm512_set1_epi32(127)), 23));
-    return _mm512_maskz_mov_ps((__mmask16)~under, _mm512_mul_ps(_mm512_mul_ps(p, s1), s2));
-}
-
 /* exp_in_place in sixteen lanes: sg[0, c) -> e^(s - mx) in place (nothing written past c), summed
  * in sixteen lanes over the keys in order, then _mm512_reduce_add_ps's fixed tree; 1 / the sum */
 static inline float exp_in_place16(float *sg, int64_t c, float mx) {
@@ -553,7 +531,9 @@ static inline float exp_in_place16(float *sg, int64_t c, float mx) {
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t j0 = 0; j0 < c; j0 += 16) {
         const __mmask16 k = c - j0 >= 16 ? 0xffff : (__mmask16)((1u << (c - j0)) - 1);
-        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + j0), vmx)));
+        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(sg + j0), vmx); /* exp8 on each half: the same value a lane */
+        const __m512 e = _mm512_maskz_mov_ps(k, _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(x))),
+                                                                   exp8(_mm512_extractf32x8_ps(x, 1)), 1));
         vsum = _mm512_add_ps(vsum, e);
         _mm512_mask_storeu_ps(sg + j0, k, e);
     }
