@@ -251,7 +251,7 @@ def _settings(session, args, n_prompts: int) -> dict[str, Any]:
 def _kernels(model=None) -> dict[str, str]:
     """Which CPU kernels this run used (they are chosen per machine): oneDNN packing per dtype,
     the C attention and the C row-consistent fp32 linear (engine/native), which kernel runs the
-    bf16 and q8 compute types' products (AMX / AVX-512 BF16 / scalar; VNNI / AVX2 / scalar) and,
+    bf16 and q8 compute types' products (AMX / AVX-512 BF16 / AVX2 / scalar; VNNI / AVX2 / scalar) and,
     for a target with a bf16 KV cache in the C pass, its attention (AMX tiles / vector)."""
     import torch
 

@@ -158,7 +158,7 @@ def spin_headless(cmd: str, dtype: str | None, environ, load1: float, torch_only
     (< 0.5 cores busy, :func:`cpu_busy`: under any other load spinning collapses, engine/__init__.py), and only
     when every pass runs in torch (``torch_only``: `distill train`, a Mamba-2 trained in torch,
     twice as fast with active waits), the C kernels off, or bf16 where the bf16 C pass does not apply
-    (no AVX-512 BF16: ``native.bf16_records_on``), where active waits are ~13% faster. Otherwise
+    (no vector bf16 products: ``native.bf16_records_on``), where active waits are ~13% faster. Otherwise
     the C kernels' own pool (engine/native/pool.c) spins between regions and torch's actively
     spinning team would take its second core: SmolLM2 ar 126.8 tok/s passive vs 32.9 active
     (bench/results/2026-11-25-pool.md); bf16 C pass 95 vs 66 (bench/results/2026-11-27-session23)."""

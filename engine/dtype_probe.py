@@ -141,7 +141,7 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
 
 def bf16_c_pass(hf_config: dict) -> bool:
     """Whether bf16 passes of the llama-family model of this HF config would run in C: the bf16
-    compute type's C pass (``llama.bf16_fits``: AVX-512 BF16, shapes it takes) or the torch pass
+    compute type's C pass (``llama.bf16_fits``: AVX2 + FMA or better, shapes it takes) or the torch pass
     with engine/native/glue_bf16.c between its products (the kernels load, nothing switches them
     off, the shapes fit)."""
     from .errors import ModelLoadError

@@ -140,14 +140,14 @@ print(json.dumps({"path": native.bf16_path(), "out": out}))
 
 @needs_native
 def test_bf16_kernel_paths_agree_bit_for_bit():
-    """The AVX-512 BF16 kernel (SPECCHAT_BF16_PATH=avx512) and the scalar form (=scalar) give the
-    same bits, denormal weights and activations included; AMX's tile products (=amx, the default
-    where the CPU has them) stay close to them. Every path keeps a row's bits whatever rows run with
-    it. On a CPU without AVX-512 BF16 every run is the scalar form, which the test above holds to
-    the chain; without AMX the amx run is the AVX-512 one."""
+    """The AVX-512 BF16 kernel (SPECCHAT_BF16_PATH=avx512), the AVX2 one (=avx2) and the scalar
+    form (=scalar) give the same bits, denormal weights and activations included; AMX's tile
+    products (=amx, the default where the CPU has them) stay close to them. Every path keeps a row's
+    bits whatever rows run with it. A path this CPU lacks falls back to the next slower one (amx ->
+    avx512 -> avx2 -> scalar), which the test above holds to the chain."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outs = {}
-    for path in ("", "avx512", "amx", "scalar"):
+    for path in ("", "avx512", "amx", "avx2", "scalar"):
         env = dict(os.environ, SPECCHAT_BF16_PATH=path, PYTHONPATH=root)
         r = subprocess.run([sys.executable, "-c", _PATH_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -155,13 +155,18 @@ def test_bf16_kernel_paths_agree_bit_for_bit():
         assert all(o["rows_ok"] for o in outs[path]["out"]), path
     flags = _cpu_flags()
     assert outs["scalar"]["path"] == "scalar"
+    if {"avx2", "fma"} <= flags:
+        assert outs["avx2"]["path"] == "avx2"  # a CPU with the instructions runs them
     if "avx512_bf16" in flags:
-        assert outs["avx512"]["path"] == "avx512"  # a CPU with the instructions runs them
+        assert outs["avx512"]["path"] == "avx512"
+    else:
+        assert outs["avx512"]["path"] == outs["avx2"]["path"]
     if "amx_bf16" not in flags:
         assert outs["amx"]["path"] == outs["avx512"]["path"]
     assert outs[""]["path"] == outs["amx"]["path"]  # the default: the best path here
     bits = {p: [o["bits"] for o in outs[p]["out"]] for p in outs}
     assert bits["avx512"] == bits["scalar"], outs["avx512"]["path"]
+    assert bits["avx2"] == bits["scalar"], outs["avx2"]["path"]
     if outs["amx"]["path"] == "amx":
         for a, s in zip(bits["amx"], bits["scalar"]):
             fa = torch.tensor(a, dtype=torch.int32).view(torch.float32).double()

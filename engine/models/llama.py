@@ -92,7 +92,7 @@ def glue_fits(cfg: LlamaConfig) -> bool:
 
 def bf16_fits(cfg: LlamaConfig) -> bool:
     """Whether a model of this configuration takes the CPU bf16 compute type (``Llama.keep_bf16``):
-    the bf16 C pass is on here (``native.bf16_records_on``: AVX-512 BF16), every product's input
+    the bf16 C pass is on here (``native.bf16_records_on``: AVX2 + FMA, AVX-512 BF16 or AMX), every product's input
     size is even (bf16 pairs), and the C pass takes the shapes with a bf16 KV cache (even head and
     rotary widths; head size a multiple of 8 up to 128: ``llama_rows_kv16_ok``). The one test the
     loader, ``--dtype auto`` (dtype_probe.bf16_c_pass) and ``keep_bf16`` share."""

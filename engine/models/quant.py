@@ -22,7 +22,7 @@ scheme): a dtype of its own, lossless within itself (every row's bits independen
 with it), not bit-identical to fp32. Layouts in quant_a8.c's header; ``dense()`` and embedding
 lookups still give GGUF's exact weights.
 
-The CPU bf16 compute type (``--dtype bf16`` on a CPU with AVX-512 BF16: ``Llama.keep_bf16``) holds
+The CPU bf16 compute type (``--dtype bf16`` on a CPU with AVX2 + FMA, AVX-512 BF16 or AMX-BF16: ``Llama.keep_bf16``) holds
 its weights as ``BF16`` records (``pack_bf16``) for engine/native/bf16_rows.c: bf16 weights,
 activations rounded to bf16 per product, fp32 sums (the exact form in that file's header).
 

@@ -95,24 +95,26 @@ def _bf16_switches_on(env) -> bool:
 def bf16_records_on(environ=None) -> bool:
     """Whether a CPU bf16 llama-family model takes the bf16 compute type's C pass (bf16_rows.c's
     products inside llama_rows.c; ``Llama.keep_bf16``): the kernels load, the C pass is on,
-    SPECCHAT_NATIVE_BF16 is not 0, and the products are vectorised (AVX-512 BF16, or AMX-BF16), or
-    SPECCHAT_BF16_PATH=scalar asks for their scalar form (tests, on any CPU). Elsewhere bf16 runs
-    through torch (oneDNN products, glue_bf16.c between them). ``environ``: the switches from there
+    SPECCHAT_NATIVE_BF16 is not 0, and the products are vectorised (AVX2 + FMA, AVX-512 BF16, or
+    AMX-BF16), or SPECCHAT_BF16_PATH=scalar asks for their scalar form (tests, on any CPU).
+    Elsewhere bf16 runs through torch (oneDNN products, glue_bf16.c between them). ``environ``: the switches from there
     (default the process's; the kernels' own build reads the process's)."""
     env = os.environ if environ is None else environ
     if not (_bf16_switches_on(env) and lib() is not None):
         return False
     path = bf16_path()
-    return path in ("avx512", "amx") or (path == "scalar" and env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
+    return path in ("avx2", "avx512", "amx") or (path == "scalar" and env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar")
 
 
 def bf16_records_likely(environ=None) -> bool:
     """``bf16_records_on`` without loading the kernels (for decisions taken before torch and OpenMP
-    load): the same switches, and the CPU's own avx512_bf16 flag for the vector path."""
+    load): the same switches, and the CPU's own flags for a vector path (avx512_bf16, or avx2 and
+    fma)."""
     env = os.environ if environ is None else environ
     if not _bf16_switches_on(env):
         return False
-    return "avx512_bf16" in _cpu_key().split() or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
+    flags = set(_cpu_key().split())
+    return "avx512_bf16" in flags or {"avx2", "fma"} <= flags or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
 
 
 def _cpu_key() -> str:
@@ -239,10 +241,11 @@ def reset_for_tests() -> None:
 def bf16_path() -> str:
     """Which kernel runs the CPU bf16 compute type's products (bf16_rows.c): "amx" (AMX-BF16's tile
     products, where the CPU has them and Linux grants the tile state), "avx512" (AVX-512 BF16's
-    vdpbf16ps), "scalar" (vdpbf16ps's exact scalar form: slow, for tests and CPUs without it), or
-    "off" without the library. SPECCHAT_BF16_PATH=amx / avx512 / scalar asks for one."""
+    vdpbf16ps), "avx2" (vdpbf16ps's scalar form in AVX2 FMAs, the same bits), "scalar" (that form
+    one lane at a time: slow, for tests and CPUs without AVX2), or "off" without the library.
+    SPECCHAT_BF16_PATH=amx / avx512 / avx2 / scalar asks for one."""
     lb = lib()
-    return "off" if lb is None else ("scalar", "avx512", "amx")[lb.bf16_rows_path()]
+    return "off" if lb is None else ("scalar", "avx2", "avx512", "amx")[lb.bf16_rows_path()]
 
 
 def attention_path(head_dim: int) -> str:

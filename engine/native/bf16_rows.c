@@ -42,6 +42,10 @@
 #include <immintrin.h>
 #define BF_VEC 1
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define BF_AVX2_BUILD 1
+#endif
 #if defined(BF_VEC) && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__linux__)
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -51,7 +55,8 @@
 #define JB 16
 #define GMAX 8 /* rows per group (the scalar form's; the vector kernels' per block count: GMAX_B) */
 
-enum { BF_SCALAR = 0, BF_AVX512 = 1, BF_AMX = 2 };
+/* the paths, slowest first (bf16_rows_path's values; engine/native/__init__.py `bf16_path` names them) */
+enum { BF_SCALAR = 0, BF_AVX2 = 1, BF_AVX512 = 2, BF_AMX = 3 };
 
 #ifdef BF_AMX_BUILD
 /* Linux hands out AMX's tile data state only on request (arch_prctl ARCH_REQ_XCOMP_PERM for
@@ -60,18 +65,22 @@ static int amx_granted(void) { return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ
 #endif
 
 /* Which kernel runs: AMX's tile products where this build has them and the kernel grants the tile
- * state, else the AVX-512 BF16 one where the build has it, else the scalar form;
- * SPECCHAT_BF16_PATH=scalar / avx512 / amx asks for one (one not available here falls back in that
- * order). Read once per process (tests switch it in a child process); a first call racing on two
- * threads computes the same value either way. */
+ * state, else the AVX-512 BF16 one where the build has it, else the AVX2 one (the scalar form's
+ * bits, in fp32 FMAs), else the scalar form; SPECCHAT_BF16_PATH=scalar / avx2 / avx512 / amx asks
+ * for one (one not available here falls back in that order). Read once per process (tests switch
+ * it in a child process); a first call racing on two threads computes the same value either way. */
 static int bf_path(void) {
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("SPECCHAT_BF16_PATH");
         int want = BF_AMX;
         if (e && !strcmp(e, "scalar")) want = BF_SCALAR;
+        else if (e && !strcmp(e, "avx2")) want = BF_AVX2;
         else if (e && !strcmp(e, "avx512")) want = BF_AVX512;
         int best = BF_SCALAR;
+#ifdef BF_AVX2_BUILD
+        if (want >= BF_AVX2) best = BF_AVX2;
+#endif
 #ifdef BF_VEC
         if (want >= BF_AVX512) best = BF_AVX512;
 #endif
@@ -191,6 +200,82 @@ static const bf_fn VEC[4][9] = {
     {NULL, vec_g1_b8, vec_g2_b8, NULL, NULL, NULL, NULL, NULL, NULL},
 };
 static const int GMAX_B[4] = {8, 8, 5, 2}; /* rows a group at 1, 2, 4, 8 blocks */
+#endif
+
+#ifdef BF_AVX2_BUILD
+/* The AVX2 path (SPECCHAT_BF16_PATH=avx2; the default where the CPU has AVX2 and FMA but neither
+ * AVX-512 BF16 nor AMX, as Zen 2/3 and Intel before Cooper Lake): the scalar form's chain, each of
+ * its steps one fp32 FMA, 8 outputs a register. Without it such CPUs ran `--dtype bf16` through
+ * torch (oneDNN's bf16 products on AVX2), at a third of the C pass's speed.
+ *
+ * A record vector's 16 lanes are two 8-lane halves; a lane's odd weight as fp32 is its high half
+ * (and 0xffff0000), its even one its low half shifted up 16. The activations come as fp32 (xf, K
+ * per row: each pair's odd input, then its even one, bf16-rounded with denormals as zero: as the
+ * chain takes them) and are broadcast. Denormal weights and results: bf_part sets MXCSR's DAZ and
+ * FTZ around the kernel, so each FMA takes a denormal input as zero and flushes a denormal result,
+ * the scalar form's daz() on both. (x86 decides a result is tiny after rounding it to 24 bits with
+ * an unbounded exponent; the scalar form rounds to the denormal grid first: they differ only for a
+ * sum within a quarter of an fp32 denormal ulp of the smallest normal, 2^-126.) */
+static inline __attribute__((always_inline)) void rows_avx2(const int G, const int B, const float *xf, int64_t K, int64_t r0,
+                                                            const uint32_t *rec, float *acc) {
+    const int64_t P = K / 2, stride = P * JB;
+    const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
+    __m256 a[16];
+    const float *xr[8];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) a[i] = _mm256_setzero_ps();
+#pragma GCC unroll 8
+    for (int g = 0; g < G; g++) xr[g] = xf + (r0 + g) * K;
+    for (int64_t p = 0; p < P; p++) {
+#pragma GCC unroll 4
+        for (int bb = 0; bb < B; bb++) {
+            const uint32_t *v = rec + bb * stride + p * JB;
+            if (G > 2) _mm_prefetch((const char *)(rec + (B + bb) * stride + p * JB), _MM_HINT_T1);
+            const __m256i w0 = _mm256_loadu_si256((const __m256i *)v), w1 = _mm256_loadu_si256((const __m256i *)(v + 8));
+            const __m256 o0 = _mm256_castsi256_ps(_mm256_and_si256(w0, hi)), o1 = _mm256_castsi256_ps(_mm256_and_si256(w1, hi));
+            const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
+#pragma GCC unroll 8
+            for (int g = 0; g < G; g++) {
+                const __m256 xo = _mm256_broadcast_ss(xr[g] + 2 * p), xe = _mm256_broadcast_ss(xr[g] + 2 * p + 1);
+                const int c = 2 * (g * B + bb);
+                a[c] = _mm256_fmadd_ps(xo, o0, a[c]);
+                a[c + 1] = _mm256_fmadd_ps(xo, o1, a[c + 1]);
+                a[c] = _mm256_fmadd_ps(xe, e0, a[c]);
+                a[c + 1] = _mm256_fmadd_ps(xe, e1, a[c + 1]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int bb = 0; bb < B; bb++)
+#pragma GCC unroll 8
+        for (int g = 0; g < G; g++) {
+            _mm256_storeu_ps(acc + (bb * G + g) * JB, a[2 * (g * B + bb)]);
+            _mm256_storeu_ps(acc + (bb * G + g) * JB + 8, a[2 * (g * B + bb) + 1]);
+        }
+}
+
+#define BF_A2(g, b) \
+    static void avx2_g##g##_b##b(const float *xf, int64_t K, int64_t r0, const uint32_t *rec, float *acc) { rows_avx2(g, b, xf, K, r0, rec, acc); }
+BF_A2(1, 1) BF_A2(2, 1) BF_A2(3, 1) BF_A2(4, 1) BF_A2(5, 1)
+BF_A2(1, 2) BF_A2(2, 2)
+BF_A2(1, 4)
+typedef void (*a2_fn)(const float *, int64_t, int64_t, const uint32_t *, float *);
+/* AVX2[log2 B][G]: 16 ymm registers hold 2 G B sums, a block's 4 weight vectors and a row's 2 inputs */
+static const a2_fn AVX2[3][6] = {
+    {NULL, avx2_g1_b1, avx2_g2_b1, avx2_g3_b1, avx2_g4_b1, avx2_g5_b1},
+    {NULL, avx2_g1_b2, avx2_g2_b2, NULL, NULL, NULL},
+    {NULL, avx2_g1_b4, NULL, NULL, NULL, NULL},
+};
+static const int GMAX_A2[3] = {5, 2, 1}; /* rows a group at 1, 2, 4 blocks */
+static int a2_blocks_for(int64_t R) { return R <= 1 ? 2 : R <= 2 ? 1 : 0; }
+
+/* one row's activations as the AVX2 kernel takes them: per pair, the odd input then the even one */
+static void expand_row(const float *x, int64_t K, float *xf) {
+    for (int64_t i = 0; i < K; i += 2) {
+        xf[i] = bf2f(to_bf16_daz(x[i + 1]));
+        xf[i + 1] = bf2f(to_bf16_daz(x[i]));
+    }
+}
 #endif
 
 #ifdef BF_AMX_BUILD
@@ -323,6 +408,7 @@ typedef struct {
     int64_t R, K, N;
     int amx; /* rows in tile groups of `take` (xp padded with zero rows to a whole number of them) */
     int64_t take;
+    const float *xf; /* the AVX2 path's activations (expand_row), else NULL */
 } bf_job;
 
 /* log2 of the blocks at once for a pass of R rows: 8 for 1-2 rows, 4 for 3-5, else 2 (row groups
@@ -374,8 +460,42 @@ static void bf_part_amx(const bf_job *J, pool_region *region) {
 }
 #endif
 
+#ifdef BF_AVX2_BUILD
+static void bf_part_avx2(const bf_job *J, pool_region *region) {
+    const int64_t R = J->R, K = J->K, N = J->N;
+    float acc[4 * 5 * JB];
+    int64_t b0, b1;
+    const unsigned int csr = _mm_getcsr();
+    _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6): the scalar form's denormals, restored below */
+    while (pool_claim(region, &b0, &b1)) {
+        for (int64_t b = b0; b < b1;) {
+            const uint32_t *rec = J->W + b * (K / 2) * JB;
+            int lb = a2_blocks_for(R);
+            while (lb > 0 && b + (1 << lb) > b1) lb--;
+            const int B = 1 << lb;
+            const int64_t gmax = GMAX_A2[lb], groups = (R + gmax - 1) / gmax;
+            int64_t r = 0;
+            for (int64_t g = 0; g < groups; g++) {
+                const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 4 + 3 + 3 */
+                AVX2[lb][take](J->xf, K, r, rec, acc);
+                for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, take);
+                r += take;
+            }
+            b += B;
+        }
+    }
+    _mm_setcsr(csr);
+}
+#endif
+
 static void bf_part(void *ctx, pool_region *region) {
     const bf_job *J = (const bf_job *)ctx;
+#ifdef BF_AVX2_BUILD
+    if (J->xf) {
+        bf_part_avx2(J, region);
+        return;
+    }
+#endif
 #ifdef BF_AMX_BUILD
     if (J->amx) {
         bf_part_amx(J, region);
@@ -435,11 +555,23 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
         Rp = groups * take;
     }
 #endif
-    uint32_t *xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(Rp * K / 2) + 64);
-    if (!xp) return 1;
-    for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
-    if (Rp > R) memset(xp + R * (K / 2), 0, sizeof(uint32_t) * (size_t)((Rp - R) * K / 2));
-    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take};
+    const float *xf = NULL;
+#ifdef BF_AVX2_BUILD
+    if (bf_path() == BF_AVX2) { /* the activations as fp32 pairs, odd input first (expand_row) */
+        float *f = (float *)malloc(sizeof(float) * (size_t)(R * K) + 64);
+        if (!f) return 1;
+        for (int64_t r = 0; r < R; r++) expand_row(x + r * ldx, K, f + r * K);
+        xf = f;
+    }
+#endif
+    uint32_t *xp = NULL;
+    if (!xf) {
+        xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(Rp * K / 2) + 64);
+        if (!xp) return 1;
+        for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
+        if (Rp > R) memset(xp + R * (K / 2), 0, sizeof(uint32_t) * (size_t)((Rp - R) * K / 2));
+    }
+    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take, xf};
     const int64_t nb = (N + JB - 1) / JB;
     if (nthreads < 1) nthreads = 1;
     const int nt = R * K * N > 65536 ? nthreads : 1;
@@ -447,6 +579,7 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
     const int64_t chunk = ((nb / (8 * nt) + 7) / 8) * 8;
     pool_run(nt, nb, chunk > 8 ? chunk : 8, bf_part, &J);
     free(xp);
+    free((void *)xf);
     return 0;
 }
 
