@@ -209,24 +209,24 @@ static const int GMAX_B[4] = {8, 8, 5, 2}; /* rows a group at 1, 2, 4, 8 blocks 
  * torch (oneDNN's bf16 products on AVX2), at a third of the C pass's speed.
  *
  * A record vector's 16 lanes are two 8-lane halves; a lane's odd weight as fp32 is its high half
- * (and 0xffff0000), its even one its low half shifted up 16. The activations come as fp32 (xf, K
- * per row: each pair's odd input, then its even one, bf16-rounded with denormals as zero: as the
- * chain takes them) and are broadcast. Denormal weights and results: bf_part sets MXCSR's DAZ and
- * FTZ around the kernel, so each FMA takes a denormal input as zero and flushes a denormal result,
+ * (and 0xffff0000), its even one its low half shifted up 16. The activations come as fp32 (xf:
+ * each pair's odd input, then its even one, bf16-rounded with denormals as zero, as the chain takes
+ * them; pair-major, expand_row) and are broadcast. Denormal weights and results: bf_part sets
+ * MXCSR's DAZ and FTZ around the kernel, so each FMA takes a denormal input as zero and flushes a denormal result,
  * the scalar form's daz() on both. (x86 decides a result is tiny after rounding it to 24 bits with
  * an unbounded exponent; the scalar form rounds to the denormal grid first: they differ only for a
- * sum within a quarter of an fp32 denormal ulp of the smallest normal, 2^-126.) */
-static inline __attribute__((always_inline)) void rows_avx2(const int G, const int B, const float *xf, int64_t K, int64_t r0,
-                                                            const uint32_t *rec, float *acc) {
+ * sum within a quarter of an fp32 denormal ulp of the smallest normal, 2^-126.) One kernel per
+ * row group: at >= 6 rows, groups of <= 5 over whole blocks beat groups of 8-10 over half blocks
+ * (one sum a row, more chains in flight) at every size measured (session 34, alternated). */
+static inline __attribute__((always_inline)) void rows_avx2(const int G, const int B, const float *xf, int64_t R, int64_t K,
+                                                            int64_t r0, const uint32_t *rec, float *acc) {
     const int64_t P = K / 2, stride = P * JB;
     const __m256i hi = _mm256_set1_epi32((int)0xffff0000u);
     __m256 a[16];
-    const float *xr[8];
+    const float *x = xf + 2 * r0;
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++) a[i] = _mm256_setzero_ps();
-#pragma GCC unroll 8
-    for (int g = 0; g < G; g++) xr[g] = xf + (r0 + g) * K;
-    for (int64_t p = 0; p < P; p++) {
+    for (int64_t p = 0; p < P; p++, x += 2 * R) {
 #pragma GCC unroll 4
         for (int bb = 0; bb < B; bb++) {
             const uint32_t *v = rec + bb * stride + p * JB;
@@ -236,7 +236,7 @@ static inline __attribute__((always_inline)) void rows_avx2(const int G, const i
             const __m256 e0 = _mm256_castsi256_ps(_mm256_slli_epi32(w0, 16)), e1 = _mm256_castsi256_ps(_mm256_slli_epi32(w1, 16));
 #pragma GCC unroll 8
             for (int g = 0; g < G; g++) {
-                const __m256 xo = _mm256_broadcast_ss(xr[g] + 2 * p), xe = _mm256_broadcast_ss(xr[g] + 2 * p + 1);
+                const __m256 xo = _mm256_broadcast_ss(x + 2 * g), xe = _mm256_broadcast_ss(x + 2 * g + 1);
                 const int c = 2 * (g * B + bb);
                 a[c] = _mm256_fmadd_ps(xo, o0, a[c]);
                 a[c + 1] = _mm256_fmadd_ps(xo, o1, a[c + 1]);
@@ -254,12 +254,15 @@ static inline __attribute__((always_inline)) void rows_avx2(const int G, const i
         }
 }
 
+typedef void (*a2_fn)(const float *, int64_t, int64_t, int64_t, const uint32_t *, float *);
+
 #define BF_A2(g, b) \
-    static void avx2_g##g##_b##b(const float *xf, int64_t K, int64_t r0, const uint32_t *rec, float *acc) { rows_avx2(g, b, xf, K, r0, rec, acc); }
+    static void avx2_g##g##_b##b(const float *xf, int64_t R, int64_t K, int64_t r0, const uint32_t *rec, float *acc) { \
+        rows_avx2(g, b, xf, R, K, r0, rec, acc); \
+    }
 BF_A2(1, 1) BF_A2(2, 1) BF_A2(3, 1) BF_A2(4, 1) BF_A2(5, 1)
 BF_A2(1, 2) BF_A2(2, 2)
 BF_A2(1, 4)
-typedef void (*a2_fn)(const float *, int64_t, int64_t, const uint32_t *, float *);
 /* AVX2[log2 B][G]: 16 ymm registers hold 2 G B sums, a block's 4 weight vectors and a row's 2 inputs */
 static const a2_fn AVX2[3][6] = {
     {NULL, avx2_g1_b1, avx2_g2_b1, avx2_g3_b1, avx2_g4_b1, avx2_g5_b1},
@@ -269,11 +272,13 @@ static const a2_fn AVX2[3][6] = {
 static const int GMAX_A2[3] = {5, 2, 1}; /* rows a group at 1, 2, 4 blocks */
 static int a2_blocks_for(int64_t R) { return R <= 1 ? 2 : R <= 2 ? 1 : 0; }
 
-/* one row's activations as the AVX2 kernel takes them: per pair, the odd input then the even one */
-static void expand_row(const float *x, int64_t K, float *xf) {
+/* row r (of R) of the activations as the AVX2 kernels take them, pair-major so that a row group's
+ * inputs at pair p sit together (one pointer, constant offsets): xf[(p R + r) 2] the pair's odd
+ * input, [.. + 1] its even one */
+static void expand_row(const float *x, int64_t R, int64_t K, int64_t r, float *xf) {
     for (int64_t i = 0; i < K; i += 2) {
-        xf[i] = bf2f(to_bf16_daz(x[i + 1]));
-        xf[i + 1] = bf2f(to_bf16_daz(x[i]));
+        xf[(i / 2 * R + r) * 2] = bf2f(to_bf16_daz(x[i + 1]));
+        xf[(i / 2 * R + r) * 2 + 1] = bf2f(to_bf16_daz(x[i]));
     }
 }
 #endif
@@ -477,7 +482,7 @@ static void bf_part_avx2(const bf_job *J, pool_region *region) {
             int64_t r = 0;
             for (int64_t g = 0; g < groups; g++) {
                 const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 4 + 3 + 3 */
-                AVX2[lb][take](J->xf, K, r, rec, acc);
+                AVX2[lb][take](J->xf, R, K, r, rec, acc);
                 for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, take);
                 r += take;
             }
@@ -560,7 +565,7 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
     if (bf_path() == BF_AVX2) { /* the activations as fp32 pairs, odd input first (expand_row) */
         float *f = (float *)malloc(sizeof(float) * (size_t)(R * K) + 64);
         if (!f) return 1;
-        for (int64_t r = 0; r < R; r++) expand_row(x + r * ldx, K, f + r * K);
+        for (int64_t r = 0; r < R; r++) expand_row(x + r * ldx, R, K, r, f);
         xf = f;
     }
 #endif
