@@ -111,6 +111,45 @@ def _measure_cpu_costs(d: int, f: int, v: int) -> dict[str, float]:
     return _interleaved(fns, rounds=5, inner=2)
 
 
+@functools.lru_cache(maxsize=None)
+def c_pass_costs(d: int = 576, f: int = 1536, v: int = 8192) -> dict[str, float]:
+    """Seconds for the C pass's own products per dtype (remembered per machine: ``_remembered``):
+    fp32 (linear.c) against the bf16 compute type's records (bf16_rows.c), what a llama-family
+    HF checkpoint runs in either dtype. ``cpu_costs`` measures torch's products, which on an AVX2
+    CPU convert bf16 in software: it chose fp32 there although the bf16 C pass streams half the
+    bytes (session 34, Zen 3)."""
+    return _remembered(f"c_pass_costs/{d}x{f}x{v}", lambda: _measure_c_pass_costs(d, f, v))
+
+
+def _measure_c_pass_costs(d: int, f: int, v: int, mb: int = 64) -> dict[str, float]:
+    """Both dtypes' products over distinct copies of an f x d and a v x d matrix, ~``mb`` MB of
+    fp32 weights (more than a desktop CPU's last-level cache, as a decode step's weights are), at
+    1 and 8 rows."""
+    from .models.common import Linear
+
+    g = torch.Generator().manual_seed(0)
+    copies = max(1, mb * 2**20 // ((f + v) * d * 4))
+    ws = [torch.randn(n, d, generator=g) for _ in range(copies) for n in (f, v)]
+    xs = [torch.randn(rows, d, generator=g) for rows in (1, 8)]
+    fns = {}
+    for name in ("fp32", "bf16"):
+        lins = [Linear(w, torch.float32, native=True) if name == "fp32" else Linear.bf16(w) for w in ws]
+        fns[name] = lambda lins=lins: [lin(x) for x in xs for lin in lins]
+    return _interleaved(fns, rounds=5, inner=2)
+
+
+def bf16_records_take(hf_config: dict) -> bool:
+    """Whether the llama-family model of this HF config would run the bf16 compute type's C pass
+    (``llama.bf16_fits``: bf16 records in bf16_rows.c), not torch's bf16 pass."""
+    from .errors import ModelLoadError
+    from .models import llama
+
+    try:
+        return llama.bf16_fits(llama.LlamaConfig.from_hf(hf_config))
+    except (ModelLoadError, TypeError, ValueError):
+        return False
+
+
 def native_fp32_pass() -> bool:
     """Whether an fp32 llama-family model would run its passes in engine/native/llama_rows.c (the
     library builds, the C pass and linear.c are on)."""
@@ -127,14 +166,19 @@ def auto_dtype(device: str | torch.device = "cpu", model_type: str | None = None
     22.8-22.9, `bench/decode_step.py --last 1`, 2026-11-24) unless ``hf_config`` (the config of an
     HF-format checkpoint: full-width weights) says its bf16 passes run in C (``bf16_c_pass``: there
     the fp32 C pass streams twice the bytes, 31-35 ms a step against the glue's 17-20 ms and the bf16
-    C pass's ~9.6, 2026-11-27); otherwise bf16 when the probe finds it at least 10% faster."""
+    C pass's ~9.6, 2026-11-27); otherwise bf16 when the probe finds it at least 10% faster: the C
+    pass's products (``c_pass_costs``) where the bf16 C pass takes the model, else torch's."""
     if torch.device(device).type == "cuda":
         return "bf16"
     if model_type is not None:
         from .models.llama import MODEL_TYPES
 
-        if model_type in MODEL_TYPES and native_fp32_pass() and not (hf_config is not None and bf16_c_pass(hf_config)):
-            return "fp32"
+        if model_type in MODEL_TYPES and native_fp32_pass():
+            if not (hf_config is not None and bf16_c_pass(hf_config)):
+                return "fp32"
+            if bf16_records_take(hf_config):  # both dtypes' passes in C: their own products decide
+                c = c_pass_costs()
+                return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
     c = cpu_costs()
     return "bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32"
 

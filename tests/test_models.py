@@ -309,6 +309,11 @@ def test_dtype_auto_picks_a_dtype_by_measurement():
     c = cpu_costs()
     assert c["fp32"] > 0 and c["bf16"] > 0
     assert auto_dtype("cpu") == ("bf16" if c["bf16"] < 0.9 * c["fp32"] else "fp32")
+    from engine import native
+    from engine.dtype_probe import c_pass_costs
+    if native.lib() is not None and native.bf16_records_on():
+        cc = c_pass_costs()  # the C pass's own products: what decides for an HF llama checkpoint
+        assert cc["fp32"] > 0 and cc["bf16"] > 0
     assert parse_dtype("auto") in (torch.float32, torch.bfloat16)
     assert parse_dtype(None) == torch.float32  # the library default stays fp32
     assert auto_dtype("cuda") == "bf16"
@@ -324,6 +329,7 @@ def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkey
     from engine.loading import load, parse_dtype
 
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: True)
     assert dtype_probe.auto_dtype("cpu", "llama") == "fp32"  # no config: GGUF blocks
     assert dtype_probe.auto_dtype("cpu", "mamba2") == "bf16"
@@ -345,8 +351,18 @@ def test_dtype_auto_keeps_fp32_where_the_c_pass_takes_the_model(tmp_path, monkey
     monkeypatch.delenv("SPECCHAT_NATIVE_GLUE")
     assert compute("llama") == (torch.bfloat16 if glue else torch.float32)  # the glue alone
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.95})  # bf16 not 10% faster
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 0.95})
     monkeypatch.delenv("SPECCHAT_NATIVE_BF16")
     assert compute("llama") == torch.float32
+    # where the bf16 C pass takes the model, the C pass's own products decide, not torch's (which
+    # convert bf16 in software on an AVX2 CPU)
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 3.0})
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
+    assert compute("qwen2") == (torch.bfloat16 if records else torch.float32)
+    assert compute("llama") == (torch.bfloat16 if records else torch.float32)
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 1.2})
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
+    assert compute("qwen2") == torch.float32  # (without the records: no bf16 pass in C for it at all)
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
     monkeypatch.setattr(dtype_probe, "native_fp32_pass", lambda: False)
     assert dtype_probe.auto_dtype("cpu", "llama") == "bf16"
