@@ -313,10 +313,10 @@ def cmd_data(args: argparse.Namespace) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     on_cpu = torch.device(device).type == "cpu"
     if on_cpu:
-        if note := slow_bf16_note(args.dtype):
-            print(note, file=sys.stderr)
         session = ChatSession.load(target=args.target, drafter="ngram", models_file=args.models, dtype=args.dtype)
         target, tok = session.decoder.target, session.tokenizer
+        if note := slow_bf16_note(args.dtype, model=target):
+            print(note, file=sys.stderr)
         if tok is None:
             raise SpecchatError(f"{args.target or 'the target'}: no tokenizer beside the model, and the prompts are text; "
                                 "give a target with one")

@@ -193,9 +193,9 @@ def cmd_topk(args: argparse.Namespace) -> int:
     out = ensure_dir(data_dir / f"topk{args.k}", "the top-k directory")  # before the target loads
     from .dtype_probe import slow_bf16_note
 
-    if note := slow_bf16_note(args.dtype):
-        print(note, file=sys.stderr)
     target = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models)).model
+    if note := slow_bf16_note(args.dtype, model=target):
+        print(note, file=sys.stderr)
     if not hasattr(target, "forward_batch"):
         raise SpecchatError(f"{type(target).__name__}: no batched forward; top-k distillation needs a Llama-family target")
     check_vocab((toks for _, toks, _ in seqs), target.vocab_size, data_dir)  # an id past it: an IndexError mid-run
@@ -423,6 +423,7 @@ def _train(args: argparse.Namespace) -> int:
 
     from .errors import SpecchatError
     from .loading import load
+    from .mamba2_train import chunked_cross_entropy
     from .registry import load_registry
 
     if args.threads:
@@ -588,16 +589,23 @@ def _train(args: argparse.Namespace) -> int:
             y = torch.cat([y, y.new_full((pad,), -1)])
         return h, y
 
+    # the output layer's loss a chunk of rows at a time, its gradients made in the forward
+    # (mamba2_train.chunked_cross_entropy); SPECCHAT_CHUNKED_CE=0 keeps F.cross_entropy (A/B)
+    chunked_ce = os.environ.get("SPECCHAT_CHUNKED_CE", "1").strip().lower() not in ("0", "off", "false", "no")
+
     def loss_of(x, m, idx):
         with autocast():
             h, y = hidden_and_targets(x, m, bucket=0 if args.kd else 512)
             W = model.get_input_embeddings().weight
             if full_softmax:
-                logits, y_sub = (h @ W.T).float(), y
+                Wl, y_sub = W, y
             else:
                 neg = unseen[torch.randint(len(unseen), (args.negatives,), device=device)]
                 sub = torch.cat([seen, neg])
-                logits, y_sub = (h @ W[sub].T).float(), torch.where(y >= 0, remap[y.clamp(min=0)], -1)
+                Wl, y_sub = W[sub], torch.where(y >= 0, remap[y.clamp(min=0)], -1)
+            if not args.kd and chunked_ce:
+                return chunked_cross_entropy(h, Wl, y_sub, mm_dtype=torch.bfloat16 if amp == "bf16" else torch.float32)
+            logits = (h @ Wl.T).float()
         if not args.kd:
             # with --vocab-min-count, a target outside the draft vocabulary is a prediction the
             # drafter never makes: it leaves the loss (ignore_index) instead of being forced in

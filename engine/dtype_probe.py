@@ -198,13 +198,16 @@ def bf16_c_pass(hf_config: dict) -> bool:
     return llama.bf16_fits(c) or (llama.glue_lib() is not None and llama.glue_fits(c))
 
 
-def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu") -> str | None:
+def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu", model=None) -> str | None:
     """A one-line note when ``--dtype bf16`` was asked for on a CPU whose bf16 products the probe
     measures at 1.5x+ the fp32 ones (no native bf16: AVX2 converts in software; a batched bf16
-    forward ran 8x slower than fp32 on a 2-core AVX2 EPYC, 2026-11-25); None otherwise."""
+    forward ran 8x slower than fp32 on a 2-core AVX2 EPYC, 2026-11-25); None otherwise. ``model``
+    (loaded): where it runs the bf16 C pass (bf16 records inside an fp32 pass), the C pass's own
+    products are what compare (``c_pass_costs``: on AVX2 bf16 records are the faster ones)."""
     if dtype != "bf16" or torch.device(device).type != "cpu":
         return None
-    c = cpu_costs()
+    in_c = model is not None and getattr(model, "compute_dtype", None) == torch.bfloat16 and getattr(model, "dtype", None) == torch.float32
+    c = c_pass_costs() if in_c else cpu_costs()
     ratio = c["bf16"] / max(c["fp32"], 1e-12)
     if ratio < 1.5:
         return None

@@ -101,3 +101,45 @@ def test_the_swap_can_be_turned_off(monkeypatch):
     original = mm.mamba2_chunk_scan
     with mamba2_train.lean_scan() as swapped:
         assert not swapped and mm.mamba2_chunk_scan is original
+
+
+@pytest.mark.parametrize("n,chunk", [(300, 64), (257, 256), (40, 512)])
+def test_chunked_cross_entropy_equals_cross_entropy_values_and_gradients(n, chunk):
+    """`distill train`'s output-layer loss a chunk at a time (gradients made in the forward) is
+    F.cross_entropy(h @ W.T, y, ignore_index=-1): value and both gradients, ignored rows and a
+    last partial chunk included, scaled by the outer gradient; NaN where no row counts, as it."""
+    g = torch.Generator().manual_seed(n)
+    d, V = 24, 500
+    h0 = torch.randn(n, d, generator=g, dtype=torch.float64)
+    W0 = torch.randn(V, d, generator=g, dtype=torch.float64)
+    y = torch.randint(0, V, (n,), generator=g)
+    y[::5] = -1
+    grads = []
+    for f in (lambda h, W: torch.nn.functional.cross_entropy(h @ W.T, y, ignore_index=-1),
+              lambda h, W: mamba2_train.chunked_cross_entropy(h, W, y, chunk=chunk, mm_dtype=torch.float64)):
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        loss = f(h, W)
+        (3.0 * loss).backward()
+        grads.append((loss.detach(), h.grad, W.grad))
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-12)
+    h = h0.clone().requires_grad_()
+    assert torch.isnan(mamba2_train.chunked_cross_entropy(h, W0, torch.full((n,), -1), chunk=chunk, mm_dtype=torch.float64))
+
+
+def test_chunked_cross_entropy_in_bf16_products_stays_close():
+    """With bf16 products (`distill train --amp bf16`) the loss and gradients stay within bf16's
+    rounding of the fp32 ones."""
+    g = torch.Generator().manual_seed(1)
+    h0, W0 = torch.randn(200, 32, generator=g), torch.randn(700, 32, generator=g) * 0.3
+    y = torch.randint(0, 700, (200,), generator=g)
+    out = []
+    for dt in (torch.float32, torch.bfloat16):
+        h, W = h0.clone().requires_grad_(), W0.clone().requires_grad_()
+        loss = mamba2_train.chunked_cross_entropy(h, W, y, chunk=64, mm_dtype=dt)
+        loss.backward()
+        assert h.grad.dtype == torch.float32 and W.grad.dtype == torch.float32
+        out.append((loss.detach(), h.grad, W.grad))
+    assert abs(float(out[0][0] - out[1][0])) < 0.02 * float(out[0][0])
+    for a, b in zip(out[0][1:], out[1][1:]):
+        assert float((a - b).norm() / a.norm()) < 0.03

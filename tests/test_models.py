@@ -376,6 +376,7 @@ def test_slow_bf16_note_where_the_probe_finds_bf16_slow(monkeypatch, tmp_path, s
     from engine.cli import main
 
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 8.0})
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 8.0})
     note = dtype_probe.slow_bf16_note("bf16")
     assert note and "8.0x slower" in note and "--dtype fp32" in note and "\n" not in note
     assert dtype_probe.slow_bf16_note("fp32") is None and dtype_probe.slow_bf16_note(None) is None
@@ -384,3 +385,16 @@ def test_slow_bf16_note_where_the_probe_finds_bf16_slow(monkeypatch, tmp_path, s
     assert note in capsys.readouterr().err
     monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 0.6})
     assert dtype_probe.slow_bf16_note("bf16") is None
+
+    # a model in the bf16 C pass (bf16 records in an fp32 pass: AVX2 and up) is judged by the C
+    # pass's own products, a model in torch's bf16 pass by torch's
+    class InC:
+        compute_dtype, dtype = torch.bfloat16, torch.float32
+
+    class InTorch:
+        compute_dtype = dtype = torch.bfloat16
+
+    monkeypatch.setattr(dtype_probe, "cpu_costs", lambda: {"fp32": 1.0, "bf16": 3.0})
+    monkeypatch.setattr(dtype_probe, "c_pass_costs", lambda: {"fp32": 1.0, "bf16": 0.5})
+    assert dtype_probe.slow_bf16_note("bf16", model=InC()) is None
+    assert "3.0x slower" in dtype_probe.slow_bf16_note("bf16", model=InTorch())
