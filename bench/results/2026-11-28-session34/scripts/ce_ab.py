@@ -1,5 +1,8 @@
 """A/B: one `distill train` step (forward, output-layer loss, backward, AdamW) of the shipped
-drafter on 8 x 512 tokens, F.cross_entropy vs chunked_cross_entropy, alternated in one process."""
+drafter on 8 x 512 tokens, F.cross_entropy vs chunked_cross_entropy, alternated in one process.
+
+    python ce_ab.py ROUNDS          # step times, alternated
+    MODE=0|1 python ce_ab.py mem    # peak RSS of two steps of one kind (0: F.cross_entropy)"""
 import json, sys, time, torch
 from pathlib import Path
 from engine.distill_train import load_for_training, keep_freed_memory
@@ -24,6 +27,11 @@ def step(chunked):
         loss = chunked_cross_entropy(h, Wl, ys) if chunked else torch.nn.functional.cross_entropy((h @ Wl.T).float(), ys, ignore_index=-1)
         opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
     return loss.item()
+if sys.argv[1:] == ["mem"]:
+    import os, resource
+    step(os.environ["MODE"] == "1"); step(os.environ["MODE"] == "1")
+    print("maxrss MB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+    raise SystemExit
 step(False); step(True)
 ts = {False: [], True: []}
 for r in range(int(sys.argv[1]) if len(sys.argv) > 1 else 4):
