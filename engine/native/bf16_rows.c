@@ -25,6 +25,10 @@
  * as the chain above, but a row's bits still depend on that row alone; one path runs per process,
  * so lossless holds on each.
  *
+ * Where the CPU has AVX2 and FMA but no AVX-512 BF16 (Zen 2/3, Intel before Cooper Lake) the AVX2
+ * section below runs the same chain as fp32 FMAs, bit for bit the scalar form's
+ * (SPECCHAT_BF16_PATH=avx2 asks for it on any CPU with the instructions).
+ *
  * Layout (engine/models/quant.py `pack_bf16`): per column block of 16 outputs, K/2 vectors of 64
  * bytes; in vector p, 32-bit lane j holds (w[2p][j], w[2p + 1][j]) as two bf16, the even input in
  * the low half (`vdpbf16ps`'s pair; 16 consecutive vectors are one AMX weight tile). Outputs past N
