@@ -138,16 +138,24 @@ def _measure_c_pass_costs(d: int, f: int, v: int, mb: int = 64) -> dict[str, flo
     return _interleaved(fns, rounds=5, inner=2)
 
 
-def bf16_records_take(hf_config: dict) -> bool:
-    """Whether the llama-family model of this HF config would run the bf16 compute type's C pass
-    (``llama.bf16_fits``: bf16 records in bf16_rows.c), not torch's bf16 pass."""
+def _llama_config(hf_config: dict):
+    """The llama-family configuration of an HF config, or None where it is not one."""
     from .errors import ModelLoadError
     from .models import llama
 
     try:
-        return llama.bf16_fits(llama.LlamaConfig.from_hf(hf_config))
+        return llama.LlamaConfig.from_hf(hf_config)
     except (ModelLoadError, TypeError, ValueError):
-        return False
+        return None
+
+
+def bf16_records_take(hf_config: dict) -> bool:
+    """Whether the llama-family model of this HF config would run the bf16 compute type's C pass
+    (``llama.bf16_fits``: bf16 records in bf16_rows.c), not torch's bf16 pass."""
+    from .models import llama
+
+    c = _llama_config(hf_config)
+    return c is not None and llama.bf16_fits(c)
 
 
 def native_fp32_pass() -> bool:
@@ -188,14 +196,10 @@ def bf16_c_pass(hf_config: dict) -> bool:
     compute type's C pass (``llama.bf16_fits``: AVX2 + FMA or better, shapes it takes) or the torch pass
     with engine/native/glue_bf16.c between its products (the kernels load, nothing switches them
     off, the shapes fit)."""
-    from .errors import ModelLoadError
     from .models import llama
 
-    try:
-        c = llama.LlamaConfig.from_hf(hf_config)
-    except (ModelLoadError, TypeError, ValueError):
-        return False
-    return llama.bf16_fits(c) or (llama.glue_lib() is not None and llama.glue_fits(c))
+    c = _llama_config(hf_config)
+    return c is not None and (llama.bf16_fits(c) or (llama.glue_lib() is not None and llama.glue_fits(c)))
 
 
 def slow_bf16_note(dtype: str | None, device: str | torch.device = "cpu", model=None) -> str | None:

@@ -98,6 +98,9 @@ static int bf_path(void) {
 
 int bf16_rows_path(void) { return bf_path(); }
 
+/* whether the bf16 products run on AMX here (llama_rows.c's attention follows them) */
+int bf16_rows_on_amx(void) { return bf_path() == BF_AMX; }
+
 static inline float u2f(uint32_t u) {
     float f;
     memcpy(&f, &u, 4);

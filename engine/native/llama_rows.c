@@ -33,7 +33,7 @@
 #endif
 #endif
 
-int bf16_rows_path(void); /* bf16_rows.c: 3 where the bf16 products run on AMX (the tile state granted) */
+int bf16_rows_on_amx(void); /* bf16_rows.c: the bf16 products run on AMX (the tile state granted) */
 
 int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
                     const float *bias, float *y, int nthreads);
@@ -479,7 +479,7 @@ static inline uint16_t to_bf16(float f) {
 }
 #ifdef LR_AMX
 /* Attention on AMX-BF16 tiles (bf16 cache, E % 32 == 0, E <= 128), where the CPU's bf16 products
- * run on AMX too (bf16_rows_path() == 3; SPECCHAT_AMX_ATTN=0 keeps attend_group). Why: a 16-row
+ * run on AMX too (bf16_rows_on_amx(); SPECCHAT_AMX_ATTN=0 keeps attend_group). Why: a 16-row
  * verify pass's attention ran ~23 cycles per query and key in attend_group's FMA chains (a 16-row
  * pass at 300 tokens of context 16.6 ms against 11.3 at 30, 2-core Xeon), where two tile products
  * per 16 keys x 16 queries do the scores and two per 32 keys the value sums.
@@ -873,14 +873,14 @@ static void att_part(void *ctx, pool_region *region) {
 
 /* 1 where a pass with a bf16 cache and head size E runs its attention on AMX tiles
  * (attend_group_amx): this build has them, E % 32 == 0 and E <= 128, the bf16 products run on AMX
- * (bf16_rows_path: the tile state granted; SPECCHAT_BF16_PATH=avx512 turns both off) and
+ * (bf16_rows_on_amx: the tile state granted; SPECCHAT_BF16_PATH=avx512 turns both off) and
  * SPECCHAT_AMX_ATTN is not 0. Read once per process, like the products' path. */
 int llama_rows_amx_attention(int64_t E) {
 #ifdef LR_AMX
     static int on = -1;
     if (on < 0) {
         const char *e = getenv("SPECCHAT_AMX_ATTN");
-        on = bf16_rows_path() == 3 && !(e && !strcmp(e, "0"));
+        on = bf16_rows_on_amx() && !(e && !strcmp(e, "0"));
     }
     return on && E % 32 == 0 && E <= 128;
 #else
