@@ -452,3 +452,122 @@ def test_advance_fast_takes_a_long_catch_up_in_chunks(tmp_path, monkeypatch):
         got = a.advance_fast(toks)
     assert a.cache.length == b.cache.length == 26
     assert torch.equal(got, want) and torch.equal(a.cache.ssm, b.cache.ssm) and torch.equal(a.cache.conv, b.cache.conv)
+
+
+def _close_probs(got, want) -> None:
+    got, want = torch.as_tensor(got, dtype=torch.float64), torch.as_tensor(want, dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-7), (got, want)
+
+
+def _exact_head(m) -> None:
+    """The torch step's head through linear.c like the C step's (not a GEMV over dequantised Q8_0
+    weights, Linear._measure_gemv, whose fp32 activations are ~1/127 of a logit from the C
+    head's 8-bit ones): the two then differ by fp32 rounding only."""
+    m.lm_head_t._gemv = False
+
+
+def _fast_drafter_pair(tmp_path, monkeypatch, quant: bool):
+    from engine.loading import load
+    from engine.models import common
+
+    from .tiny import saved
+
+    monkeypatch.setattr(common, "_NATIVE_LINEAR", {"on": True, "why": "on (test)"})
+    path = saved("mamba2", str(tmp_path))
+    models = [load(str(path)).model, load(str(path)).model]
+    for m in models:
+        if quant:
+            m.quantize_for_drafting()
+        m.allocate()
+        m.prefill([3, 8, 1, 9, 4])
+    return models
+
+
+@pytest.mark.parametrize("quant", [False, True])
+def test_draft_step_fast_is_the_torch_step(tmp_path, monkeypatch, quant):
+    """Mamba2.draft_step_fast (engine/native/mamba2_step.c mamba2_draft_step: the blocks, the final
+    norm, the head and the top k in one C call) steps a forked row like DraftBatch.step and names
+    the same top k with the softmax's probabilities, over all columns, over a view of them with
+    token ids, and declines (None) what it cannot serve."""
+    from engine.models import common
+
+    a, b = _fast_drafter_pair(tmp_path, monkeypatch, quant)
+    _exact_head(b)
+    V = a.lm_head_t.shape[1]
+    with common.fast_rows():
+        if a._native_step(a.cache.conv[:, None], a.cache.ssm[:, None]) is None:
+            pytest.skip("no C step here")
+        view = torch.tensor([1, 4, 5, 9, 17, 30, 31, 44])
+        ids = torch.tensor([101, 104, 105, 109, 117, 130, 131, 144])
+        fa, fb = a.fork(1), b.fork(1)
+        for t, (v, i, k) in zip([7, 2, 6, 11], [(None, None, 3), (view, ids, 2), (None, None, 1), (view, None, 4)]):
+            got = a.draft_step_fast(fa, t, k, V, v, i)
+            logits = fb.step(torch.tensor([t]))[0].float()
+            seen = logits if v is None else logits[v]
+            p, top = torch.softmax(seen, -1).topk(k)
+            want_ids = (top if i is None else i[top]).tolist() if v is None or i is not None else top.tolist()
+            assert got is not None and got[0] == want_ids
+            _close_probs(got[1], p)
+            assert fa.steps == fb.steps
+            assert torch.allclose(fa.state["ssm"], fb.state["ssm"], atol=1e-5 * max(1.0, fb.state["ssm"].abs().max().item()))
+            assert torch.allclose(fa.state["conv"], fb.state["conv"], atol=1e-5 * max(1.0, fb.state["conv"].abs().max().item()))
+        ids_only, _ = a.draft_step_fast(fa, 3, 2, V, None, None, want_p=False)
+        assert len(ids_only) == 2
+        steps = fa.steps
+        assert a.draft_step_fast(fa, a.embed.shape[0], 1, V, None, None) is None  # no such token
+        assert a.draft_step_fast(fa, 3, 9, V, view, None) is None  # more than the view holds
+        assert a.draft_step_fast(a.fork(2), 3, 1, V, None, None) is None  # one row only
+        assert fa.steps == steps
+    assert a.draft_step_fast(a.fork(1), 3, 1, V, None, None) is None  # outside drafting numerics
+
+
+@pytest.mark.parametrize("quant", [False, True])
+def test_greedy_chains_and_spines_in_c_draft_what_the_torch_loop_drafts(tmp_path, monkeypatch, quant):
+    """ModelDrafter.propose's greedy chains (and hybrid:auto's Spine) take the C draft step: the
+    same tokens, confidences and early stop as the torch loop, with and without a draft
+    vocabulary and a restriction (TLI's)."""
+    from engine.drafters.base import DraftRequest
+    from engine.drafters.model import ModelDrafter
+    from engine.models import common, mamba2
+
+    a, _ = _fast_drafter_pair(tmp_path, monkeypatch, quant)
+    V = a.lm_head_t.shape[1]
+    hist = [3, 8, 1, 9, 4, 12, 7]
+    calls = []
+    real = mamba2.Mamba2.draft_step_fast
+
+    def counted(self, *args, **kw):
+        out = real(self, *args, **kw)
+        calls.append(out is not None)
+        return out
+
+    def off(self, *args, **kw):
+        return None
+
+    stop_after = lambda conf: len(conf) < 3  # noqa: E731
+    for vocab in (None, torch.tensor(sorted(random.Random(1).sample(range(V), V // 2)))):
+        for restrict in (None, torch.arange(0, V, 3)):
+            got, want = {}, {}
+            for mode, table in (("c", got), ("torch", want)):
+                monkeypatch.setattr(mamba2.Mamba2, "draft_step_fast", counted if mode == "c" else off)
+                d = ModelDrafter(a, V, draft_vocab=vocab)
+                _exact_head(d.model)
+                d.restrict(restrict)
+                table["chain"] = d.propose(hist, DraftRequest(shape=(1,) * 5)).tokens
+                t = d.propose(hist, DraftRequest(shape=(1,) * 6, confidence=True, keep_going=stop_after))
+                table["stopped"], table["conf"] = t.tokens, t.confidence
+                sp = d.spine(hist, k=3)
+                cands = [sp.candidates()]
+                for tok in (cands[0][0][0], 5, 2):
+                    sp.advance(tok)
+                    cands.append(sp.candidates())
+                table["spine"] = cands
+                d.reset()
+            assert any(calls), "the C step never ran"
+            calls.clear()
+            assert got["chain"] == want["chain"] and len(got["chain"]) == 5
+            assert got["stopped"] == want["stopped"] and len(got["stopped"]) == 3
+            _close_probs(got["conf"], want["conf"])
+            for g, w in zip(got["spine"], want["spine"]):
+                assert [i for i, _ in g] == [i for i, _ in w]
+                _close_probs([p for _, p in g], [p for _, p in w])

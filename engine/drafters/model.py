@@ -194,6 +194,10 @@ class ModelDrafter:
         # a greedy chain's confidence (engine/gate.py): the drafter's probability of each token it
         # drafts, the softmax maximum of its row (the chosen token is the row's argmax)
         conf_on = req.confidence and greedy and all(len(v) <= 1 for v in kids.values())
+        if req.mode == "greedy" and self.recurrent and all(len(v) <= 1 for v in kids.values()):
+            fast = self._chain_fast(logits, kids, budget, req, conf_on)
+            if fast is not None:
+                return fast
         confidence: list[float] = []
         while frontier:
             new: list[int] = []  # the frontier index of each new node's parent
@@ -248,6 +252,50 @@ class ModelDrafter:
             kind = "race"
         return TokenTree(tokens, parents, probs, kind, confidence=confidence if conf_on else [])
 
+    def _width(self) -> int:
+        """The raw output columns (``_raw``'s): the draft vocabulary's, else the head's up to the
+        target's vocabulary."""
+        V = self.model.lm_head_t.shape[1]
+        return V if self.draft_vocab is not None else min(V, self.target_vocab)
+
+    def _chain_fast(self, logits: torch.Tensor, kids: dict[int, list[int]], budget: int, req: DraftRequest,
+                    conf_on: bool) -> TokenTree | None:
+        """``propose``'s greedy chain with every step after the root's in C (Mamba2.draft_step_fast:
+        block, head and top-1 in one call); the same tokens as the torch loop up to the drafter's
+        numerics, the same early stop (``keep_going``). None where the C step does not apply."""
+        step = getattr(self.model, "draft_step_fast", None)
+        if step is None or not hasattr(self.model.lm_head_t, "shape"):
+            return None
+        tokens: list[int] = []
+        confidence: list[float] = []
+        tok = self._top(logits, 1)[0][0]
+        p = float(torch.softmax(logits[0].float(), -1).max()) if conf_on else 0.0
+        width = self._width()
+        pid, batch = -1, None
+        while True:
+            want = kids.get(pid, [])
+            if not want or len(tokens) >= budget:
+                break
+            tokens.append(tok)
+            if conf_on:
+                confidence.append(p)
+            if len(tokens) >= budget or (conf_on and req.keep_going is not None and not req.keep_going(confidence)):
+                break
+            pid = want[0]
+            if pid not in kids:
+                break
+            if batch is None:
+                batch = self._fork(None, [0])
+            out = step(batch, tok, 1, width, self._cols, self._col_ids, want_p=conf_on)
+            if out is None:
+                if len(tokens) == 1:
+                    return None  # not for this drafter: the torch loop drafts afresh
+                raise RuntimeError("the drafter's C step stopped applying mid-chain")
+            tok = out[0][0]
+            p = out[1][0] if conf_on else 0.0
+        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic",
+                         confidence=confidence if conf_on else [])
+
     def spine(self, history: Sequence[int], k: int = 3) -> "Spine":
         """A handle that steps this drafter along one path of a tree grown elsewhere (hybrid:auto's
         best-first tree, NgramDrafter.corpus_tree): the drafter's top-``k`` next tokens and
@@ -295,6 +343,7 @@ class Spine:
         self.room = 1 << 30 if drafter.recurrent else min(cache.capacity - cache.length - cache.scratch - 1,
                                                             cache.max_scratch - cache.scratch)
         self.steps = 0
+        self._cands: list[tuple[int, float]] | None = None  # the C step's top k after the last advance
 
     @property
     def ms(self) -> float:
@@ -302,6 +351,8 @@ class Spine:
 
     def candidates(self) -> list[tuple[int, float]]:
         """Up to k (target token id, drafter probability) pairs for the token after the path, best first."""
+        if self._cands is not None:
+            return list(self._cands)
         t0 = time.perf_counter()
         p, i = torch.softmax(self.logits[0].float(), -1).topk(min(self.k, self.logits.shape[-1]))
         ids = self.d._col_ids[i] if self.d._col_ids is not None else i
@@ -320,13 +371,26 @@ class Spine:
         d = self.d
         if d.recurrent:
             self.batch = d._fork(self.batch, [0])
+            step = getattr(d.model, "draft_step_fast", None)
+            fast = None
+            if step is not None and hasattr(d.model.lm_head_t, "shape"):
+                width = d._width()
+                k = min(self.k, width if d._cols is None else d._cols.numel())
+                fast = step(self.batch, token, k, width, d._cols, d._col_ids, want_p=True)
+            if fast is not None:  # the block, the head and the top k in one C call
+                self._cands, self.logits = list(zip(*fast)), None
+                self.steps += 1
+                ms = (time.perf_counter() - t0) * 1000.0
+                self.spent_ms += ms
+                d.step_ms = ms if d.step_ms == 0.0 else 0.8 * d.step_ms + 0.2 * ms
+                return
             out = self.batch.step(torch.tensor([token], dtype=torch.long))
         else:
             s0 = d.model.cache.scratch
             out = d.model.extend([token], [self.srow])
             d._scratch_tokens.append(token)
             self.srow = s0
-        self.logits = d._view(d._raw(out))
+        self.logits, self._cands = d._view(d._raw(out)), None
         self.steps += 1
         ms = (time.perf_counter() - t0) * 1000.0
         self.spent_ms += ms

@@ -675,6 +675,68 @@ class Mamba2(CausalLM):
         from .. import native
 
         c = self.cfg
+        tab = self._c_layers_tab()
+        rc = lib.mamba2_layers_f32(x.data_ptr(), B, T, c.hidden_size, tab.data_ptr(), len(self.layers), c.norm_eps,
+                                   conv.data_ptr(), ssm.data_ptr(), c.conv_kernel, c.num_heads, c.head_dim, c.state_size,
+                                   c.n_groups, c.gate_norm_eps, c.dt_limit[0], c.dt_limit[1], native.threads())
+        if rc:
+            raise MemoryError("mamba2 step scratch allocation failed")
+        return x
+
+    def draft_step_fast(self, batch: DraftBatch, token: int, k: int, width: int, view: torch.Tensor | None,
+                        ids: torch.Tensor | None, want_p: bool = True) -> tuple[list[int], list[float] | None] | None:
+        """One row's draft step wholly in C (engine/native/mamba2_step.c ``mamba2_draft_step``):
+        ``token`` through every block, the head, and the top ``k`` of the softmax over the usable
+        columns (``view``: indices into the ``width`` raw columns, or all of them; ``ids``: the
+        token id of each usable column, or the index itself). Returns (ids, probabilities or None
+        without ``want_p``) best first, the batch's row advanced; None where the C step does not apply (then use
+        ``batch.step``). Drafter numerics (close to the torch path, not bit-equal), like every
+        draft step; the ModelDrafter's greedy chains and hybrid:auto's Spine take it."""
+        if batch.rows != 1 or batch.model is not self:
+            return None
+        conv, ssm = batch.state["conv"], batch.state["ssm"]
+        lib = self._native_step(conv, ssm)
+        if lib is None or not hasattr(self.lm_head_t, "native_weight"):
+            return None
+        key = (width, view, ids, self.lm_head_t, self.embed, self.__dict__.get("_c_tab"))  # compared by identity
+        cached = self.__dict__.get("_c_draft")
+        if cached is None or len(cached[0]) != len(key) or any(a is not b for a, b in zip(cached[0], key)):
+            head = self.lm_head_t.native_weight()
+            emb = self.embed
+            if head is None or emb.dtype != torch.float32 or not emb.is_contiguous() or self.norm_f.dtype != torch.float32:
+                self.__dict__["_c_draft"] = (key, None)
+                return None
+            c = self.cfg
+            V = self.lm_head_t.shape[1]
+            view64 = None if view is None else view.to(torch.int64).contiguous()
+            ids64 = None if ids is None else ids.to(torch.int64).contiguous()
+            key = (*key[:5], self._c_layers_tab())
+            mt = torch.tensor([c.hidden_size, len(self.layers), self._c_tab.data_ptr(), c.conv_kernel, c.num_heads,
+                               c.head_dim, c.state_size, c.n_groups, emb.data_ptr(), self.norm_f.data_ptr(), head[0],
+                               head[1], V, width, 0 if view64 is None else view64.data_ptr(),
+                               width if view64 is None else view64.numel(), 0 if ids64 is None else ids64.data_ptr(),
+                               emb.shape[0]],
+                              dtype=torch.int64)
+            mf = torch.tensor([c.norm_eps, c.gate_norm_eps, c.dt_limit[0], c.dt_limit[1], c.norm_eps], dtype=torch.float64)
+            scratch = torch.empty(max(c.hidden_size, V) + c.hidden_size, dtype=torch.float32)
+            out = (torch.empty(16, dtype=torch.int64), torch.empty(16, dtype=torch.float32))
+            cached = self.__dict__["_c_draft"] = (key, (mt, mf, scratch, out, view64, ids64, self._c_tab))
+        if cached[1] is None:
+            return None
+        from .. import native
+
+        mt, mf, scratch, (oi, op), *_ = cached[1]
+        rc = lib.mamba2_draft_step(mt.data_ptr(), mf.data_ptr(), conv.data_ptr(), ssm.data_ptr(), int(token), int(k),
+                                   int(want_p), oi.data_ptr(), op.data_ptr(), scratch.data_ptr(), native.threads())
+        if rc == 1:
+            raise MemoryError("mamba2 draft step scratch allocation failed")
+        if rc:
+            return None
+        batch.steps += 1
+        return oi[:k].tolist(), op[:k].tolist() if want_p else None
+
+    def _c_layers_tab(self) -> torch.Tensor:
+        """The per-layer pointer table ``_c_layers`` hands the C blocks (built once)."""
         tab = self.__dict__.get("_c_tab")
         if tab is None:  # the weights' pointers, once (quantize_for_drafting drops it)
             rows = []
@@ -683,12 +745,7 @@ class Mamba2(CausalLM):
                 rows.append([norm.data_ptr(), wi, qi, m.conv_w.data_ptr(), 0 if m.conv_b is None else m.conv_b.data_ptr(),
                              m.dt_bias.data_ptr(), m.A.data_ptr(), m.D.data_ptr(), m.gate_norm.data_ptr(), wo, qo])
             tab = self.__dict__["_c_tab"] = torch.tensor(rows, dtype=torch.int64)
-        rc = lib.mamba2_layers_f32(x.data_ptr(), B, T, c.hidden_size, tab.data_ptr(), len(self.layers), c.norm_eps,
-                                   conv.data_ptr(), ssm.data_ptr(), c.conv_kernel, c.num_heads, c.head_dim, c.state_size,
-                                   c.n_groups, c.gate_norm_eps, c.dt_limit[0], c.dt_limit[1], native.threads())
-        if rc:
-            raise MemoryError("mamba2 step scratch allocation failed")
-        return x
+        return tab
 
     def quantize_for_drafting(self, act8: bool | None = None) -> int:
         """A drafter's fp32 projections and head in Q8_0 (engine/models/quant.py), a quarter of the
@@ -712,6 +769,7 @@ class Mamba2(CausalLM):
         self.lm_head_t = q
         self._c_block_weights = None
         self.__dict__.pop("_c_tab", None)
+        self.__dict__.pop("_c_draft", None)
         return n
 
     def _native_step(self, conv: torch.Tensor, ssm: torch.Tensor):

@@ -209,6 +209,8 @@ def _load() -> ctypes.CDLL | None:
         lib.llama_rows_amx_attention.restype = ctypes.c_int
         lib.mamba2_layers_f32.argtypes = [p, i64, i64, i64, p, i64, f32, p, p, i64, i64, i64, i64, i64, f32, f32, f32, i32]
         lib.mamba2_layers_f32.restype = ctypes.c_int
+        lib.mamba2_draft_step.argtypes = [p, p, p, p, i64, i64, i32, p, p, p, i32]
+        lib.mamba2_draft_step.restype = ctypes.c_int
         _lib = lib
         _reason = "on"
         return lib

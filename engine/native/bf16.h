@@ -1,4 +1,5 @@
-/* bf16 <-> fp32 as torch rounds them, and a vectorisable exp, shared by attn.c and glue_bf16.c. */
+/* bf16 <-> fp32 as torch rounds them, and a vectorisable exp, shared by attn.c, glue_bf16.c and
+ * mamba2_step.c. */
 #ifndef SPECCHAT_BF16_H
 #define SPECCHAT_BF16_H
 #include <stdint.h>

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include "bf16.h" /* exp_neg */
 
 int linear_rows_f32(const float *x, int64_t ldx, int64_t R, int64_t K, const float *Wp, int64_t N,
                     const float *bias, float *y, int nthreads);
@@ -136,5 +137,75 @@ int mamba2_layers_f32(float *x, int64_t B, int64_t T, int64_t Dm, const int64_t 
 #undef PTR
         if (rc) return rc;
     }
+    return 0;
+}
+
+/* One draft step of a drafter, all of it in C: the token's embedding, every block (as
+ * mamba2_layers_f32, one row), the final rms_norm, the output layer, and the top k of the softmax
+ * over the columns proposals may use (engine/drafters/model.py ModelDrafter: a greedy chain takes
+ * the top 1 and its probability, hybrid:auto's Spine the top 3). In Python the same step was ~20
+ * torch operations around the C blocks: ~0.2 ms a token, as much as the byte drafter's blocks.
+ *
+ * mt (int64): Dm, nlayers, layer table, K, H, P, N, G, embed (fp32, rows of Dm), final norm
+ * weight, head weight, head qtype, head columns (V), raw width W (the columns before the view;
+ * <= V), view columns (int64, or 0: 0 .. W-1), view size, token id of each view index (int64, or
+ * 0: the index itself), embedding rows. mf (double): eps, gate_eps, dt_min, dt_max, final norm eps.
+ * conv/ssm: one row's state (layers, 1, ...), stepped in place. scratch: max(Dm, V) + Dm floats.
+ * Writes the k best ids (ties: the lower view index) and, with want_p, their softmax
+ * probabilities; returns 0, 1 on an allocation failure, 2 for a bad token or k. */
+int mamba2_draft_step(const int64_t *mt, const double *mf, float *conv, float *ssm, int64_t tok, int64_t k,
+                      int want_p, int64_t *out_ids, float *out_p, float *scratch, int nthreads) {
+    const int64_t Dm = mt[0], nl = mt[1], K = mt[3], H = mt[4], P = mt[5], N = mt[6], G = mt[7];
+    const float *embed = (const float *)(intptr_t)mt[8], *normf = (const float *)(intptr_t)mt[9];
+    const void *head = (const void *)(intptr_t)mt[10];
+    const int qh = (int)mt[11];
+    const int64_t V = mt[12], W = mt[13], nview = mt[15];
+    const int64_t *view = (const int64_t *)(intptr_t)mt[14], *ids = (const int64_t *)(intptr_t)mt[16];
+    if (k < 1 || k > 16 || tok < 0 || tok >= mt[17] || nview < k) return 2;
+    float *x = scratch, *logits = scratch + Dm;
+    memcpy(x, embed + tok * Dm, sizeof(float) * (size_t)Dm);
+    int rc = mamba2_layers_f32(x, 1, 1, Dm, (const int64_t *)(intptr_t)mt[2], nl, (float)mf[0], conv, ssm, K, H, P, N, G,
+                               (float)mf[1], (float)mf[2], (float)mf[3], nthreads);
+    if (rc) return rc;
+    double ss = 0.0;
+    for (int64_t d = 0; d < Dm; d++) ss += (double)x[d] * x[d];
+    const float r = 1.0f / sqrtf((float)(ss / Dm) + (float)mf[4]);
+    for (int64_t d = 0; d < Dm; d++) x[d] = normf[d] * (x[d] * r);
+    /* the head writes V logits after x: logits may not alias x */
+    if (product(x, 1, Dm, head, qh, V, logits, nthreads)) return 1;
+    (void)W; /* the view's bound: view indices and nview stay below it */
+    int64_t best[16];
+    float bv[16];
+    int64_t nb = 0;
+    for (int64_t j = 0; j < nview; j++) {
+        const float v = logits[view ? view[j] : j];
+        if (nb == k && !(v > bv[k - 1])) continue;  /* NaN never enters */
+        int64_t at = nb < k ? nb++ : k - 1;
+        while (at > 0 && v > bv[at - 1]) {
+            bv[at] = bv[at - 1];
+            best[at] = best[at - 1];
+            at--;
+        }
+        bv[at] = v;
+        best[at] = j;
+    }
+    if (nb < k) return 2;
+    for (int64_t i = 0; i < k; i++) out_ids[i] = ids ? ids[best[i]] : best[i];
+    if (!want_p) return 0;
+    /* the softmax's normaliser: sum exp(l - max) in 8 lanes (vectorised; ~1e-6 relative, enough
+     * for a confidence that only steers how far to draft), gathered first where there is a view */
+    const float mx = bv[0];
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = 0;
+    if (!view) {
+        for (; j + 8 <= nview; j += 8)
+            for (int l = 0; l < 8; l++) part[l] += exp_neg(logits[j + l] - mx);
+    } else {
+        for (; j + 8 <= nview; j += 8)
+            for (int l = 0; l < 8; l++) part[l] += exp_neg(logits[view[j + l]] - mx);
+    }
+    float z = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+    for (; j < nview; j++) z += exp_neg(logits[view ? view[j] : j] - mx);
+    for (int64_t i = 0; i < k; i++) out_p[i] = exp_neg(bv[i] - mx) / z;
     return 0;
 }
