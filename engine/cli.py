@@ -152,6 +152,14 @@ def cpu_busy(sample_s: float = 0.15) -> float:
         return os.getloadavg()[0]
 
 
+def torch_bf16_native() -> bool:
+    """Whether torch's own bf16 products run natively on this CPU (AVX-512 BF16 or AMX-BF16 among
+    its flags), rather than converting bf16 in software (AVX2)."""
+    from . import native
+
+    return bool({"avx512_bf16", "amx_bf16"} & native.cpu_flags())
+
+
 def spin_headless(cmd: str, dtype: str | None, environ, load1: float, torch_only: bool = False) -> bool:
     """Whether a command should switch torch's OpenMP threads to active waits (set before torch
     loads; an explicit OMP_WAIT_POLICY always wins). Only headless commands on an idle machine
@@ -186,10 +194,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # `distill data --batch N` (N > 1): its batched passes are torch ops over the whole batch
     # (forward_batch), which the bf16 C pass's fp32 activations and passive waits slow: 96 replies in
-    # 71 s against 48 s with torch's bf16 pass and active waits (2-core Zen 4, 2026-11-27). For this
-    # command only (main() also runs in-process, in tests): restored on return.
+    # 71 s against 48 s with torch's bf16 pass and active waits (2-core Zen 4, 2026-11-27). Only where
+    # torch's bf16 products are native: on an AVX2 CPU its bf16 pass converts in software, and 48
+    # self-prompts and replies took 204 s there against 69 s in the C pass (2-core Zen 3, session 35).
+    # For this command only (main() also runs in-process, in tests): restored on return.
     torch_bf16 = (args.cmd == "distill" and getattr(args, "distill_cmd", None) == "data" and (getattr(args, "batch", 1) or 1) > 1
-                  and "SPECCHAT_NATIVE_BF16" not in os.environ)
+                  and "SPECCHAT_NATIVE_BF16" not in os.environ and torch_bf16_native())
     if torch_bf16:
         os.environ["SPECCHAT_NATIVE_BF16"] = "0"
     try:

@@ -313,11 +313,13 @@ def test_idleness_is_measured_now_not_by_the_trailing_load_average(monkeypatch):
 
 def test_distill_keeps_bf16_in_torch(tmp_path, monkeypatch):
     """`distill data --batch N` (batched torch passes) runs with the bf16 C pass off unless
-    SPECCHAT_NATIVE_BF16 says otherwise, and only while it runs (main() also runs in-process)."""
+    SPECCHAT_NATIVE_BF16 says otherwise, and only while it runs (main() also runs in-process); only
+    where torch's bf16 products are native (an AVX2 CPU keeps the C pass: 3x faster there)."""
     import os
 
     from engine import cli
 
+    monkeypatch.setattr(cli, "torch_bf16_native", lambda: True)
     seen = []
     monkeypatch.setattr("engine.distill.cmd_distill", lambda args: seen.append(os.environ.get("SPECCHAT_NATIVE_BF16")) or 0)
     monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "1")
@@ -329,6 +331,18 @@ def test_distill_keeps_bf16_in_torch(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECCHAT_NATIVE_BF16", "1")
     assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0
     assert seen == ["0", None, "1"] and os.environ["SPECCHAT_NATIVE_BF16"] == "1"
+    monkeypatch.delenv("SPECCHAT_NATIVE_BF16")
+    monkeypatch.setattr(cli, "torch_bf16_native", lambda: False)
+    assert cli.main(["distill", "data", "--out", str(tmp_path / "d")]) == 0  # AVX2: torch's bf16 converts in software
+    assert seen == ["0", None, "1", None]
+
+
+def test_torch_bf16_native_reads_the_cpu_flags(monkeypatch):
+    from engine import cli, native
+
+    for flags, want in (({"avx2", "fma"}, False), ({"avx2", "avx512_bf16"}, True), ({"amx_bf16", "avx2"}, True), (set(), False)):
+        monkeypatch.setattr(native, "cpu_flags", lambda flags=flags: flags)
+        assert cli.torch_bf16_native() is want
 
 
 def test_active_waits_over_the_c_pass_get_a_one_line_warning():

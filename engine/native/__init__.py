@@ -117,6 +117,11 @@ def bf16_records_likely(environ=None) -> bool:
     return "avx512_bf16" in flags or {"avx2", "fma"} <= flags or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (/proc/cpuinfo's first ``flags`` line; empty where there is none)."""
+    return set(_cpu_key().split())
+
+
 def _cpu_key() -> str:
     try:
         flags = next((ln for ln in Path("/proc/cpuinfo").read_text().splitlines() if ln.startswith("flags")), "")
