@@ -193,8 +193,9 @@ class ModelDrafter:
         greedy = req.mode == "greedy" or req.temperature <= 0
         # a greedy chain's confidence (engine/gate.py): the drafter's probability of each token it
         # drafts, the softmax maximum of its row (the chosen token is the row's argmax)
-        conf_on = req.confidence and greedy and all(len(v) <= 1 for v in kids.values())
-        if req.mode == "greedy" and self.recurrent and all(len(v) <= 1 for v in kids.values()):
+        chain = all(len(v) <= 1 for v in kids.values())
+        conf_on = req.confidence and greedy and chain
+        if req.mode == "greedy" and self.recurrent and chain:
             fast = self._chain_fast(logits, kids, budget, req, conf_on)
             if fast is not None:
                 return fast
@@ -252,25 +253,26 @@ class ModelDrafter:
             kind = "race"
         return TokenTree(tokens, parents, probs, kind, confidence=confidence if conf_on else [])
 
-    def _width(self) -> int:
-        """The raw output columns (``_raw``'s): the draft vocabulary's, else the head's up to the
-        target's vocabulary."""
+    def _step_fast(self, batch, token: int, k: int, want_p: bool):
+        """``batch``'s row stepped by ``token`` in one C call (Mamba2.draft_step_fast) over this
+        drafter's usable columns: (top-k ids, probabilities or None), or None where it does not apply."""
+        step = getattr(self.model, "draft_step_fast", None)
+        if step is None or not hasattr(self.model.lm_head_t, "shape"):
+            return None
         V = self.model.lm_head_t.shape[1]
-        return V if self.draft_vocab is not None else min(V, self.target_vocab)
+        width = V if self.draft_vocab is not None else min(V, self.target_vocab)  # _raw's columns
+        k = min(k, width if self._cols is None else self._cols.numel())
+        return step(batch, token, k, width, self._cols, self._col_ids, want_p=want_p)
 
     def _chain_fast(self, logits: torch.Tensor, kids: dict[int, list[int]], budget: int, req: DraftRequest,
                     conf_on: bool) -> TokenTree | None:
         """``propose``'s greedy chain with every step after the root's in C (Mamba2.draft_step_fast:
         block, head and top-1 in one call); the same tokens as the torch loop up to the drafter's
         numerics, the same early stop (``keep_going``). None where the C step does not apply."""
-        step = getattr(self.model, "draft_step_fast", None)
-        if step is None or not hasattr(self.model.lm_head_t, "shape"):
-            return None
         tokens: list[int] = []
         confidence: list[float] = []
         tok = self._top(logits, 1)[0][0]
         p = float(torch.softmax(logits[0].float(), -1).max()) if conf_on else 0.0
-        width = self._width()
         pid, batch = -1, None
         while True:
             want = kids.get(pid, [])
@@ -286,7 +288,7 @@ class ModelDrafter:
                 break
             if batch is None:
                 batch = self._fork(None, [0])
-            out = step(batch, tok, 1, width, self._cols, self._col_ids, want_p=conf_on)
+            out = self._step_fast(batch, tok, 1, want_p=conf_on)
             if out is None:
                 if len(tokens) == 1:
                     return None  # not for this drafter: the torch loop drafts afresh
@@ -371,26 +373,17 @@ class Spine:
         d = self.d
         if d.recurrent:
             self.batch = d._fork(self.batch, [0])
-            step = getattr(d.model, "draft_step_fast", None)
-            fast = None
-            if step is not None and hasattr(d.model.lm_head_t, "shape"):
-                width = d._width()
-                k = min(self.k, width if d._cols is None else d._cols.numel())
-                fast = step(self.batch, token, k, width, d._cols, d._col_ids, want_p=True)
-            if fast is not None:  # the block, the head and the top k in one C call
+            fast = d._step_fast(self.batch, token, self.k, want_p=True)  # block, head and top k in one C call
+            if fast is not None:
                 self._cands, self.logits = list(zip(*fast)), None
-                self.steps += 1
-                ms = (time.perf_counter() - t0) * 1000.0
-                self.spent_ms += ms
-                d.step_ms = ms if d.step_ms == 0.0 else 0.8 * d.step_ms + 0.2 * ms
-                return
-            out = self.batch.step(torch.tensor([token], dtype=torch.long))
+            else:
+                self.logits, self._cands = d._view(d._raw(self.batch.step(torch.tensor([token], dtype=torch.long)))), None
         else:
             s0 = d.model.cache.scratch
             out = d.model.extend([token], [self.srow])
             d._scratch_tokens.append(token)
             self.srow = s0
-        self.logits, self._cands = d._view(d._raw(out)), None
+            self.logits, self._cands = d._view(d._raw(out)), None
         self.steps += 1
         ms = (time.perf_counter() - t0) * 1000.0
         self.spent_ms += ms

@@ -698,9 +698,10 @@ class Mamba2(CausalLM):
         lib = self._native_step(conv, ssm)
         if lib is None or not hasattr(self.lm_head_t, "native_weight"):
             return None
-        key = (width, view, ids, self.lm_head_t, self.embed, self.__dict__.get("_c_tab"))  # compared by identity
+        tab = self._c_layers_tab()
+        key = (width, view, ids, self.lm_head_t, self.embed, tab)  # compared by identity
         cached = self.__dict__.get("_c_draft")
-        if cached is None or len(cached[0]) != len(key) or any(a is not b for a, b in zip(cached[0], key)):
+        if cached is None or any(a is not b for a, b in zip(cached[0], key)):
             head = self.lm_head_t.native_weight()
             emb = self.embed
             if head is None or emb.dtype != torch.float32 or not emb.is_contiguous() or self.norm_f.dtype != torch.float32:
@@ -710,8 +711,7 @@ class Mamba2(CausalLM):
             V = self.lm_head_t.shape[1]
             view64 = None if view is None else view.to(torch.int64).contiguous()
             ids64 = None if ids is None else ids.to(torch.int64).contiguous()
-            key = (*key[:5], self._c_layers_tab())
-            mt = torch.tensor([c.hidden_size, len(self.layers), self._c_tab.data_ptr(), c.conv_kernel, c.num_heads,
+            mt = torch.tensor([c.hidden_size, len(self.layers), tab.data_ptr(), c.conv_kernel, c.num_heads,
                                c.head_dim, c.state_size, c.n_groups, emb.data_ptr(), self.norm_f.data_ptr(), head[0],
                                head[1], V, width, 0 if view64 is None else view64.data_ptr(),
                                width if view64 is None else view64.numel(), 0 if ids64 is None else ids64.data_ptr(),
@@ -720,7 +720,7 @@ class Mamba2(CausalLM):
             mf = torch.tensor([c.norm_eps, c.gate_norm_eps, c.dt_limit[0], c.dt_limit[1], c.norm_eps], dtype=torch.float64)
             scratch = torch.empty(max(c.hidden_size, V) + c.hidden_size, dtype=torch.float32)
             out = (torch.empty(16, dtype=torch.int64), torch.empty(16, dtype=torch.float32))
-            cached = self.__dict__["_c_draft"] = (key, (mt, mf, scratch, out, view64, ids64, self._c_tab))
+            cached = self.__dict__["_c_draft"] = (key, (mt, mf, scratch, out, view64, ids64))  # key keeps the tables alive
         if cached[1] is None:
             return None
         from .. import native

@@ -113,7 +113,7 @@ def bf16_records_likely(environ=None) -> bool:
     env = os.environ if environ is None else environ
     if not _bf16_switches_on(env):
         return False
-    flags = set(_cpu_key().split())
+    flags = cpu_flags()
     return "avx512_bf16" in flags or {"avx2", "fma"} <= flags or env.get("SPECCHAT_BF16_PATH", "").strip() == "scalar"
 
 
