@@ -421,6 +421,7 @@ typedef struct {
     int amx; /* rows in tile groups of `take` (xp padded with zero rows to a whole number of them) */
     int64_t take;
     const float *xf; /* the AVX2 path's activations (expand_row), else NULL */
+    int64_t chunk;   /* the AVX2 path: rows a chunk (a2_chunk_rows); xf holds the chunks one after another */
 } bf_job;
 
 /* log2 of the blocks at once for a pass of R rows: 8 for 1-2 rows, 4 for 3-5, else 2 (row groups
@@ -473,27 +474,66 @@ static void bf_part_amx(const bf_job *J, pool_region *region) {
 #endif
 
 #ifdef BF_AVX2_BUILD
+/* Rows a chunk of a pass of R rows over K inputs on the AVX2 path: every column block a thread
+ * claims runs all of one chunk's row groups, then the next chunk's, so a chunk's activations (~96
+ * KB of fp32 pairs) stay in L2 while the claim's weights are read once a chunk, instead of all R
+ * rows' activations streaming from L3 for every block (a prefill chunk of 256 rows over K = 1536:
+ * 1.5 MB a block). A multiple of 5 (whole row groups); SPECCHAT_BF16_CHUNK=N asks for N rows
+ * (0: one chunk, the layout before). Each output's chain of FMAs is the same for any chunking. */
+static int64_t a2_chunk_rows(int64_t R, int64_t K) {
+    static long forced = -2;
+    if (forced == -2) {
+        const char *e = getenv("SPECCHAT_BF16_CHUNK");
+        forced = e && *e ? strtol(e, NULL, 10) : -1;
+    }
+    int64_t c = forced >= 0 ? (int64_t)forced : (24576 / K) / 5 * 5;
+    if (forced == 0) c = R;
+    if (c < 5) c = 5;
+    return c < R ? c : R;
+}
+
+/* expand_row for whole row chunks (a thread writes only its own chunks' floats) */
+typedef struct {
+    const float *x;
+    int64_t ldx, R, K, chunk;
+    float *xf;
+} a2_expand_job;
+
+static void a2_expand_part(void *ctx, pool_region *region) {
+    const a2_expand_job *E = (const a2_expand_job *)ctx;
+    int64_t c0, c1;
+    while (pool_claim(region, &c0, &c1))
+        for (int64_t c = c0; c < c1; c++) {
+            const int64_t r0 = c * E->chunk, Rc = E->R - r0 < E->chunk ? E->R - r0 : E->chunk;
+            for (int64_t r = 0; r < Rc; r++) expand_row(E->x + (r0 + r) * E->ldx, Rc, E->K, r, E->xf + r0 * E->K);
+        }
+}
+
 static void bf_part_avx2(const bf_job *J, pool_region *region) {
-    const int64_t R = J->R, K = J->K, N = J->N;
+    const int64_t R = J->R, K = J->K, N = J->N, C = J->chunk;
     float acc[4 * 5 * JB];
     int64_t b0, b1;
     const unsigned int csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u); /* FTZ (bit 15) and DAZ (bit 6): the scalar form's denormals, restored below */
     while (pool_claim(region, &b0, &b1)) {
-        for (int64_t b = b0; b < b1;) {
-            const uint32_t *rec = J->W + b * (K / 2) * JB;
-            int lb = a2_blocks_for(R);
-            while (lb > 0 && b + (1 << lb) > b1) lb--;
-            const int B = 1 << lb;
-            const int64_t gmax = GMAX_A2[lb], groups = (R + gmax - 1) / gmax;
-            int64_t r = 0;
-            for (int64_t g = 0; g < groups; g++) {
-                const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 4 + 3 + 3 */
-                AVX2[lb][take](J->xf, R, K, r, rec, acc);
-                for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, take);
-                r += take;
+        for (int64_t c0 = 0; c0 < R; c0 += C) {
+            const int64_t Rc = R - c0 < C ? R - c0 : C;
+            const float *xc = J->xf + c0 * K; /* the chunk's rows, pair-major among themselves */
+            for (int64_t b = b0; b < b1;) {
+                const uint32_t *rec = J->W + b * (K / 2) * JB;
+                int lb = a2_blocks_for(Rc);
+                while (lb > 0 && b + (1 << lb) > b1) lb--;
+                const int B = 1 << lb;
+                const int64_t gmax = GMAX_A2[lb], groups = (Rc + gmax - 1) / gmax;
+                int64_t r = 0;
+                for (int64_t g = 0; g < groups; g++) {
+                    const int64_t take = (Rc - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 4 + 3 + 3 */
+                    AVX2[lb][take](xc, Rc, K, r, rec, acc);
+                    for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, c0 + r, take);
+                    r += take;
+                }
+                b += B;
             }
-            b += B;
         }
     }
     _mm_setcsr(csr);
@@ -568,11 +608,15 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
     }
 #endif
     const float *xf = NULL;
+    int64_t rchunk = R;
 #ifdef BF_AVX2_BUILD
-    if (bf_path() == BF_AVX2) { /* the activations as fp32 pairs, odd input first (expand_row) */
+    if (bf_path() == BF_AVX2) { /* the activations as fp32 pairs, odd input first (expand_row), chunk by chunk */
         float *f = (float *)malloc(sizeof(float) * (size_t)(R * K) + 64);
         if (!f) return 1;
-        for (int64_t r = 0; r < R; r++) expand_row(x + r * ldx, R, K, r, f);
+        rchunk = a2_chunk_rows(R, K);
+        a2_expand_job E = {x, ldx, R, K, rchunk, f};
+        const int64_t chunks = (R + rchunk - 1) / rchunk;
+        pool_run(chunks > 1 && nthreads > 1 ? nthreads : 1, chunks, 1, a2_expand_part, &E); /* a prefill's rows on every thread */
         xf = f;
     }
 #endif
@@ -583,7 +627,7 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
         for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
         if (Rp > R) memset(xp + R * (K / 2), 0, sizeof(uint32_t) * (size_t)((Rp - R) * K / 2));
     }
-    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take, xf};
+    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take, xf, rchunk};
     const int64_t nb = (N + JB - 1) / JB;
     if (nthreads < 1) nthreads = 1;
     const int nt = R * K * N > 65536 ? nthreads : 1;
