@@ -804,6 +804,23 @@ static inline const void *kv_head(const att_job *A, const void *base, int64_t k)
     return (const char *)base + k * A->P * A->E * (A->kv16 ? 2 : 4);
 }
 
+/* One past the last key any of rows [t0, t1) sees (the pass's end where there is no mask): the
+ * keys after it are masked for every query of the group, so attend_group can stop there and give
+ * the same bits (their scores would be -inf, left out before the max, the sums and the values). A
+ * prefill chunk's early rows see only the first keys of the chunk: without it they scored every
+ * key up to the chunk's end, twice the score work of a causal first chunk. */
+static inline int64_t group_end(const att_job *A, int64_t t0, int64_t t1) {
+    if (!A->mask) return A->end;
+    int64_t e = 0;
+    for (int64_t t = t0; t < t1; t++) {
+        const uint8_t *m = A->mask + t * A->ldm;
+        int64_t j = A->end;
+        while (j > e && !m[j - 1]) j--;
+        e = j > e ? j : e;
+    }
+    return e > 0 ? e : A->end;
+}
+
 /* one thread's part of a layer's attention items, claimed in chunks (engine/native/pool.c) */
 static void att_part(void *ctx, pool_region *region) {
     att_job *A = (att_job *)ctx;
@@ -846,8 +863,8 @@ static void att_part(void *ctx, pool_region *region) {
                 continue;
             }
 #endif
-            attend_group(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16, ms, A->end, A->E, A->scale, s,
-                         (int32_t *)(s + ng * ss), ss, os);
+            attend_group(qs, ng, kv_head(A, A->kc, k), kv_head(A, A->vc, k), A->kv16, ms, group_end(A, t0, t1), A->E, A->scale,
+                         s, (int32_t *)(s + ng * ss), ss, os);
             continue;
         }
 #endif
