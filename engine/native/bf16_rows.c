@@ -486,8 +486,8 @@ static int64_t a2_chunk_rows(int64_t R, int64_t K) {
         const char *e = getenv("SPECCHAT_BF16_CHUNK");
         forced = e && *e ? strtol(e, NULL, 10) : -1;
     }
-    int64_t c = forced >= 0 ? (int64_t)forced : (24576 / K) / 5 * 5;
-    if (forced == 0) c = R;
+    if (forced == 0) return R;
+    int64_t c = forced > 0 ? (int64_t)forced : (24576 / K) / 5 * 5;
     if (c < 5) c = 5;
     return c < R ? c : R;
 }
