@@ -72,6 +72,7 @@ class Decoder:
         self.verify_cost = None  # engine.costmodel.VerifyCost, calibrated on first use by a tree policy or gate
         self.gate = None  # engine.gate.DraftGate of the adaptive (:auto) strategies
         self._gated: str | None = None  # the gate's source of this step's draft
+        self._gated_chain = False  # this step drafted a mixed chain (hybrid:K, _mixed_chain)
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut (gate.choose)
         self._last_emitted = 1  # tokens the last step emitted
         # this step's measured arm (gate.with_drafter, gate.drafting_pays): ("tree" | "chain", whether
@@ -211,6 +212,9 @@ class Decoder:
                     arm, used = self._arm_used
                     self.gate.observe_mixed(used, len(path) + 1,
                                             max(0.0, draft_s * 1000.0 - self._arm_excess_ms) + (t2 - t1) * 1000.0, arm)
+            if self._gated_chain and len(tree):
+                self.gate.observe("chain", tree.max_depth, len(path), draft_s * 1000.0, len(tree), tree.confidence,
+                                  tree.parents, path)
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
                                   max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)
@@ -362,6 +366,8 @@ class Decoder:
             from .gate import DraftGate
 
             self.gate = DraftGate(self.verify_cost)
+        elif self.gate.cost is None:  # made by a mixed chain (hybrid:K), which only calibrates
+            self.gate.cost = self.verify_cost
         self._gated = source
         if by_confidence:
             return self.gate.open_by_confidence(source, k_max)
@@ -369,6 +375,7 @@ class Decoder:
 
     def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:
         self._gated = None
+        self._gated_chain = False  # a mixed chain (hybrid:K) whose calibration learns from this step
         self._drafted_nodes = 0  # nodes drafted this step, before a confidence cut
         if s.name == "ar" or max_nodes <= 0:
             return TokenTree.empty(), 0.0
@@ -378,6 +385,8 @@ class Decoder:
         t0 = time.perf_counter()
         if s.name == "hybrid" and s.adaptive and self._mixes(drafter):
             return self._mixed_tree(s, drafter, max_nodes, t0)
+        if s.name == "hybrid" and s.greedy and s.verify in ("auto", "greedy") and self._mixes(drafter):
+            return self._mixed_chain(s, drafter, max_nodes, t0)
         if s.name == "hybrid":
             # prompt lookup first: where the context repeats itself (summaries, rewrites, code,
             # SQL) matched continuations are free to draft and long (up to ngram_branches of them,
@@ -519,6 +528,30 @@ class Decoder:
             gate.choose("tree", [], 0.0)  # nothing drafted: a plain step (counts toward the next probe)
             return tree, time.perf_counter() - t0
         return tree.truncated(gate.choose("tree", tree.confidence, spent, tree.parents)), time.perf_counter() - t0
+
+    def _mixed_chain(self, s: Strategy, drafter, max_nodes: int, t0: float) -> tuple[TokenTree, float]:
+        """hybrid:K, greedy, with a datastore: a chain of K tokens, each the likeliest right of the
+        candidates at its depth (NgramDrafter.corpus_tree's chain): the context's copy, the
+        datastore's top continuations and the drafter model's top tokens (stepped along the chain),
+        each kind calibrated to acceptance on its own from the verified chains (engine/gate.py;
+        source "chain", no cost cut: K is the length). Offline on the evaluation replies, a chain
+        of 5 so chosen accepts ~2.5 tokens a step where the drafter's own chain accepts ~2.05
+        (bench/results/2026-11-29-session37). Greedy verification: lossless."""
+        if self.gate is None:
+            from .gate import DraftGate
+
+            self.gate = DraftGate(self.verify_cost)  # only its calibration is used here
+        gate = self.gate
+        try:
+            spine = drafter.spine(self.history)
+        except OverflowError:  # the drafter's context is full: the copy and the datastore go on alone
+            spine = None
+        tree = self.drafters["ngram"].corpus_tree(self.history, min(s.draft_len, max_nodes),
+                                                  lambda p: gate.calibrated("chain", p), None, ngram_min=s.ngram_min,
+                                                  ngram_max=s.ngram_max, spine=spine, chain=True)
+        self._gated_chain = True
+        self._drafted_nodes = len(tree)
+        return tree, time.perf_counter() - t0
 
     def _catch_up_excess(self, synced: int, sync_ms: float) -> float:
         """Milliseconds of this step's drafter catch-up (``synced`` tokens in ``sync_ms``) beyond

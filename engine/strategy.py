@@ -48,8 +48,10 @@ def check_temperature(t: float, name: str = "temperature") -> None:
 class Strategy:
     """What the next step does.
 
-    name        ar | pld | sd | tree | mab | optimal | ersd | hybrid (prompt lookup when the
-                context repeats itself, else a chain of draft_len from the drafter model)
+    name        ar | pld | sd | tree | mab | optimal | ersd | hybrid (greedy with a datastore: a
+                chain of draft_len mixing the copy, the datastore and the drafter model token by
+                token, Decoder._mixed_chain; else prompt lookup when the context repeats itself,
+                else a chain of draft_len from the drafter model)
     drafter     "model" (the session's drafter model), "ngram" (prompt lookup) or "none"
     draft_len   chain length for sd/pld (K)
     tree        static shape (N1..Ngamma) for tree

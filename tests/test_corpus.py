@@ -283,6 +283,79 @@ def test_mixed_trees_add_the_drafter_model_along_the_path_the_tree_takes():
     assert 20 not in d.corpus_tree([1, 7], max_nodes=8, spine=sp).tokens and sp.path == ()
 
 
+def _mixed_setup(target_kind, drafter_kind, tmp_path):
+    """A tiny target and drafter, three prompts, a datastore of other replies (wrong drafts) and
+    one of these prompts' own (right ones), and plain greedy's replies."""
+    target = load(str(saved(target_kind, str(tmp_path)))).model
+    dec = Decoder(target, load(str(saved(drafter_kind, str(tmp_path)))).model)
+    prompts = ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30)))
+    wrong = _tiny_datastore(dec, [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9], [3, 2, 3, 8, 4]])
+    right = _tiny_datastore(dec, prompts)
+    refs = {tuple(p): [t for e in run_generation(dec, p, preset("ar"), 40)[0] for t in e.emitted] for p in prompts}
+    return dec, prompts, wrong, right, refs
+
+
+def test_mixed_chains_take_the_likeliest_calibrated_source_at_each_depth():
+    """corpus_tree(chain=True), hybrid:K's draft: one node a depth, the best calibrated candidate
+    among the children of the last; the drafter steps along every node but the last."""
+    from engine.gate import AGREE, MODEL
+
+    ix = CorpusIndex.build([([7, 8, 9, 10, 11, 12], 0)] * 3 + [([7, 8, 5], 0)], n_max=3, min_count=1)
+    d = NgramDrafter(corpus=ix)
+    table = {(): [(8, 0.7)], (8,): [(20, 0.9)], (8, 20): [(21, 0.8)], (8, 20, 21): [(22, 0.6)]}
+
+    def trusting(c):  # the drafter as calibrated as the datastore; agreement all but sure
+        return 0.99 if c >= AGREE else (c - MODEL if c >= MODEL else (0.3 if c == COPIED else c))
+
+    sp = _FakeSpine(table)
+    tree = d.corpus_tree([1, 7], max_nodes=4, calibrate=trusting, spine=sp, chain=True)
+    assert tree.tokens == [8, 20, 21, 22] and tree.parents == [-1, 0, 1, 2]
+    assert tree.confidence[0] == pytest.approx(AGREE + 0.7) and tree.confidence[1] == pytest.approx(MODEL + 0.9)
+    assert sp.path == (8, 20, 21)  # no step after the last node: nothing would use its proposals
+    # a drafter worth half its probability: the datastore's 9 (share 0.75) beats its 20 (0.45), and
+    # the chain goes on from the datastore where the drafter has nothing to say
+    sp = _FakeSpine(table)
+    tree = d.corpus_tree([1, 7], max_nodes=4, calibrate=lambda c: trusting(c) / 2 if MODEL <= c < AGREE else trusting(c),
+                         spine=sp, chain=True)
+    assert tree.tokens == [8, 9, 10, 11] and tree.parents == [-1, 0, 1, 2] and sp.path == (8, 9, 10)
+    # a tree from the same candidates branches; the chain never does
+    assert len(set(d.corpus_tree([1, 7], max_nodes=6, calibrate=trusting, spine=_FakeSpine(table)).parents)) < 6
+    # off the context's match, the copy is looked up again from the context and the chain: 50 (the
+    # drafter's) leaves the copy of "3" (60 61 ...), and "3 50" occurred: 51 is copied next
+    plain = NgramDrafter()
+    hist = [3, 50, 51, 52, 3, 60, 61, 3]
+    sp = _FakeSpine({(): [(50, 0.9)], (50,): [(70, 0.1)], (50, 51): [(71, 0.1)]})
+    tree = plain.corpus_tree(hist, max_nodes=3, calibrate=trusting, spine=sp, chain=True, ngram_min=1)
+    assert tree.tokens == [50, 51, 52] and tree.confidence[1:] == [COPIED, COPIED]
+    # a chain stops where no source proposes anything
+    assert NgramDrafter().corpus_tree([1, 2, 3], max_nodes=4, chain=True).tokens == []
+
+
+@pytest.mark.parametrize("target_kind, drafter_kind", [("llama", "draft"), ("mamba2", "draft"), ("llama", "mamba2")])
+def test_hybrid_k_mixed_chains_equal_plain_greedy_and_learn_their_calibration(target_kind, drafter_kind, tmp_path):
+    """hybrid:K, greedy, with a datastore: chains of K mixing the copy, the datastore and the
+    drafter model per token: token for token plain greedy with wrong and right datastores, on
+    attention and SSM targets; the verified chains teach the gate's "chain" calibration."""
+    dec, prompts, wrong, right, refs = _mixed_setup(target_kind, drafter_kind, tmp_path)
+    for ix in (wrong, right):
+        dec.drafters["ngram"].corpus = ix
+        accepted = 0
+        for prompt in prompts:
+            dec.reset()
+            evs, summ = run_generation(dec, prompt, from_spec("hybrid:4"), 40)
+            assert [t for e in evs for t in e.emitted] == refs[tuple(prompt)], prompt
+            assert all(e.drafted <= 4 and e.tree_parents == list(range(-1, e.drafted - 1)) for e in evs if not e.finished)
+            accepted += summ.accepted
+        if ix is right:
+            assert accepted >= 30  # the replies' own n-grams: most chains accepted
+    judged = sum(dec.gate.sources["chain"].cal_n) - sum(DraftGate(None).sources.setdefault("chain", type(dec.gate.sources["chain"])()).cal_n)
+    assert judged > 0
+    dec.drafters["ngram"].corpus = None  # without a datastore: lookup or the drafter's chain, as before
+    dec.reset()
+    evs, _ = run_generation(dec, prompts[2], from_spec("hybrid:4"), 40)
+    assert [t for e in evs for t in e.emitted] == refs[tuple(prompts[2])]
+
+
 def test_gate_calibrates_each_kind_apart_and_carries_calibration_to_the_next_conversation():
     from engine.gate import AGREE, MODEL, _bin, raw_probability
 
@@ -310,12 +383,7 @@ def test_hybrid_auto_mixed_trees_equal_plain_greedy(target_kind, drafter_kind, t
     SSM targets: token for token plain greedy, with wrong and right datastores."""
     from engine.gate import MODEL
 
-    target = load(str(saved(target_kind, str(tmp_path)))).model
-    dec = Decoder(target, load(str(saved(drafter_kind, str(tmp_path)))).model)
-    prompts = ([3, 1, 4, 1, 6], [9, 2, 6, 5, 3, 5], list(range(10, 30)))
-    wrong = _tiny_datastore(dec, [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3], [5, 8, 9, 7, 9], [3, 2, 3, 8, 4]])
-    right = _tiny_datastore(dec, prompts)
-    refs = {tuple(p): [t for e in run_generation(dec, p, preset("ar"), 40)[0] for t in e.emitted] for p in prompts}
+    dec, prompts, wrong, right, refs = _mixed_setup(target_kind, drafter_kind, tmp_path)
     for ix in (wrong, right):
         dec.drafters["ngram"].corpus = ix
         for prompt in prompts:

@@ -756,6 +756,50 @@ def test_export_shrink_vocab_keeps_the_drafter_exact_and_trains_on(tmp_path, cap
                     "every draft token must have an embedding row")
 
 
+def test_export_head_top_keeps_the_most_frequent_reply_tokens_and_the_drafter_loads(tmp_path, capsys):
+    """`distill export --head-top N --head-data DATA`: draft_vocab.json cut to the N draft tokens
+    most frequent in DATA's replies (ties: the lower id) plus the end-of-sequence token; the same
+    weights; the drafter proposes only those (its output layer has N columns), and with
+    --shrink-vocab the row map stays."""
+    import collections
+
+    import torch
+
+    from engine.distill_train import load_sequences
+    from engine.drafters.model import ModelDrafter
+    from engine.loading import load
+
+    data = tmp_path / "d"
+    _tiny_replies(data)
+    src = tmp_path / "src"
+    assert main(["distill", "train", "--data", str(data), "--out", str(src), *_TINY, "--holdout", "0.25",
+                 "--vocab-min-count", "1"]) == 0
+    have = json.loads((src / "draft_vocab.json").read_text())["token_ids"]
+    counts = collections.Counter(t for ids, start in load_sequences(data) for t in ids[start:])
+    n = 2
+    eos = json.loads((src / "config.json").read_text())["eos_token_id"]
+    want = sorted(set(sorted(have, key=lambda t: (-counts[t], t))[:n]) | ({eos} & set(have)))
+    assert len(want) >= n and len(have) > len(want)
+    top = tmp_path / "top"
+    assert main(["distill", "export", "--from", str(src), "--to", str(top), "--dtype", "fp32", "--head-top", str(n),
+                 "--head-data", str(data)]) == 0
+    assert "draft vocabulary: " in capsys.readouterr().err
+    assert json.loads((top / "draft_vocab.json").read_text())["token_ids"] == want
+    full, cut = load(str(src)).model, load(str(top)).model
+    assert torch.equal(cut.embed, full.embed) and cut.draft_vocab.tolist() == want
+    d = ModelDrafter(cut, 49152, draft_vocab=cut.draft_vocab)
+    assert d.model.lm_head_t.shape[1] == len(want)  # the head computes only the kept columns
+    # with a row-reduced embedding too: the row map is kept beside the cut list
+    both = tmp_path / "both"
+    assert main(["distill", "export", "--from", str(src), "--to", str(both), "--dtype", "fp32", "--shrink-vocab", str(data),
+                 "--head-top", str(n), "--head-data", str(data)]) == 0
+    dv = json.loads((both / "draft_vocab.json").read_text())
+    assert dv["token_ids"] == want and dv["row_ids"][-1] == -1 and dv["vocab_size"] == 49152
+    assert load(str(both)).model.draft_vocab.tolist() == want
+    _one_line_error(capsys, ["distill", "export", "--from", str(src), "--to", str(tmp_path / "x"), "--head-top", "2"],
+                    "go together")
+
+
 def test_training_keeps_freed_memory_on_glibc():
     """`distill train` on a CPU keeps glibc from unmapping each step's freed logits (mallopt)."""
     import platform

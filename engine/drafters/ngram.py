@@ -71,7 +71,7 @@ class NgramDrafter:
 
     def corpus_tree(self, history: Sequence[int], max_nodes: int, calibrate: Callable[[float], float] | None = None,
                     worth: Callable[..., bool] | None = None, branches: int = 3, ngram_min: int = 2,
-                    ngram_max: int = 6, spine=None) -> TokenTree:
+                    ngram_max: int = 6, spine=None, chain: bool = False) -> TokenTree:
         """A draft tree grown best first (EAGLE-2's dynamic tree over REST's datastore): one node
         at a time, always the candidate with the highest path probability, the product of the
         calibrated confidences (``calibrate``) from the root, among the datastore's top
@@ -89,12 +89,18 @@ class NgramDrafter:
         with that token and proposes that node's children (while ``worth(n, P, step ms)`` says a
         step can pay). A token only the drafter proposed has confidence gate.MODEL + p, one the
         drafter and the copy or the datastore both proposed gate.AGREE + p (p the drafter's
-        probability), calibrated apart (engine/gate.py)."""
+        probability), calibrated apart (engine/gate.py).
+
+        ``chain``: one node a depth, the best calibrated candidate among the children of the last
+        (hybrid:K with a datastore: a chain of K whose every token comes from whichever source is
+        likeliest right there); the copy is looked up again from the context plus the chain
+        wherever the chain leaves the match it was following, as prompt lookup would after it."""
         from ..gate import AGREE, COPIED, MODEL, raw_probability
 
         cal = calibrate or raw_probability
         conts = self.continuations(history, max_nodes, 1, ngram_min, ngram_max)
         copy = tuple(conts[0]) if conts else ()
+        copy_at = 0  # chains: the path length at which ``copy`` was looked up
         n_ctx = self.corpus.n_max if self.corpus is not None else 0
         base = list(history[len(history) - n_ctx:]) if n_ctx else []
         tokens: list[int] = []
@@ -105,9 +111,14 @@ class NgramDrafter:
         tick = itertools.count()
 
         def push_children(node: int, path: tuple[int, ...], reach: float, model: Sequence[tuple[int, float]] = ()) -> None:
+            nonlocal copy, copy_at
             kids: dict[int, float] = {}
-            if len(path) < len(copy) and copy[:len(path)] == path:
-                kids[copy[len(path)]] = COPIED
+            if chain and path and path[copy_at:] != copy[:len(path) - copy_at]:  # off the match: look again
+                got = self.continuations(list(history) + list(path), max_nodes - len(path), 1, ngram_min, ngram_max)
+                copy, copy_at = (tuple(got[0]) if got else ()), len(path)
+            j = len(path) - copy_at
+            if j < len(copy) and copy[:j] == path[copy_at:]:
+                kids[copy[j]] = COPIED
             if self.corpus is not None:
                 for t, p in self.corpus.top((base + list(path))[-n_ctx:], branches):
                     if t not in kids or cal(p) > cal(kids[t]):
@@ -128,6 +139,10 @@ class NgramDrafter:
             parents.append(parent)
             confidence.append(p)
             paths.append(path)
+            if len(tokens) >= max_nodes:  # full: no more children to propose (nor a drafter step for them)
+                break
+            if chain:
+                heap.clear()  # one node a depth: only the new node's children compete next
             model: Sequence[tuple[int, float]] = ()
             if tip is not None and parent == tip:  # the first child of the path's end: the drafter follows it
                 tip = None
