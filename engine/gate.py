@@ -299,13 +299,21 @@ class DraftGate:
         o[1] += 1
         self._fit = None
 
+    def _source(self, source: str) -> _Source:
+        """``source``'s record, made on first use (not a fresh _Source built and dropped on every
+        call, as setdefault would: ~25 us each, and a mixed tree calibrates every candidate)."""
+        s = self.sources.get(source)
+        if s is None:
+            s = self.sources[source] = _Source()
+        return s
+
     def alpha(self, source: str) -> float:
         s = self.sources.get(source) or _Source()
         return (s.accepted + 1.0) / (s.tried + 3.0)
 
     def budget(self, source: str, k_max: int) -> int:
         """The draft length to use now (0 = a plain decoding step)."""
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
         a = min(self.alpha(source), 0.999)
         best_k, best = 0, 1.0 / self.at(1)
         for k in range(1, k_max + 1):
@@ -324,7 +332,7 @@ class DraftGate:
     # ---- the drafter's confidence (greedy chains) ---------------------------------------------------
     def calibrated(self, source: str, p: float) -> float:
         """The acceptance probability of a drafted token the drafter gave probability ``p``."""
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
         b = _bin(p)
         return s.cal_hits[b] / s.cal_n[b]
 
@@ -347,7 +355,7 @@ class DraftGate:
         draft step can pay. Token i + 1 adds at most Π_{j<=i} c(p_j) expected tokens, and costs a
         row, t(i + 2) - t(i + 1), and a draft step d; it is worth drafting only if that could beat
         plain decoding's rate 1 / t(1)."""
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
 
         def go(confidence: list[float]) -> bool:
             reach = 1.0
@@ -369,7 +377,7 @@ class DraftGate:
         lookups cost microseconds: no draft step is charged). With ``step_ms``: whether a
         drafter model's step of that cost, to propose the children of a node reached with
         probability ``reach``, could pay (hybrid:auto's trees)."""
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
 
         def ok(n: int, reach: float, step_ms: float = 0.0) -> bool:
             if n == 0 and s.probing:  # a probe: one node whatever the calibration says (see choose)
@@ -384,7 +392,7 @@ class DraftGate:
         would otherwise never see another verified node to correct it, so after ``probe`` steps
         without a draft one node is verified anyway (the wait doubling after each probe
         rejected, as for the acceptance-rate gate)."""
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
         s.probing = s.idle + 1 >= (s.wait or self.probe)
         self.last = {"policy": "gate", "source": source, "alpha": round(self.alpha(source), 3), "k": k_max,
                      "k_max": k_max, "probe": s.probing}
@@ -400,7 +408,7 @@ class DraftGate:
             rate = expected[k] / (self.at(k + 1) + spent_ms)
             if rate > best:
                 best_k, best = k, rate
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
         if best_k == 0 and confidence and s.probing:
             best_k = 1
         s.idle = 0 if best_k else s.idle + 1
@@ -419,7 +427,7 @@ class DraftGate:
         ``parents`` and the accepted ``path`` (node indices)."""
         if depth <= 0:
             return
-        s = self.sources.setdefault(source, _Source())
+        s = self._source(source)
         if confidence:
             if parents is None:
                 parents, path = list(range(-1, len(confidence) - 1)), list(range(accepted))
