@@ -11,25 +11,11 @@ import lzma
 import sys
 from pathlib import Path
 
-import torch
+import torch  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[4]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench/results/2026-11-27-session26/scripts"))
-from engine.drafters.model import ModelDrafter  # noqa: E402
-from engine.loading import load  # noqa: E402
-from tf_eval import replies  # noqa: E402
-
-
-def chain(hit, k=5):
-    pos = steps = 0
-    while pos < len(hit):
-        run = 0
-        while run < k and pos + run < len(hit) and hit[pos + run]:
-            run += 1
-        pos += run + 1
-        steps += 1
-    return len(hit), steps
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mixchain import REPO, ModelDrafter, chain, load, replies  # noqa: E402,F811  (this session's oracle script)
 
 
 def main():
