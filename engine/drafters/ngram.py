@@ -47,6 +47,8 @@ class NgramDrafter:
         # from nmax down would find them (that scan, five sliding-window passes over the history,
         # took 100-260 us a step at 200-1,500 tokens).
         ends = np.nonzero(h[:L - 1] == h[L - 1])[0] + 1
+        if not len(ends):  # the last token never occurred before: nothing to copy
+            return found
         m = np.ones(len(ends), dtype=np.int64)
         alive = np.ones(len(ends), dtype=bool)
         for j in range(1, nmax):
@@ -98,7 +100,8 @@ class NgramDrafter:
         from ..gate import AGREE, COPIED, MODEL, raw_probability
 
         cal = calibrate or raw_probability
-        conts = self.continuations(history, max_nodes, 1, ngram_min, ngram_max)
+        h_arr = np.asarray(history, dtype=np.int64)  # once: a chain's re-lookups extend it
+        conts = self.continuations(h_arr, max_nodes, 1, ngram_min, ngram_max)
         copy = tuple(conts[0]) if conts else ()
         copy_at = 0  # chains: the path length at which ``copy`` was looked up
         n_ctx = self.corpus.n_max if self.corpus is not None else 0
@@ -114,7 +117,8 @@ class NgramDrafter:
             nonlocal copy, copy_at
             kids: dict[int, float] = {}
             if chain and path and path[copy_at:] != copy[:len(path) - copy_at]:  # off the match: look again
-                got = self.continuations(list(history) + list(path), max_nodes - len(path), 1, ngram_min, ngram_max)
+                got = self.continuations(np.concatenate((h_arr, np.asarray(path, dtype=np.int64))), max_nodes - len(path), 1,
+                                         ngram_min, ngram_max)
                 copy, copy_at = (tuple(got[0]) if got else ()), len(path)
             j = len(path) - copy_at
             if j < len(copy) and copy[:j] == path[copy_at:]:
