@@ -828,11 +828,10 @@ def head_top(src: Path, dv_json: dict | None, data_dirs: list[Path], n: int) -> 
         counts += torch.bincount(torch.tensor(replies, dtype=torch.long), minlength=full)
     if counts.sum() == 0:
         raise SpecchatError(f"{' '.join(map(str, data_dirs))}: no reply tokens to count")
-    have = dv_json["token_ids"]
-    ranked = sorted(have, key=lambda t: (-int(counts[t]), t))
-    keep = set(ranked[:n])
+    have, c = dv_json["token_ids"], counts.tolist()
+    keep = set(sorted(have, key=lambda t: (-c[t], t))[:n])
     eos = cfg.get("eos_token_id")
-    keep |= {t for t in (eos if isinstance(eos, list) else [eos]) if isinstance(t, int) and t in set(have)}
+    keep |= set(eos if isinstance(eos, list) else [eos]) & set(have)
     out = dict(dv_json, token_ids=sorted(keep))
     return out, float(counts[out["token_ids"]].sum()) / float(counts.sum())
 

@@ -362,16 +362,22 @@ class Decoder:
         ``by_confidence``: k_max, the draft's own confidence cut (gate.choose) deciding instead."""
         if not s.adaptive:
             return k_max
-        if self.gate is None:
-            from .gate import DraftGate
-
-            self.gate = DraftGate(self.verify_cost)
-        elif self.gate.cost is None:  # made by a mixed chain (hybrid:K), which only calibrates
-            self.gate.cost = self.verify_cost
+        self._the_gate()
         self._gated = source
         if by_confidence:
             return self.gate.open_by_confidence(source, k_max)
         return self.gate.budget(source, k_max)
+
+    def _the_gate(self):
+        """The conversation's DraftGate, made on first use; one a mixed chain (hybrid:K) made before
+        the verify cost was measured gets it once it is."""
+        if self.gate is None:
+            from .gate import DraftGate
+
+            self.gate = DraftGate(self.verify_cost)
+        elif self.gate.cost is None:
+            self.gate.cost = self.verify_cost
+        return self.gate
 
     def _draft(self, s: Strategy, gen: torch.Generator, max_nodes: int) -> tuple[TokenTree, float]:
         self._gated = None
@@ -537,11 +543,7 @@ class Decoder:
         source "chain", no cost cut: K is the length). Offline on the evaluation replies, a chain
         of 5 so chosen accepts ~2.5 tokens a step where the drafter's own chain accepts ~2.05
         (bench/results/2026-11-29-session37). Greedy verification: lossless."""
-        if self.gate is None:
-            from .gate import DraftGate
-
-            self.gate = DraftGate(self.verify_cost)  # only its calibration is used here
-        gate = self.gate
+        gate = self._the_gate()  # only its calibration is used here
         try:
             spine = drafter.spine(self.history)
         except OverflowError:  # the drafter's context is full: the copy and the datastore go on alone

@@ -116,12 +116,13 @@ class NgramDrafter:
         def push_children(node: int, path: tuple[int, ...], reach: float, model: Sequence[tuple[int, float]] = ()) -> None:
             nonlocal copy, copy_at
             kids: dict[int, float] = {}
-            if chain and path and path[copy_at:] != copy[:len(path) - copy_at]:  # off the match: look again
+            j = len(path) - copy_at
+            on_copy = copy[:j] == path[copy_at:]
+            if chain and not on_copy:  # off the match: look again from the context and the chain
                 got = self.continuations(np.concatenate((h_arr, np.asarray(path, dtype=np.int64))), max_nodes - len(path), 1,
                                          ngram_min, ngram_max)
-                copy, copy_at = (tuple(got[0]) if got else ()), len(path)
-            j = len(path) - copy_at
-            if j < len(copy) and copy[:j] == path[copy_at:]:
+                copy, copy_at, j, on_copy = (tuple(got[0]) if got else ()), len(path), 0, True
+            if on_copy and j < len(copy):
                 kids[copy[j]] = COPIED
             if self.corpus is not None:
                 for t, p in self.corpus.top((base + list(path))[-n_ctx:], branches):

@@ -20,18 +20,12 @@ from engine.drafters.corpus import CorpusIndex, _hash_py  # noqa: E402
 from engine.drafters.model import ModelDrafter  # noqa: E402
 from engine.drafters.ngram import NgramDrafter  # noqa: E402
 from engine.loading import load  # noqa: E402
-from tf_eval import replies  # noqa: E402
+from tf_eval import replies, sim_sd  # noqa: E402
 
 
 def chain(hit, k=5):
-    pos = steps = 0
-    while pos < len(hit):
-        run = 0
-        while run < k and pos + run < len(hit) and hit[pos + run]:
-            run += 1
-        pos += run + 1
-        steps += 1
-    return len(hit), steps
+    """(tokens, steps) of a greedy chain of up to k drafts over ``hit`` (session 26's sim_sd)."""
+    return len(hit), sim_sd(hit, k)
 
 
 def ds_top(ds, ctx):
