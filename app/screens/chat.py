@@ -15,7 +15,6 @@ from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
-from textual.widgets.markdown import MarkdownStream
 from textual.worker import get_current_worker
 
 from engine.session import ChatEngine, leading_system, strategy_label
@@ -165,7 +164,7 @@ class ChatScreen(Screen[None]):
         self.chat_list = ChatList(id="chat-list")
         self._run: ReplyRun | None = None
         self._reply: ChatMessage | None = None
-        self._stream: MarkdownStream | None = None
+        self._streaming = False  # a reply's text is being appended to self._reply frame by frame
         self._timer: Timer | None = None
         self._gc_held = False  # this screen holds FULL_COLLECTIONS (from a reply's start to its finish)
         self._finishing = False
@@ -600,7 +599,7 @@ class ChatScreen(Screen[None]):
             before = self._continuing[0]
             await self.query_one(MessageList).remove_last()
         self._reply = await self.query_one(MessageList).add_message("assistant", before)
-        self._stream = ChatMessage.get_stream(self._reply)
+        self._streaming = True
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state(READING_STATE)  # until the first step: the prompt's prefill (seconds for a long one)
@@ -619,23 +618,29 @@ class ChatScreen(Screen[None]):
 
     # ---- streaming -------------------------------------------------------------------------------
     async def _drain(self) -> None:
-        """UI thread, once a frame: the engine's new events and text, shown all at once (one
-        Markdown write, one status refresh, one dashboard repaint: one layout and render)."""
+        """UI thread, once a frame: the engine's new events and text, shown all at once: the
+        dashboard's repaint, the status line and the reply's new Markdown in one batch, so that
+        Textual lays the screen out and renders it once for all of them. (Written through a
+        MarkdownStream, whose task appended the text after the frame's other updates, a frame took
+        ~2.7 renders and ~2.2 layouts, ~80 ms of UI CPU on the 2-core EPYC, time the decode
+        threads lost: bench/results/2026-11-29-session38.)"""
         run = self._run
-        if run is None or self._stream is None:
+        reply = self._reply
+        if run is None or reply is None or not self._streaming:
             return
-        new_text = run.drain()
-        if run.new_events:
-            self.dashboard.add_events(run.new_events)
-            self.dashboard.frame()
-        if new_text:
-            await self._stream.write(new_text)
-        if run.last_event is not None:
-            status = self.status_line.status
-            status.last_event = run.last_event
-            if status.state == READING_STATE:
-                status.state = "generating…"
-            self.status_line.refresh()
+        with self.app.batch_update():
+            new_text = run.drain()
+            if run.new_events:
+                self.dashboard.add_events(run.new_events)
+                self.dashboard.frame()
+            if run.last_event is not None:
+                status = self.status_line.status
+                status.last_event = run.last_event
+                if status.state == READING_STATE:
+                    status.state = "generating…"
+                self.status_line.refresh()
+            if new_text:
+                await reply.append(new_text)  # the Markdown's lock orders it with the final update
         if run.dropped_messages and self._window_shown != (self.chat_id, run.dropped_messages):
             self._window_shown = (self.chat_id, run.dropped_messages)  # once a cut, not every turn
             context = getattr(self.session, "context_length", 0) or 0
@@ -663,7 +668,7 @@ class ChatScreen(Screen[None]):
                                                  fit=fit, context=self.dashboard.stats.mean_context))
 
     async def _finish(self, run: ReplyRun) -> None:
-        """The engine is done: save the reply, flush the stream, show the final text.
+        """The engine is done: save the reply, show the final text.
 
         The conversation, the store and the status change before the first await, and the screen
         counts as busy until the end, so a message sent meanwhile is refused rather than sent
@@ -736,16 +741,15 @@ class ChatScreen(Screen[None]):
 
     @asynccontextmanager
     async def _closing_reply(self) -> AsyncIterator[ChatMessage | None]:
-        """The end of a reply on screen: the dashboard's last frame, the stream flushed, then the
+        """The end of a reply on screen: the dashboard's last frame, no more appends, then the
         reply's widget to show the final text in; afterwards (whatever happens) the screen is free."""
         self.dashboard.flush()
-        reply, stream = self._reply, self._stream
+        reply = self._reply
+        self._streaming = False  # (every drain awaited its append: nothing is left to flush)
         try:
-            if stream is not None:
-                await stream.stop()
             yield reply
         finally:
-            self._run = self._reply = self._stream = None
+            self._run = self._reply = None
             self._finishing = False
             self.refresh_bindings()
 

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 from textual.pilot import Pilot
-from textual.widgets.markdown import MarkdownStream
 
 from app.keys import documented_keys
 from app.main import SpecChatApp
@@ -102,17 +101,17 @@ async def test_send_shows_reply_and_step_status() -> None:
 
 
 def record_markdown_writes(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[float]]:
-    """The fragments written to any MarkdownStream and when (time.monotonic())."""
+    """The fragments appended to a streaming reply's Markdown and when (time.monotonic())."""
     writes: list[str] = []
     stamps: list[float] = []
-    original = MarkdownStream.write
+    original = ChatMessage.append
 
-    async def recording_write(self: MarkdownStream, fragment: str) -> None:
+    def recording_append(self: ChatMessage, fragment: str):
         stamps.append(time.monotonic())
         writes.append(fragment)
-        await original(self, fragment)
+        return original(self, fragment)
 
-    monkeypatch.setattr(MarkdownStream, "write", recording_write)
+    monkeypatch.setattr(ChatMessage, "append", recording_append)
     return writes, stamps
 
 
@@ -128,6 +127,39 @@ async def test_markdown_is_written_per_drain_not_per_step(monkeypatch: pytest.Mo
         assert messages(app)[-1].source == "".join(script)
         assert "".join(writes) == "".join(script)
         assert len(writes) < len(script) / 3, f"{len(writes)} Markdown writes for {len(script)} steps"
+
+
+async def test_a_frame_updates_the_reply_the_dashboard_and_the_status_in_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """While a reply streams, each frame's Markdown append, dashboard repaint and status refresh
+    happen inside one ``batch_update``, so Textual lays the screen out and renders it once for
+    them (a MarkdownStream appended in a task of its own after the frame: ~2.7 renders a frame)."""
+    from app.widgets import Dashboard
+
+    batched: list[tuple[str, int]] = []
+    append, paint = ChatMessage.append, Dashboard._paint
+
+    def recording_append(self: ChatMessage, fragment: str):
+        batched.append(("append", self.app._batch_count))
+        return append(self, fragment)
+
+    def recording_paint(self: Dashboard) -> None:
+        if self.app.chat.busy:
+            batched.append(("paint", self.app._batch_count))
+        paint(self)
+
+    monkeypatch.setattr(ChatMessage, "append", recording_append)
+    monkeypatch.setattr(Dashboard, "_paint", recording_paint)
+    script = [f"b{i} " for i in range(80)]
+    app = make_app(FakeEngine(script, step_delay_s=0.004))
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        await reply_done(pilot)
+        assert messages(app)[-1].source == "".join(script)
+    appends = [n for what, n in batched if what == "append"]
+    paints = [n for what, n in batched if what == "paint"]
+    assert len(appends) >= 2 and all(n > 0 for n in appends), batched
+    assert paints and sum(n > 0 for n in paints) >= len(paints) - 2, batched  # (the reply's last paint is outside a frame)
 
 
 async def test_markdown_writes_are_rate_limited_while_the_status_keeps_up(monkeypatch: pytest.MonkeyPatch) -> None:
