@@ -17,8 +17,9 @@
 # keeps the two apart; its replies are the same replies, as UTF-8; its 7 MB init would not fit):
 #   here:    PATH=.venv/bin:$PATH bash bench/gpu_train_drafter.sh --pack
 #              .gpu3/: old/ (the first reply set, xz), init/ (the shipped drafter without its
-#              tokenizer), tok/ (the tokenizer, xz); prints what a call then carries: ~63 MiB of the
-#              64 with the rest of the tree. A call copies tracked and non-ignored files, and the
+#              tokenizer, its embedding table cut to the rows the reply sets use), tok/ (the
+#              tokenizer, xz); prints what a call then carries: ~44 MiB of the 64 with the rest of
+#              the tree (session 38; 64.9 MiB with the whole table). A call copies tracked and non-ignored files, and the
 #              tracked tree is 111 MB: put /.gpu3/ and /assets/ in .git/info/exclude and
 #              `git rm -r --cached -q assets` for the call, `git reset -q assets` after.
 #   carry:   .gpu3 assets/distill/smollm2-gpu assets/distill/smollm2-eval
@@ -47,7 +48,13 @@ if [ "${1:-}" = --pack ]; then
     src=assets/mamba-drafter-smollm2
     rm -rf .gpu3 && mkdir -p .gpu3/old .gpu3/init .gpu3/tok
     xz -9 -T2 -c assets/distill/smollm2/responses.jsonl > .gpu3/old/responses.jsonl.xz
-    cp "$src"/config.json "$src"/generation_config.json "$src"/draft_vocab.json "$src"/model.safetensors .gpu3/init/
+    # the init with embedding rows only for the tokens the reply sets hold (`distill export
+    # --shrink-vocab`, 56 -> 35 MB; `--init` widens it back, exact for every stored row): with the
+    # whole 56 MB table the call carried 64.9 MiB of the 64 (session 38)
+    sets=$(ls -d assets/distill/smollm2*/ | grep -v -e '-eval/$' -e '-self-eval/$' | tr '\n' ' ')
+    python3 -m engine.cli distill export --from "$src" --to .gpu3/init-x --dtype bf16 --shrink-vocab $sets > /dev/null
+    cp .gpu3/init-x/config.json .gpu3/init-x/generation_config.json .gpu3/init-x/draft_vocab.json .gpu3/init-x/model.safetensors .gpu3/init/
+    rm -rf .gpu3/init-x
     xz -9 -c "$src"/tokenizer.json > .gpu3/tok/tokenizer.json.xz
     cp "$src"/tokenizer_config.json .gpu3/tok/
     rest=$(git ls-files -z | grep -zv '^assets/' | xargs -0 du -cb | tail -1 | cut -f1)
