@@ -46,6 +46,9 @@ if os.environ.get("BATCH"):
             self._finishing = True
             self.call_later(self._finish, run)
     chat.ChatScreen._drain = _drain
+if os.environ.get("NORESET"):
+    from app.widgets.fit_static import FitStatic
+    FitStatic.reset_fit = lambda self: None
 wrap(Screen, "_refresh_layout", "layout")
 wrap(Screen, "_compositor_refresh", "render")
 wrap(Dashboard, "_paint", "dash_paint")
