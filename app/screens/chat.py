@@ -164,7 +164,6 @@ class ChatScreen(Screen[None]):
         self.chat_list = ChatList(id="chat-list")
         self._run: ReplyRun | None = None
         self._reply: ChatMessage | None = None
-        self._streaming = False  # a reply's text is being appended to self._reply frame by frame
         self._timer: Timer | None = None
         self._gc_held = False  # this screen holds FULL_COLLECTIONS (from a reply's start to its finish)
         self._finishing = False
@@ -599,7 +598,6 @@ class ChatScreen(Screen[None]):
             before = self._continuing[0]
             await self.query_one(MessageList).remove_last()
         self._reply = await self.query_one(MessageList).add_message("assistant", before)
-        self._streaming = True
         status = self.status_line.status
         status.last_event, status.summary = None, run.summary
         self._set_state(READING_STATE)  # until the first step: the prompt's prefill (seconds for a long one)
@@ -626,7 +624,7 @@ class ChatScreen(Screen[None]):
         threads lost: bench/results/2026-11-29-session38.)"""
         run = self._run
         reply = self._reply
-        if run is None or reply is None or not self._streaming:
+        if run is None or reply is None:  # (_finish stops the frames' timer before the reply closes)
             return
         with self.app.batch_update():
             new_text = run.drain()
@@ -744,8 +742,7 @@ class ChatScreen(Screen[None]):
         """The end of a reply on screen: the dashboard's last frame, no more appends, then the
         reply's widget to show the final text in; afterwards (whatever happens) the screen is free."""
         self.dashboard.flush()
-        reply = self._reply
-        self._streaming = False  # (every drain awaited its append: nothing is left to flush)
+        reply = self._reply  # (every drain awaited its append: nothing is left to flush)
         try:
             yield reply
         finally:

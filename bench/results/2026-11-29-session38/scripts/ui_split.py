@@ -1,6 +1,8 @@
 """Session 38: the UI thread's CPU while the app streams, split by what the frame does:
 ChatScreen._drain (events in, Markdown write, status), Dashboard._paint, Screen._refresh_layout
-and Screen._compositor_refresh (layout and render), measured with time.thread_time()."""
+and Screen._compositor_refresh (layout and render), measured with time.thread_time().
+(Before fb2e78f a BATCH=1 switch here monkeypatched in the batched frame the app now has.)
+FI=S: the frame interval; NORESET=1: the dashboard's sections keep their heights across replies."""
 import os, sys, time, threading, collections
 sys.path.insert(0, '/work/main'); sys.path.insert(0, '/work/main/bench')
 import app.screens.chat as chat
@@ -21,31 +23,6 @@ def wrap(cls, name, key, is_async=False):
         def g(*a, **k):
             key = key0 + ("@stream" if STREAM[0] else ""); t = time.thread_time(); r = f(*a, **k); T[key][0] += 1; T[key][1] += time.thread_time() - t; return r
     setattr(cls, name, g)
-if os.environ.get("BATCH"):
-    async def _drain(self):
-        run = self._run
-        if run is None or self._stream is None:
-            return
-        with self.app.batch_update():
-            new_text = run.drain()
-            if run.new_events:
-                self.dashboard.add_events(run.new_events)
-                self.dashboard.frame()
-            if run.last_event is not None:
-                status = self.status_line.status
-                status.last_event = run.last_event
-                if status.state == chat.READING_STATE:
-                    status.state = "generating…"
-                self.status_line.refresh()
-            if new_text:
-                await self._reply.append(new_text)
-        if run.dropped_messages and self._window_shown != (self.chat_id, run.dropped_messages):
-            self._window_shown = (self.chat_id, run.dropped_messages)
-            self.notify(chat.window_notice(getattr(self.session, "context_length", 0) or 0, run.dropped_messages), timeout=8)
-        if run.finished and not self._finishing:
-            self._finishing = True
-            self.call_later(self._finish, run)
-    chat.ChatScreen._drain = _drain
 if os.environ.get("NORESET"):
     from app.widgets.fit_static import FitStatic
     FitStatic.reset_fit = lambda self: None
