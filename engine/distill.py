@@ -60,16 +60,18 @@ def add_parser(sub) -> None:
     ng.add_argument("--n-max", type=int, default=4, help="longest context indexed (tokens)")
     ng.add_argument("--min-count", type=int, default=2, help="contexts of 2+ tokens seen fewer times are dropped")
     ng.add_argument("--branches", type=int, default=3, help="next tokens kept per context (the draft trees branch on them)")
+    from .distill_scorer import add_parser as add_scorer
     from .distill_train import add_parser as add_train
 
     add_train(dsub)
+    add_scorer(dsub)
 
 
 # the numeric options each subcommand has, and the least each takes (argparse checks the type only)
 _MINIMA = {"n": 1, "batch": 1, "threads": 1, "max_new_tokens": 1, "self_prompts": 0, "limit": 0, "time_budget": 0,
            "k": 1, "chunk": 1, "seq_len": 2, "steps": 0, "d_model": 1, "layers": 1, "d_state": 1, "head_dim": 1,
            "save_every": 1, "eval_every": 0, "negatives": 0, "vocab_min_count": 0, "kd": 0, "n_max": 1, "min_count": 1,
-           "branches": 1, "lr": 0}
+           "branches": 1, "lr": 0, "folds": 1}
 
 
 def check_args(args: argparse.Namespace) -> None:
@@ -119,6 +121,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
         from .distill_train import cmd_train
 
         return cmd_train(args)
+    if args.distill_cmd == "scorer":
+        from .distill_scorer import cmd_scorer
+
+        return cmd_scorer(args)
     raise SystemExit(2)
 
 

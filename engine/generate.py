@@ -540,7 +540,8 @@ class Decoder:
         candidates at its depth (NgramDrafter.corpus_tree's chain): the context's copy, the
         datastore's top continuations and the drafter model's top tokens (stepped along the chain),
         each kind calibrated to acceptance on its own from the verified chains (engine/gate.py;
-        source "chain", no cost cut: K is the length). Offline on the evaluation replies, a chain
+        source "chain", no cost cut: K is the length), or, where the drafter ships a chain scorer
+        (engine/chain_scorer.py), the candidate it scores highest from all sources together. Offline on the evaluation replies, a chain
         of 5 so chosen accepts ~2.5 tokens a step where the drafter's own chain accepts ~2.05
         (bench/results/2026-11-29-session37). Greedy verification: lossless."""
         gate = self._the_gate()  # only its calibration is used here
@@ -550,7 +551,8 @@ class Decoder:
             spine = None
         tree = self.drafters["ngram"].corpus_tree(self.history, min(s.draft_len, max_nodes),
                                                   lambda p: gate.calibrated("chain", p), None, ngram_min=s.ngram_min,
-                                                  ngram_max=s.ngram_max, spine=spine, chain=True)
+                                                  ngram_max=s.ngram_max, spine=spine, chain=True,
+                                                  scorer=getattr(self.drafter_model, "chain_scorer", None))
         self._gated_chain = True
         self._drafted_nodes = len(tree)
         return tree, time.perf_counter() - t0

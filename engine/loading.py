@@ -466,6 +466,12 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
             raise ModelLoadError(f"{path / 'draft_vocab.json'}: token ids must be distinct and within the model's "
                                  f"vocabulary (0..{model.vocab_size - 1})")
         model.draft_vocab = dv["token_ids"]
+    from .chain_scorer import scorer_of
+
+    try:
+        model.chain_scorer = scorer_of(path)  # hybrid:K's choice among draft sources (engine/chain_scorer.py)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
     return Loaded(model, tok, name, path, "hf", cfg, params=params)
 
 

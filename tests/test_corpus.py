@@ -444,6 +444,10 @@ def test_shipped_pair_mixes_trees_in_bf16_with_the_drafter_in_fp32(smollm2_gguf_
     evs, summ = run_generation(dec, ids, from_spec("hybrid:auto"), 24)
     assert [t for e in evs for t in e.emitted] == ref
     assert summ.accepted > 0 and all(e.policy["source"] == "tree" for e in evs if e.policy)
+    # hybrid:5's chains, ranked by the drafter's shipped chain scorer (engine/chain_scorer.py)
+    assert s.drafter.model.chain_scorer is not None
+    evs, summ = run_generation(dec, ids, from_spec("hybrid:5"), 24)
+    assert [t for e in evs for t in e.emitted] == ref and summ.accepted > 0
 
 
 def test_gate_takes_the_drafter_model_in_only_where_its_measured_cost_pays():

@@ -144,13 +144,17 @@ class CorpusIndex:
     def top(self, context: Sequence[int], b: int | None = None) -> list[tuple[int, float]]:
         """Up to ``b`` most frequent next tokens after the longest indexed suffix of ``context``
         with their shares, best first; [] where no suffix is indexed."""
+        return self.top_suffix(context, b)[0]
+
+    def top_suffix(self, context: Sequence[int], b: int | None = None) -> tuple[list[tuple[int, float]], int]:
+        """``top`` and the length of the suffix it matched (0 where none is indexed)."""
         for n in range(min(self.n_max, len(context)), 0, -1):
             h = np.uint64(_hash_py(context[len(context) - n:]))
             i = int(np.searchsorted(self.keys, h))
             if i < len(self.keys) and self.keys[i] == h:
                 toks, shares = self.tokens[i, :b].tolist(), self.shares[i, :b].tolist()
-                return [(t, p) for t, p in zip(toks, shares) if t >= 0]
-        return []
+                return [(t, p) for t, p in zip(toks, shares) if t >= 0], n
+        return [], 0
 
     def next(self, context: Sequence[int]) -> tuple[int, float] | None:
         """The most frequent next token after the longest indexed suffix of ``context`` and its

@@ -30,10 +30,12 @@ class NgramDrafter:
     def reset(self) -> None:
         pass
 
-    def continuations(self, history: Sequence[int], k: int, branches: int, ngram_min: int = 2, ngram_max: int = 6) -> list[list[int]]:
+    def continuations(self, history: Sequence[int], k: int, branches: int, ngram_min: int = 2, ngram_max: int = 6,
+                      lengths: list[int] | None = None) -> list[list[int]]:
         """Up to ``branches`` distinct continuations of length <= k, longest n-gram match first,
         then most recent first. A 1-token match is mostly noise: on SmolLM2 chat prompts,
-        ngram_min=2 turned pld from 0.92x into 1.16x of ar (bench/results, issue 2 note)."""
+        ngram_min=2 turned pld from 0.92x into 1.16x of ar (bench/results, issue 2 note).
+        ``lengths``: a list that receives each continuation's match length."""
         h = np.asarray(history, dtype=np.int64)
         L = len(h)
         found: list[list[int]] = []
@@ -67,13 +69,15 @@ class NgramDrafter:
                 continue
             seen.add(key)
             found.append(cont)
+            if lengths is not None:
+                lengths.append(int(m[i]))
             if len(found) >= branches:
                 return found
         return found
 
     def corpus_tree(self, history: Sequence[int], max_nodes: int, calibrate: Callable[[float], float] | None = None,
                     worth: Callable[..., bool] | None = None, branches: int = 3, ngram_min: int = 2,
-                    ngram_max: int = 6, spine=None, chain: bool = False) -> TokenTree:
+                    ngram_max: int = 6, spine=None, chain: bool = False, scorer=None) -> TokenTree:
         """A draft tree grown best first (EAGLE-2's dynamic tree over REST's datastore): one node
         at a time, always the candidate with the highest path probability, the product of the
         calibrated confidences (``calibrate``) from the root, among the datastore's top
@@ -96,13 +100,26 @@ class NgramDrafter:
         ``chain``: one node a depth, the best calibrated candidate among the children of the last
         (hybrid:K with a datastore: a chain of K whose every token comes from whichever source is
         likeliest right there); the copy is looked up again from the context plus the chain
-        wherever the chain leaves the match it was following, as prompt lookup would after it."""
+        wherever the chain leaves the match it was following, as prompt lookup would after it.
+        ``scorer`` (chains only; engine/chain_scorer.ChainScorer, shipped beside a drafter): the
+        candidate drafted at each depth is the one it scores highest from what every source says
+        of it together (the copy's match length, the datastore's share, rank and suffix, the
+        drafter's probability and rank), in place of the best calibrated confidence; the nodes
+        keep their confidence codes for the gate's calibration."""
         from ..gate import AGREE, COPIED, MODEL, raw_probability
 
+        from ..chain_scorer import features
+
         cal = calibrate or raw_probability
+        if not chain:
+            scorer = None
+        if scorer is not None and worth is not None:
+            raise ValueError("a scored chain has no cost cut (its scores are not probabilities)")
         h_arr = np.asarray(history, dtype=np.int64)  # once: a chain's re-lookups extend it
-        conts = self.continuations(h_arr, max_nodes, 1, ngram_min, ngram_max)
+        lens: list[int] = []
+        conts = self.continuations(h_arr, max_nodes, 1, ngram_min, ngram_max, lengths=lens)
         copy = tuple(conts[0]) if conts else ()
+        copy_len = lens[0] if lens else 0  # the match length ``copy`` continues (the scorer's feature)
         copy_at = 0  # chains: the path length at which ``copy`` was looked up
         n_ctx = self.corpus.n_max if self.corpus is not None else 0
         base = list(history[len(history) - n_ctx:]) if n_ctx else []
@@ -114,22 +131,34 @@ class NgramDrafter:
         tick = itertools.count()
 
         def push_children(node: int, path: tuple[int, ...], reach: float, model: Sequence[tuple[int, float]] = ()) -> None:
-            nonlocal copy, copy_at
+            nonlocal copy, copy_at, copy_len
             kids: dict[int, float] = {}
             j = len(path) - copy_at
             on_copy = copy[:j] == path[copy_at:]
             if chain and not on_copy:  # off the match: look again from the context and the chain
+                lens.clear()
                 got = self.continuations(np.concatenate((h_arr, np.asarray(path, dtype=np.int64))), max_nodes - len(path), 1,
-                                         ngram_min, ngram_max)
+                                         ngram_min, ngram_max, lengths=lens)
                 copy, copy_at, j, on_copy = (tuple(got[0]) if got else ()), len(path), 0, True
+                copy_len = lens[0] if lens else 0
             if on_copy and j < len(copy):
                 kids[copy[j]] = COPIED
-            if self.corpus is not None:
-                for t, p in self.corpus.top((base + list(path))[-n_ctx:], branches):
-                    if t not in kids or cal(p) > cal(kids[t]):
-                        kids[t] = p
+            top, suffix = (self.corpus.top_suffix((base + list(path))[-n_ctx:], branches) if self.corpus is not None
+                           else ([], 0))
+            for t, p in top:
+                if t not in kids or cal(p) > cal(kids[t]):
+                    kids[t] = p
             for t, p in model:
                 kids[t] = (AGREE if t in kids else MODEL) + p
+            if scorer is not None:  # rank by what all sources say of each candidate (engine/chain_scorer.py)
+                ds = {t: (r, p) for r, (t, p) in enumerate(top)}
+                dr = {t: (r, p) for r, (t, p) in enumerate(model)}
+                dr_top, ds_top = (model[0][1] if model else 0.0), (top[0][1] if top else 0.0)
+                copied = copy[j] if on_copy and j < len(copy) else None
+                for t, p in kids.items():
+                    x = features(copy_len + j if t == copied else 0, ds.get(t), suffix, dr.get(t), dr_top, ds_top)
+                    heapq.heappush(heap, (-scorer.score(x), next(tick), node, t, p))
+                return
             for t, p in kids.items():
                 heapq.heappush(heap, (-reach * cal(p), next(tick), node, t, p))
 
