@@ -9,7 +9,9 @@
 #                          assets/mamba-drafter-smollm2/tokenizer_config.json
 #   back here:      mkdir -p drafters && cat DIR/gpu-drafter.tar.part-* | tar -x -C drafters/
 #                   cp assets/mamba-drafter-smollm2/tokenizer.json drafters/gpu-drafter.bf16/
-#                   specchat bench --drafter drafters/gpu-drafter.bf16 --strategies sd:5,hybrid:auto,pld:auto
+#                   specchat distill scorer --drafter drafters/gpu-drafter.bf16 --datastore assets/ngram-smollm2.npz \
+#                       --data assets/distill/smollm2-self-eval   # hybrid:K's chain scorer for it (~1 min; session 39)
+#                   specchat bench --drafter drafters/gpu-drafter.bf16 --strategies sd:5,hybrid:5,hybrid:auto,pld:auto
 #
 # Continuing the shipped drafter on both reply sets instead (what session 14 found the GPU time is
 # best spent on: from scratch, 270 s did not reach it; see bench/results/2026-11-26-h200-distill/),
