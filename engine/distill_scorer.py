@@ -43,7 +43,8 @@ def add_parser(dsub) -> None:
     p.add_argument("--threads", type=int, default=None)
 
 
-def positions(model, corpus, seqs: Sequence[tuple[list[int], int]], ngram_min: int = 2, ngram_max: int = 6) -> list[list[dict]]:
+def positions(model, corpus, seqs: Sequence[tuple[list[int], int]], ngram_min: int = 2, ngram_max: int = 6,
+              progress: bool = False) -> list[list[dict]]:
     """Per reply, per position: the target's token ``y`` and what each source proposes there."""
     import numpy as np
     import torch
@@ -54,8 +55,12 @@ def positions(model, corpus, seqs: Sequence[tuple[list[int], int]], ngram_min: i
     ng = NgramDrafter()
     dr = ModelDrafter(model, model.vocab_size, draft_vocab=getattr(model, "draft_vocab", None))  # the head as it drafts
     out = []
+    t0 = time.perf_counter()
     with torch.inference_mode():
-        for ids, start in seqs:
+        for n, (ids, start) in enumerate(seqs, 1):
+            if progress and (n % 25 == 0 or n == len(seqs)):
+                el = time.perf_counter() - t0
+                print(f"\r[{n}/{len(seqs)}] replies, ETA {el / n * (len(seqs) - n):4.0f} s ", end="", file=sys.stderr, flush=True)
             if start < 1 or start >= len(ids):
                 continue
             m = dr.model.with_own_cache()
@@ -193,7 +198,8 @@ def cmd_scorer(args: argparse.Namespace) -> int:
     seqs = [s for d in data for s in load_sequences(d)][: args.limit]
     check_vocab((ids for ids, _ in seqs), got.model.vocab_size, " ".join(map(str, data)))
     t0 = time.perf_counter()
-    rows = positions(got.model, corpus, seqs, args.ngram_min, args.ngram_max)
+    rows = positions(got.model, corpus, seqs, args.ngram_min, args.ngram_max, progress=True)
+    print(file=sys.stderr)
     n_pos = sum(map(len, rows))
     if not n_pos:
         raise SpecchatError(f"{' '.join(map(str, data))}: no reply tokens to fit on")
