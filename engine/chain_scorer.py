@@ -66,6 +66,7 @@ def features(copy_len: int = 0, ds: tuple[int, float] | None = None, ds_suffix: 
     p = 0.0
     if dr is not None:
         r, p = dr
+        p = p if math.isfinite(p) else 0.0  # a drafter's NaN: no evidence, not an error mid-reply
         v[15], v[16], v[17] = 1.0, p, math.log(max(p, 1e-6)) / 5.0
         v[18 + min(2, r)] = 1.0
         v[25 + min(4, int(p * 5))] = 1.0
@@ -107,13 +108,18 @@ class ChainScorer:
             d = json.loads(path.read_text(encoding="utf-8"))
             if not isinstance(d, dict) or d.get("format") != FORMAT:
                 raise ValueError(f"format is not {FORMAT!r}")
-            if list(d.get("features", ())) != list(NAMES):
+            if not isinstance(d.get("features"), list) or d["features"] != list(NAMES):
                 raise ValueError("its features are not the ones this version computes")
-            w = tuple(float(x) for x in d["weights"])
-            if len(w) != N or not all(math.isfinite(x) for x in w):
+            raw = d.get("weights")
+            if (not isinstance(raw, list) or len(raw) != N
+                    or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in raw)):
+                raise ValueError(f"weights must be a list of {N} numbers")
+            w = tuple(float(x) for x in raw)
+            if not all(math.isfinite(x) for x in w):
                 raise ValueError(f"weights must be {N} finite numbers")
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{path}: not a chain scorer ({str(e).splitlines()[0][:120]})") from None
+        except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+            why = (str(e).splitlines() or [type(e).__name__])[0][:120]
+            raise ValueError(f"{path}: not a chain scorer ({why})") from None
         meta = {k: v for k, v in d.items() if k not in ("format", "features", "weights")}
         return cls(w, meta)
 

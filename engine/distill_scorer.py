@@ -6,7 +6,9 @@ positions whose drafted token is the target's next one, so the choice at a depth
 the context so far is the target's own): at every position, the candidates hybrid:K would weigh
 there, the context's copy (prompt lookup's longest, latest match and its length), the datastore's
 top 3 (share, rank, the matched suffix's length) and the drafter model's top 3 (probability, rank),
-each described by chain_scorer.features. The weights maximise the likelihood that the softmax
+each described by chain_scorer.features. (One approximation: past the first depth a chain keeps
+following the copy it looked up, its match length growing, where a fresh lookup, as here, may find a
+more recent occurrence once both reach ``--ngram-max``.) The weights maximise the likelihood that the softmax
 over a position's candidates puts on the target's token (a conditional logit; positions where no
 candidate is right carry no information on the choice and are left out), with a small L2 penalty.
 Reported: k-fold held-out top-1 and the tokens a step of a greedy chain of 5, for the drafter's
@@ -18,6 +20,7 @@ more than the bench's prompts will.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -175,15 +178,13 @@ def drafter_pick(f):
 def cmd_scorer(args: argparse.Namespace) -> int:
     import torch
 
+    from . import loading
     from .distill_train import check_vocab, load_sequences, responses_file
     from .drafters.corpus import CorpusIndex
     from .errors import SpecchatError
-    from .loading import load
 
-    drafter_dir = Path(args.drafter)
-    out = Path(args.out) if args.out else drafter_dir / cs.FILE
-    if out.is_dir():
-        raise SpecchatError(f"{out}: --out is a directory (it names the .json file to write)")
+    if args.out and Path(args.out).is_dir():
+        raise SpecchatError(f"{args.out}: --out is a directory (it names the .json file to write)")
     if not 1 <= args.ngram_min <= args.ngram_max <= 32:
         raise SpecchatError("n-gram sizes must satisfy 1 <= --ngram-min <= --ngram-max <= 32")
     data = [Path(d) for d in args.data]
@@ -192,7 +193,15 @@ def cmd_scorer(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     corpus = CorpusIndex.load(args.datastore)
-    got = load(str(drafter_dir), dtype="fp32")
+    loading.READ_CHAIN_SCORER = False  # the file this refits may be stale or corrupt
+    try:
+        got = loading.load(args.drafter, dtype="fp32")
+    finally:
+        loading.READ_CHAIN_SCORER = True
+    if got.fmt != "hf" or not Path(got.path).is_dir():
+        raise SpecchatError(f"{args.drafter}: a chain scorer is read from an HF-format drafter directory, not a {got.fmt} file")
+    drafter_dir = Path(got.path)
+    out = Path(args.out) if args.out else drafter_dir / cs.FILE
     if got.tokenizer is not None and not corpus.fits(got.tokenizer):
         raise SpecchatError(f"{args.datastore}: the datastore was built with another tokenizer than {drafter_dir}'s")
     seqs = [s for d in data for s in load_sequences(d)][: args.limit]
@@ -215,6 +224,9 @@ def cmd_scorer(args: argparse.Namespace) -> int:
         print(f"fold {k + 1}/{args.folds} (held out): the drafter's chain of 5 {d5:.3f} tokens a step (top-1 {d1:.3f}), "
               f"scored {s5:.3f} ({s1:.3f})", file=sys.stderr)
     w = fit(rows)
+    if not all(math.isfinite(x) for x in w) or not any(w):
+        raise SpecchatError("the fit found no weights (no position where a candidate was right, or it diverged); "
+                            "nothing written")
     meta = {"fitted_on": " ".join(map(str, data)), "replies": len(rows), "positions": n_pos, "datastore": str(args.datastore),
             "drafter_top_k": DR_TOP, "datastore_top_k": DS_TOP, "ngram": [args.ngram_min, args.ngram_max],
             "held_out_folds": folds}

@@ -706,6 +706,10 @@ def _train(args: argparse.Namespace) -> int:
     print(f"\nheld-out loss {held_loss:.3f} (perplexity {math.exp(held_loss):.1f}), top-1 agreement {held_acc:.3f}", file=sys.stderr)
     model.to("cpu").save_pretrained(out, safe_serialization=True)
     tok.save(out)
+    stale = out / "chain_scorer.json"  # hybrid:K's scorer was fitted to the old weights (specchat distill scorer)
+    if stale.exists():
+        stale.unlink()
+        print(f"removed {stale}: fitted to the weights these replace (refit it with `specchat distill scorer`)", file=sys.stderr)
     if not full_softmax:
         # the tokens the drafter was trained to propose: its output layer shrinks to them at load time
         (out / "draft_vocab.json").write_text(json.dumps({"token_ids": seen.cpu().tolist()}))

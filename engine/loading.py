@@ -468,11 +468,14 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
         model.draft_vocab = dv["token_ids"]
     from .chain_scorer import scorer_of
 
-    try:
-        model.chain_scorer = scorer_of(path)  # hybrid:K's choice among draft sources (engine/chain_scorer.py)
+    try:  # hybrid:K's choice among draft sources (engine/chain_scorer.py)
+        model.chain_scorer = scorer_of(path) if READ_CHAIN_SCORER else None
     except ValueError as e:
-        raise ModelLoadError(str(e)) from None
+        raise ModelLoadError(f"{e}; delete it or refit it with `specchat distill scorer`") from None
     return Loaded(model, tok, name, path, "hf", cfg, params=params)
+
+
+READ_CHAIN_SCORER = True  # `distill scorer` loads a drafter without the scorer it is about to replace
 
 
 def read_draft_vocab_file(path: Path, rows: int | None) -> dict[str, Any]:

@@ -70,6 +70,31 @@ def test_a_scored_chain_drafts_the_candidate_the_scorer_prefers_at_each_depth():
     assert d.corpus_tree([1, 7], max_nodes=6, spine=_FakeSpine(table), scorer=_scorer(ds=9.0)).tokens == plain.tokens
 
 
+def test_a_nan_drafter_probability_is_no_evidence_not_an_error():
+    x = dict(zip(cs.NAMES, cs.features(dr=(0, float("nan")), dr_top_p=0.5)))
+    assert x["dr"] == 1.0 and x["dr_p"] == 0.0 and x["dr_p_bin0"] == 1.0
+
+
+def test_a_scored_chain_looks_again_where_the_history_cut_its_copy_short():
+    """"9 1 2 1 2": the latest match of "1 2" copies the 2 tokens before the history's end; the
+    chain then looks again from the context and the chain and goes on copying the repetition,
+    its match length capped at ngram_max as a fresh lookup's is."""
+    seen = []
+
+    class Recording(cs.ChainScorer):
+        def score(self, x):
+            f = dict(zip(cs.NAMES, x))
+            seen.append(next((n for n in cs.NAMES[1:6] if f[n]), None))
+            return f["copy"]
+
+    sc = Recording(tuple([0.0] * cs.N), {})
+    tree = NgramDrafter().corpus_tree([9, 1, 2, 1, 2], max_nodes=5, chain=True, scorer=sc)
+    assert tree.tokens == [1, 2, 1, 2, 1] and tree.confidence == [COPIED] * 5
+    seen.clear()
+    NgramDrafter().corpus_tree([9, 1, 2, 3, 4, 5, 6, 7, 8, 0, 1, 2, 3], max_nodes=5, chain=True, scorer=sc, ngram_max=4)
+    assert seen == ["copy_len3", "copy_len4", "copy_len4", "copy_len4", "copy_len4"]  # 3, then capped at 4
+
+
 def test_a_scored_chain_sees_the_copy_grow_its_match_and_looks_again_off_it():
     seen = []
 
@@ -106,6 +131,13 @@ def test_scorer_files_round_trip_and_bad_ones_are_refused_in_one_line(tmp_path):
         "short": json.dumps({**good, "weights": good["weights"][:-1]}),
         "nan": json.dumps({**good, "weights": [float("nan")] * cs.N}),
         "strings": json.dumps({**good, "weights": ["a"] * cs.N}),
+        "a string": json.dumps({**good, "weights": "1" * cs.N}),
+        "booleans": json.dumps({**good, "weights": [True] * cs.N}),
+        "a dict": json.dumps({**good, "weights": {str(i): 1.0 for i in range(cs.N)}}),
+        "features as a dict": json.dumps({**good, "features": {n: 1 for n in cs.NAMES}}),
+        "no weights": json.dumps({k: v for k, v in good.items() if k != "weights"}),
+        "a huge integer": json.dumps({**good, "weights": [10 ** 400] + [0.0] * (cs.N - 1)}),
+        "deep nesting": '{"format": "specchat-chain-scorer-1", "x": ' + "[" * 100000 + "]" * 100000 + "}",
     }
     for name, text in bad.items():
         (tmp_path / cs.FILE).write_text(text)
@@ -175,6 +207,16 @@ def test_the_fit_sees_the_candidates_and_features_a_chain_computes():
     assert [x for _, x in cands] == seen
 
 
+def test_distill_scorer_refuses_a_drafter_that_is_not_a_directory(tmp_path, capsys, smollm2_gguf_path):
+    from engine.cli import EXIT_ERROR, main
+
+    argv = ["distill", "scorer", "--drafter", str(smollm2_gguf_path), "--datastore", str(REPO / "assets/ngram-smollm2.npz"),
+            "--data", str(REPO / "assets/distill/smollm2-eval"), "--limit", "1"]
+    assert main(argv) == EXIT_ERROR
+    assert "HF-format drafter directory" in capsys.readouterr().err
+    assert not list(Path(smollm2_gguf_path).parent.glob(cs.FILE))
+
+
 def test_distill_scorer_fits_reports_held_out_folds_and_writes_a_loadable_scorer(tmp_path, capsys):
     from engine.cli import EXIT_ERROR, main
 
@@ -193,6 +235,18 @@ def test_distill_scorer_fits_reports_held_out_folds_and_writes_a_loadable_scorer
                        (["--data", str(tmp_path / "none")], "no responses.jsonl")):
         assert main(argv + extra) == EXIT_ERROR
         assert msg in capsys.readouterr().err
+    # a corrupt scorer in the drafter's directory fails its load in one line, and a refit replaces it
+    d = tmp_path / "drafter"
+    d.mkdir()
+    for f in (REPO / "assets/mamba-drafter-smollm2").iterdir():
+        if f.name != cs.FILE:
+            (d / f.name).symlink_to(f)
+    (d / cs.FILE).write_text("{")
+    with pytest.raises(SpecchatError, match="not a chain scorer.*refit it"):
+        load(str(d))
+    refit = [a if a != str(REPO / "assets/mamba-drafter-smollm2") else str(d) for a in argv]
+    refit = refit[:refit.index("--out")]
+    assert main(refit) == 0 and load(str(d)).model.chain_scorer.meta["replies"] == 4
     other = tmp_path / "other.npz"
     CorpusIndex.build([([1, 2, 3], 0)], n_max=2, min_count=1, meta={"probe": [1, 2]}).save(other)
     assert main(argv + ["--datastore", str(other)]) == EXIT_ERROR

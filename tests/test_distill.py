@@ -46,8 +46,10 @@ def test_distill_train_resumes_and_saves_a_loadable_drafter(tmp_path, smollm2_gg
     import torch
 
     assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 2
+    (out / "chain_scorer.json").write_text("{}")  # fitted to the weights the next save replaces
     assert main(common + ["--steps", "3"]) == 0  # resumes: one more step
     assert torch.load(out / "train_state.pt", weights_only=True)["step"] == 3
+    assert not (out / "chain_scorer.json").exists()
     drafter = load(str(out))
     assert isinstance(drafter.model, Mamba2) and drafter.tokenizer.vocab_size == 49152
     assert json.loads((out / "distill.json").read_text())["steps"] == 3

@@ -135,7 +135,9 @@ class NgramDrafter:
             kids: dict[int, float] = {}
             j = len(path) - copy_at
             on_copy = copy[:j] == path[copy_at:]
-            if chain and not on_copy:  # off the match: look again from the context and the chain
+            if chain and (not on_copy or (j >= len(copy) and j > 0)):
+                # off the match, or at the end of a copy the history's end cut short (a repeating
+                # stretch: "1 2 1 2" copies 2 tokens): look again from the context and the chain
                 lens.clear()
                 got = self.continuations(np.concatenate((h_arr, np.asarray(path, dtype=np.int64))), max_nodes - len(path), 1,
                                          ngram_min, ngram_max, lengths=lens)
@@ -156,7 +158,8 @@ class NgramDrafter:
                 dr_top, ds_top = (model[0][1] if model else 0.0), (top[0][1] if top else 0.0)
                 copied = copy[j] if on_copy and j < len(copy) else None
                 for t, p in kids.items():
-                    x = features(copy_len + j if t == copied else 0, ds.get(t), suffix, dr.get(t), dr_top, ds_top)
+                    x = features(min(copy_len + j, ngram_max) if t == copied else 0, ds.get(t), suffix, dr.get(t), dr_top,
+                                 ds_top)  # the match grows along the copy (capped as a fresh lookup's is)
                     heapq.heappush(heap, (-scorer.score(x), next(tick), node, t, p))
                 return
             for t, p in kids.items():
