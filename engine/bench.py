@@ -245,7 +245,15 @@ def _spec_error(spec: str, e: ValueError) -> SpecchatError:
 def _settings(session, args, n_prompts: int) -> dict[str, Any]:
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "prompts": n_prompts, "dtype": session.target.compute, "dtype_arg": args.dtype, "warmup": args.warmup,
-            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels(getattr(session.target, "model", None))}
+            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels(getattr(session.target, "model", None)),
+            "chain_scorer": _scorer_meta(session)}
+
+
+def _scorer_meta(session) -> dict[str, Any] | None:
+    """What hybrid:K's mixed chains were ranked by: the drafter's chain scorer (where it was fitted),
+    or None for the gate's calibration bins (engine/chain_scorer.py)."""
+    sc = getattr(getattr(getattr(session, "drafter", None), "model", None), "chain_scorer", None)
+    return None if sc is None else {"fitted_on": sc.meta.get("fitted_on"), "positions": sc.meta.get("positions")}
 
 
 def _kernels(model=None) -> dict[str, str]:

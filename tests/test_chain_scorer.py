@@ -251,3 +251,15 @@ def test_distill_scorer_fits_reports_held_out_folds_and_writes_a_loadable_scorer
     CorpusIndex.build([([1, 2, 3], 0)], n_max=2, min_count=1, meta={"probe": [1, 2]}).save(other)
     assert main(argv + ["--datastore", str(other)]) == EXIT_ERROR
     assert "another tokenizer" in capsys.readouterr().err
+
+
+def test_bench_settings_record_what_ranked_the_mixed_chains():
+    from types import SimpleNamespace
+
+    from engine.bench import _scorer_meta
+
+    sc = cs.ChainScorer(tuple([0.0] * cs.N), {"fitted_on": "held-out", "positions": 7})
+    with_it = SimpleNamespace(drafter=SimpleNamespace(model=SimpleNamespace(chain_scorer=sc)))
+    assert _scorer_meta(with_it) == {"fitted_on": "held-out", "positions": 7}
+    assert _scorer_meta(SimpleNamespace(drafter=None)) is None
+    assert _scorer_meta(SimpleNamespace(drafter=SimpleNamespace(model=SimpleNamespace(chain_scorer=None)))) is None

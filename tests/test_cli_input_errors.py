@@ -205,6 +205,7 @@ def test_bench_prompt_ids_are_the_prompt(tiny, tmp_path, capsys):
     assert code == 0, err
     res = json.loads(out.strip().splitlines()[-1])
     assert res["settings"]["prompts"] == 1 and {r["prompt"] for r in res["rows"]} == {"ids", "ALL", "MEDIAN"}
+    assert res["settings"]["chain_scorer"] is None  # no drafter: nothing ranks mixed chains
     f = tmp_path / "p.txt"
     f.write_text("hello\n")
     assert "give --prompts or --prompt-ids, not both" in cli_error(capsys, *argv, "--prompts", str(f))
