@@ -215,6 +215,10 @@ class Decoder:
             if self._gated_chain and len(tree):
                 self.gate.observe("chain", tree.max_depth, len(path), draft_s * 1000.0, len(tree), tree.confidence,
                                   tree.parents, path)
+                sc = getattr(self.drafter_model, "chain_scorer", None)  # what chose each token (the dashboard's policy box)
+                policy = {"policy": "mixed chain", "confidence": list(tree.confidence), "accepted": len(path),
+                          "ranked_by": "scorer" if sc is not None else "calibration",
+                          **({"fitted_on": sc.meta.get("fitted_on")} if sc is not None else {})}
             if s.adaptive and self._gated is not None:
                 self.gate.observe(self._gated, tree.max_depth if len(tree) else 0, len(path), draft_s * 1000.0,
                                   max(self._drafted_nodes, len(tree)), tree.confidence, tree.parents, path)

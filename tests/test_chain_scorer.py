@@ -178,7 +178,16 @@ def test_hybrid_k_with_a_scorer_equals_plain_greedy(target_kind, drafter_kind, t
                 dec.reset()
                 evs, _ = run_generation(dec, prompt, from_spec("hybrid:4"), 40)
                 assert [t for e in evs for t in e.emitted] == refs[tuple(prompt)], (sc, prompt)
+                # each drafting step tells the dashboard what ranked its chain and what it accepted
+                pol = [e.policy for e in evs if e.drafted]
+                assert pol and all(p["policy"] == "mixed chain" and p["ranked_by"] == "scorer" for p in pol)
+                assert all(len(p["confidence"]) == e.drafted and p["accepted"] == e.accepted for p, e in
+                           zip(pol, [e for e in evs if e.drafted]) if not e.finished)
     assert len(calls) > 100
+    dec.drafter_model.chain_scorer = None  # without one: the gate's calibration, said so
+    dec.reset()
+    evs, _ = run_generation(dec, prompts[0], from_spec("hybrid:4"), 40)
+    assert {e.policy["ranked_by"] for e in evs if e.drafted} == {"calibration"}
 
 
 def test_the_fit_sees_the_candidates_and_features_a_chain_computes():

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.text import Text
@@ -168,6 +169,16 @@ def policy_only_text(policy: dict | None) -> Text:
             for i, p in enumerate(conf):
                 out.append(_confidence_label(p) + " ", style="bold green" if i < k else "dim")
             out.append(f"· E {policy.get('expected', 1.0):.2f} tokens")
+        return out
+    if policy.get("policy") == "mixed chain":  # hybrid:K with a datastore: each token from the likeliest source
+        by = ("the drafter's chain scorer" + (f" (fitted on {Path(str(policy['fitted_on'])).name})" if policy.get("fitted_on") else "")
+              if policy.get("ranked_by") == "scorer" else "the gate's calibration")
+        out.append("mixed chain · copy / datastore / drafter\n", style="bold")
+        out.append(f"ranked by {by}\n")
+        conf, acc = policy.get("confidence", []), policy.get("accepted", 0)
+        out.append("sources ")
+        for i, c in enumerate(conf):  # what each node's token came from (m: the drafter, =: two agreed), accepted bold
+            out.append(_confidence_label(c) + " ", style="bold green" if i < acc else "dim")
         return out
     if policy.get("policy") == "mab":
         out.append(f"UCB bandit · round {policy['rounds']} · λγ {policy['lambda_gamma']:.2f}\n", style="bold")

@@ -432,6 +432,14 @@ def test_policy_panel_shows_bandit_arms_and_optimal_ranks() -> None:
     from app.widgets.dashboard import policy_text
 
     assert "static tree" in policy_text(None).plain
+    # hybrid:K's mixed chain: what ranked its candidates, and where each token came from
+    mixed = {"policy": "mixed chain", "confidence": [-1.0, 4.83, 2.41, 0.35], "accepted": 2, "ranked_by": "scorer",
+             "fitted_on": "assets/distill/smollm2-self-eval"}
+    text = policy_text(mixed).plain
+    assert "mixed chain" in text and "ranked by the drafter's chain scorer (fitted on smollm2-self-eval)" in text
+    assert "sources copy 0.83= 0.41m 0.35" in text
+    text = policy_text(dict(mixed, ranked_by="calibration", fitted_on=None)).plain
+    assert "ranked by the gate's calibration" in text
     mab = {"policy": "mab", "rounds": 7, "lambda_gamma": 0.31, "lambda_ucb": 0.3, "chosen": [3, 2, 2, 1, 1],
            "arms": [{"shape": [3, 2, 2, 1, 1], "count": 4, "mean": -0.41}, {"shape": [1, 1, 1, 1, 1], "count": 3, "mean": -0.52}]}
     text = policy_text(mab).plain
