@@ -48,7 +48,8 @@ def add_parser(dsub) -> None:
 
 def positions(model, corpus, seqs: Sequence[tuple[list[int], int]], ngram_min: int = 2, ngram_max: int = 6,
               progress: bool = False) -> list[list[dict]]:
-    """Per reply, per position: the target's token ``y`` and what each source proposes there."""
+    """Per reply, per position: the target's token ``y``, what each source proposes there, and
+    the candidates with their features (``cands``: :func:`candidates`)."""
     import numpy as np
     import torch
 
@@ -78,8 +79,10 @@ def positions(model, corpus, seqs: Sequence[tuple[list[int], int]], ngram_min: i
                 lens: list[int] = []
                 got = ng.continuations(h[:j], 1, 1, ngram_min, ngram_max, lengths=lens)
                 top, suffix = corpus.top_suffix(ids[max(0, j - corpus.n_max):j], DS_TOP)
-                rows.append({"y": int(ids[j]), "copy": (got[0][0], lens[0]) if got else None, "ds": top, "suffix": suffix,
-                             "dr": list(zip(toks[j - start], p[j - start]))})
+                f = {"y": int(ids[j]), "copy": (got[0][0], lens[0]) if got else None, "ds": top, "suffix": suffix,
+                     "dr": list(zip(toks[j - start], p[j - start]))}
+                f["cands"] = candidates(f)  # once: every fold's fit and evaluation reads them
+                rows.append(f)
             out.append(rows)
     return out
 
@@ -105,11 +108,11 @@ def candidates(f: dict) -> list[tuple[int, list[float]]]:
 def _tensors(rows: list[list[dict]]):
     import torch
 
-    width = max((len(candidates(f)) for rep in rows for f in rep), default=1)
+    width = max((len(f["cands"]) for rep in rows for f in rep), default=1)
     X, M, Y = [], [], []
     for rep in rows:
         for f in rep:
-            c = candidates(f)
+            c = f["cands"]
             toks = [t for t, _ in c]
             if f["y"] not in toks:
                 continue
@@ -166,7 +169,7 @@ def scored_pick(weights: Sequence[float]):
     sc = cs.ChainScorer(tuple(weights), {})
 
     def pick(f):
-        c = candidates(f)
+        c = f["cands"]
         return max(c, key=lambda tx: sc.score(tx[1]))[0] if c else None  # max keeps the first of ties, as the heap
     return pick
 

@@ -545,9 +545,10 @@ class Decoder:
         datastore's top continuations and the drafter model's top tokens (stepped along the chain),
         each kind calibrated to acceptance on its own from the verified chains (engine/gate.py;
         source "chain", no cost cut: K is the length), or, where the drafter ships a chain scorer
-        (engine/chain_scorer.py), the candidate it scores highest from all sources together. Offline on the evaluation replies, a chain
-        of 5 so chosen accepts ~2.5 tokens a step where the drafter's own chain accepts ~2.05
-        (bench/results/2026-11-29-session37). Greedy verification: lossless."""
+        (engine/chain_scorer.py), the candidate it scores highest from all sources together.
+        Offline on the evaluation replies, a chain of 5 so chosen accepts ~2.5 tokens a step where
+        the drafter's own chain accepts ~2.05 (bench/results/2026-11-29-session37; with the scorer,
+        2.57 end to end: session39). Greedy verification: lossless."""
         gate = self._the_gate()  # only its calibration is used here
         try:
             spine = drafter.spine(self.history)

@@ -106,9 +106,8 @@ class NgramDrafter:
         of it together (the copy's match length, the datastore's share, rank and suffix, the
         drafter's probability and rank), in place of the best calibrated confidence; the nodes
         keep their confidence codes for the gate's calibration."""
-        from ..gate import AGREE, COPIED, MODEL, raw_probability
-
         from ..chain_scorer import features
+        from ..gate import AGREE, COPIED, MODEL, raw_probability
 
         cal = calibrate or raw_probability
         if not chain:
