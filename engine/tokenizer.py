@@ -121,6 +121,21 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def last_piece_start(self, text: str) -> int | None:
+        """Where ``text``'s last pre-tokenizer piece starts (a character index), or None where that
+        cannot be told from the text itself (no pre-tokenizer, or a normaliser that may move
+        characters). No token spans two pieces, so ``text[:i]``'s tokens are, as a rule, how ``text``
+        and any continuation of it begin, while the last piece's may change with what follows:
+        SLEM's drafts end there (engine/drafters/vocab.py)."""
+        backend = self.backend
+        if backend.pre_tokenizer is None or backend.normalizer is not None or not text:
+            return None
+        try:
+            pieces = backend.pre_tokenizer.pre_tokenize_str(text)
+        except Exception:  # a pre-tokenizer that cannot run on a bare string: no cut
+            return None
+        return pieces[-1][1][0] if pieces else None
+
     def token_to_id(self, token: str) -> int | None:
         """Id of a token as the vocabulary spells it (``"Ġthe"``, ``"<|im_end|>"``), or None."""
         return self.backend.token_to_id(token)
@@ -256,7 +271,12 @@ class Tokenizer:
 
         template = None
         if (d / "chat_template.jinja").is_file():
-            template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+            try:
+                template = (d / "chat_template.jinja").read_text(encoding="utf-8")
+            except UnicodeDecodeError:  # named here: the caller's catch-all named tokenizer.json
+                raise ModelLoadError("not UTF-8 text", path=d / "chat_template.jinja") from None
+            except OSError as e:
+                raise ModelLoadError(f"cannot read ({e.strerror or e})", path=d / "chat_template.jinja") from None
         else:
             template = _pick_template(tcfg.get("chat_template"))
 

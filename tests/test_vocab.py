@@ -123,9 +123,10 @@ def test_drafter_history_is_the_exact_text(smol_byte_bridge, root):
     assert held == b"".join(t.token_bytes(i) for i in partial)[len("x ".encode()):] or held == b""
 
 
-def test_slem_retokenizes_with_a_look_behind(smol_byte_bridge):
+def test_slem_retokenizes_with_a_look_behind(smol_byte_bridge, monkeypatch):
     t = smollm2()
     br = smol_byte_bridge
+    monkeypatch.setattr(br, "draft_cut", "none")  # every token the draft spells (the cut: the next test)
     hello = t.encode("Hello")
     root = hello[-1]
     # a draft that starts a new word: exactly the target's tokens for it
@@ -141,6 +142,39 @@ def test_slem_retokenizes_with_a_look_behind(smol_byte_bridge):
     assert got == t.encode(" ok") + [t.token_to_id("<|im_end|>")]
     got = br._retokenize(list(" é".encode())[:-1], root, t.token_bytes(root), b"")
     assert b"".join(t.token_bytes(i) for i in got) == b" "
+
+
+def test_slem_proposes_only_what_ends_before_the_drafts_last_word(smol_byte_bridge, monkeypatch):
+    """A draft cut short by its length ends inside a word most of the time, and the target spells a
+    whole word otherwise than its start: SLEM proposes what ends before the draft's last
+    pre-tokenizer piece ("piece", the default), or all but its last token ("token")."""
+    t = smollm2()
+    br = smol_byte_bridge
+    assert br.draft_cut == "piece"
+    root = t.encode("Hello")[-1]
+
+    def spelled(draft: bytes, extra=()) -> bytes:
+        return b"".join(t.token_bytes(i) for i in br._retokenize(list(draft) + list(extra), root, t.token_bytes(root), b""))
+
+    assert spelled(b" world, again") == b" world,"
+    assert spelled(b" rainbow forms wh") == b" rainbow forms"
+    assert spelled(b" 123") == b" 12"  # SmolLM2 splits digits: each is a piece
+    assert spelled(b" rainb") == b""  # nothing of the draft is sure to be how the target goes on
+    assert spelled(b" world\n\n- it") == b" world\n\n-"
+    assert spelled(" wörld, é".encode()) == " wörld,".encode()  # character offsets, not bytes
+    # the drafter's end of sequence closes the draft: every token and the end of turn
+    end = t.token_to_id("<|im_end|>")
+    assert br._retokenize(list(b" ok") + [ByteTokenizer.EOS], root, t.token_bytes(root), b"") == t.encode(" ok") + [end]
+    # an invalid UTF-8 sequence inside the draft: the pieces cannot be read, so all but the last token
+    got = br._retokenize(list(b" ab \xff cd ef"), root, t.token_bytes(root), b"")
+    full = br._spelling(t.encode(b" ab \xff cd ef".decode("utf-8", errors="replace")), b" ab \xff cd ef")
+    assert got == full[:-1]
+    monkeypatch.setattr(br, "draft_cut", "token")
+    assert br._retokenize(list(b" world, again"), root, t.token_bytes(root), b"") == t.encode(" world, again")[:-1]
+    # a tokenizer whose pieces cannot be told (a normaliser): all but the last token
+    lower = trained_bpe(1200, "metaspace", "lower")
+    assert lower.last_piece_start("ab cd") is None
+    assert t.last_piece_start("Hi there") == 2 and t.last_piece_start("") is None
 
 
 # ---- greedy: every bridge is plain greedy decoding ----------------------------------------------------------

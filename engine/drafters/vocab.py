@@ -298,6 +298,23 @@ class BridgeDrafter:
                 return []
             data = data[len(held):]
         data = bytes(data[: _utf8_complete(bytes(data))])
+        cut_last = False
+        if not eos and data and self.draft_cut != "none":
+            # The draft stops where the drafter was stopped, most often inside a word, and the target
+            # spells a whole word otherwise than its start ("rainb" is not how "rainbow" begins): the
+            # last token proposed is then almost never accepted (bench/results/2026-11-29-session40).
+            # Propose what ends before the draft's last pre-tokenizer piece, or, where the tokenizer
+            # cannot tell the pieces, all but the last token. Lossless either way: exact-match
+            # verification never depends on what was proposed.
+            try:
+                text = data.decode("utf-8")
+            except UnicodeDecodeError:  # a byte drafter's invalid sequence inside the draft
+                text = None
+            start = self.target_tok.last_piece_start(text) if text is not None and self.draft_cut == "piece" else None
+            if start is None:
+                cut_last = True
+            else:
+                data = text[:start].encode("utf-8")
         out: list[int] = []
         if data:
             tok = self.target_tok
@@ -307,6 +324,8 @@ class BridgeDrafter:
                     out = self._spelling(both[1:], data)
             if not out:
                 out = self._spelling(tok.encode(data.decode("utf-8", errors="replace")), data)
+        if cut_last:
+            out = out[:-1]
         if eos and self.map.target_eos is not None:
             out.append(self.map.target_eos)
         return out
@@ -338,6 +357,9 @@ class BridgeDrafter:
         return self._proc
 
     slrs_lookahead = 16
+    # SLEM's end of a draft cut short by its length: "piece" (before the last pre-tokenizer piece,
+    # else as "token"), "token" (all but the last token) or "none" (every token it spells)
+    draft_cut = "piece"
 
     def _pure_recurrent(self) -> bool:
         """The drafter forks a plain (conv, ssm) state (checked once: a fork allocates)."""
