@@ -202,9 +202,13 @@ class StrategyCommands(Provider):
 
     def _measure(self) -> None:
         measure = getattr(self.app, "measure_baseline", None)
-        if measure is not None:
-            measure("on request")
-            self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
+        if measure is None:
+            return
+        if measure("on request") is False:  # (it said "Measuring…" and measured nothing)
+            what = "No model loaded yet" if self._session() is None else "This engine has no baseline to measure"
+            self.app.notify(f"{what}: nothing to measure.", severity="warning", timeout=4)
+            return
+        self.app.notify("Measuring plain decoding (ar) for the speedup…", timeout=3)
 
     def _chat_action(self, name: str) -> Callable[[], Any]:
         def run() -> Any:  # the palette awaits what an async action returns (app.call_later)

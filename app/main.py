@@ -230,16 +230,18 @@ class SpecChatApp(App[None]):
         self.measure_baseline()
 
     # ---- the plain-decoding baseline of the dashboard's speedup ---------------------------------------
-    def measure_baseline(self, when: str = "at load") -> None:
+    def measure_baseline(self, when: str = "at load") -> bool:
         """Measure plain decoding of the loaded target in a thread (its own cache: the chat is
         untouched); the dashboard shows the speedup against it, labelled as measured (``when``:
-        "at load", or "on request" from the palette)."""
+        "at load", or "on request" from the palette). False: no model to measure (none loaded yet,
+        or a session that cannot measure one)."""
         self._baseline_when = when
         session = self.session
         if session is None or not hasattr(session, "measure_baseline"):
-            return
+            return False
         self.chat.dashboard.set_baseline(None)
         self._measure_baseline(session, self.chat.busy)
+        return True
 
     @work(thread=True, exclusive=True, group="baseline", exit_on_error=False)
     def _measure_baseline(self, session: ChatEngine, busy_at_start: bool) -> None:

@@ -110,7 +110,10 @@ def schema_version(db: sqlite3.Connection) -> int:
     row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
     if row is None:
         raise sqlite3.DatabaseError("its meta table has no schema_version")
-    return int(row[0])
+    try:  # a damaged value is a damaged file (int() raised past open_store: a traceback at start-up)
+        return int(row[0])
+    except (TypeError, ValueError):
+        raise sqlite3.DatabaseError(f"its schema_version is {row[0]!r}, not a number") from None
 
 
 def migrate(db: sqlite3.Connection, path: object, target: int | None = None) -> int:
@@ -165,7 +168,8 @@ class MessageRecord:
 
     @property
     def finish_reason(self) -> str | None:
-        return (self.stats or {}).get("finish_reason")
+        reason = (self.stats or {}).get("finish_reason")
+        return reason if isinstance(reason, str) else None  # (a damaged value: no mark)
 
 
 def _json(value: Any) -> str | None:
@@ -177,8 +181,25 @@ def _unjson(text: str | None) -> Any:
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (TypeError, ValueError):
         return None  # a hand-edited or damaged value reads as missing
+
+
+def _unjson_table(text: str | None) -> dict[str, Any] | None:
+    """A JSON object column (a message's stats, a chat's strategy); anything else reads as missing
+    (a damaged ``[1, 2]`` or ``"eos"`` was read as the stats and crashed the chat's display)."""
+    value = _unjson(text)
+    return value if isinstance(value, dict) else None
+
+
+def _text(value: Any) -> str:
+    """A TEXT column as text: SQLite keeps whatever type a damaged or hand-edited file holds (an
+    integer, a blob), which the chat, its title and the prompt history cannot show."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", errors="replace")
+    return "" if value is None else str(value)
 
 
 class ChatStore:
@@ -272,7 +293,8 @@ class ChatStore:
             "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"
             " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id AND m.role != 'system')"
             " FROM chats c" + where + " ORDER BY c.updated DESC, c.id DESC", args)
-        return [ChatRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5]), r[6]) for r in rows]
+        return [ChatRecord(r[0], _text(r[1]), _text(r[2]), _text(r[3]), _text(r[4]), _unjson_table(r[5]), r[6])
+                for r in rows]
 
     def chat(self, chat_id: int) -> ChatRecord | None:
         return next((c for c in self.chats() if c.id == chat_id), None)
@@ -344,7 +366,7 @@ class ChatStore:
         """The chat's messages in order."""
         rows = self._read("SELECT chat_id, idx, role, content, created, stats FROM messages"
                           " WHERE chat_id = ? ORDER BY idx", (chat_id,))
-        return [MessageRecord(r[0], r[1], r[2], r[3], r[4], _unjson(r[5])) for r in rows]
+        return [MessageRecord(r[0], r[1], _text(r[2]), _text(r[3]), _text(r[4]), _unjson_table(r[5])) for r in rows]
 
     def truncate(self, chat_id: int, keep: int) -> int:
         """Delete the chat's messages from index ``keep`` on (regenerate, a failed send); returns how many."""
@@ -357,7 +379,8 @@ class ChatStore:
             "SELECT content FROM (SELECT content, created, rowid AS r FROM messages WHERE role = 'user'"
             " ORDER BY created DESC, r DESC LIMIT ?) ORDER BY created, r", (limit,))
         history: list[str] = []
-        for (text,) in rows:
+        for (value,) in rows:
+            text = _text(value)
             if not history or history[-1] != text:
                 history.append(text)
         return history

@@ -55,7 +55,11 @@ REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous repl
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 STOPPED_DRAFT_NOTICE = "Stopped before the first token: your message is back in the prompt, above what you were typing."
 BUSY_NOTICE = "A reply is still running: wait for it, or press {stop} to stop it."
+STOPPING_NOTICE = "The reply is stopping: try again in a moment."
+QUEUED_NOTICE = "The reply is stopping: your message goes as soon as it has stopped."
 EDIT_OPEN_NOTICE = "Send or cancel ({stop}) the edit of your last message first."
+EDIT_KEPT_NOTICE = ("The edited message brought nothing back: the message it was to replace and its reply are kept, "
+                    "and your edit is back in the prompt (Enter replaces them, {stop} cancels).")
 # the notices above name keys by binding id ({new_chat}): ChatScreen._keys fills in the keymap's keys
 
 
@@ -107,8 +111,9 @@ def continued_stats(before: dict[str, Any] | None, after: dict[str, Any]) -> dic
            "mean_accepted": round(tokens / steps, 3) if steps else 0.0, "continued": continued}
     used: list[str] = []  # the strategies of both parts, each change in order
     for x in (b, after):
-        for label in x.get("strategies") or [x.get("strategy")]:
-            add_change(used, label)
+        labels = x.get("strategies")
+        for label in labels if isinstance(labels, list) else [x.get("strategy")]:  # (a damaged list: the last one)
+            add_change(used, label if isinstance(label, str) else None)
     if len(used) > 1:
         out["strategies"] = used
     return out
@@ -168,9 +173,12 @@ class ChatScreen(Screen[None]):
         self._gc_held = False  # this screen holds FULL_COLLECTIONS (from a reply's start to its finish)
         self._finishing = False
         self._reply_saved = False
+        self._send_when_stopped = False  # Enter pressed while the reply was stopping: send once it has (_send_queued)
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._draft_before_edit = ""  # the prompt's text when that edit began
         self._replaced: tuple[str, dict[str, Any] | None] | None = None  # Ctrl+R: the reply being replaced, until the new one has text
+        # an edit sent: where the messages it replaced began and those messages (role, content, stats), until the new reply has text
+        self._edited: tuple[int, list[tuple[str, str, dict[str, Any] | None]]] | None = None
         self._window_shown: tuple[int | None, int] | None = None  # (chat, messages left out) last told
         self._continuing: tuple[str, dict[str, Any] | None] | None = None  # "Continue": the reply's text and stats before
         self.dashboard = Dashboard(id="dashboard")
@@ -337,7 +345,9 @@ class ChatScreen(Screen[None]):
 
     def _refuse_while_busy(self, doing: str) -> bool:
         """True (with a notice) while a reply runs: chats change only between replies."""
-        if self.busy:
+        if self.stopping:
+            self.notify(STOPPING_NOTICE, severity="warning", timeout=3)
+        elif self.busy:
             self.notify(self._keys("A reply is still running: press {stop} to stop it before {doing}.", doing=doing), severity="warning")
         return self.busy
 
@@ -370,9 +380,9 @@ class ChatScreen(Screen[None]):
             self.chat_list.display = False
             self.chat_list.reset_search()
             self.prompt.focus()
-            if self._dashboard_for_list:  # hidden to make room for the list: back
+            if self._dashboard_for_list:  # hidden to make room for the list: back where it fits
                 self._dashboard_for_list = False
-                self._show_dashboard(True)
+                self._apply_width(self.app.size.width)
 
     @on(ChatList.Opened)
     async def _chat_opened(self, event: ChatList.Opened) -> None:
@@ -425,8 +435,11 @@ class ChatScreen(Screen[None]):
             self._wide, self._dashboard_choice = wide, None
         visible = wide if self._dashboard_choice is None else self._dashboard_choice
         visible = visible and self._dashboard_fits(width)  # the choice stays: back when the terminal widens
-        if visible and self._dashboard_choice is None and self.chat_list.display and self._crushes_messages(width):
-            visible, self._dashboard_for_list = False, True  # as the list's opening does: back when it closes
+        # as the list's opening does (back when it closes), whether the dashboard is shown by width or
+        # by the user's Ctrl+D: a resize brought a chosen one back beside the open list (at 80 columns
+        # the messages kept 4, and the prompt's placeholder, wrapped at width 0, ended the app)
+        if visible and self.chat_list.display and self._crushes_messages(width):
+            visible, self._dashboard_for_list = False, True
         self._show_dashboard(visible)
 
     def _dashboard_width(self) -> int:
@@ -457,6 +470,12 @@ class ChatScreen(Screen[None]):
             self.notify(f"The dashboard needs {self._dashboard_width() + BESIDE_DASHBOARD_MIN_WIDTH} columns beside the chat; "
                         f"this terminal has {self.size.width}.", severity="warning", timeout=4)
             return
+        if not self.dashboard.display and self.chat_list.display and self._crushes_messages(self.size.width):
+            needed = self.size.width - self.query_one("#chat-column").outer_size.width + self._dashboard_width() + CHAT_MIN_WIDTH
+            self.notify(self._keys("The chat list and the dashboard side by side need {needed} columns; this terminal has "
+                                   "{width}: close the list ({toggle_chats}) first.", needed=needed, width=self.size.width),
+                        severity="warning", timeout=4)
+            return
         self._dashboard_for_list = False
         self._dashboard_choice = not self.dashboard.display
         self._show_dashboard(self._dashboard_choice)
@@ -467,6 +486,12 @@ class ChatScreen(Screen[None]):
     def busy(self) -> bool:
         """A reply is in flight (from Enter until its last event has been shown)."""
         return self._run is not None
+
+    @property
+    def stopping(self) -> bool:
+        """A reply is in flight but ending: Esc was pressed (the engine ends after its current step),
+        or its last event has come and it is being saved."""
+        return self._run is not None and (self._run.stop.is_set() or self._finishing)
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         """Esc is shown dimmed in the footer while no reply is running (and no edit is open)."""
@@ -516,7 +541,10 @@ class ChatScreen(Screen[None]):
     def _ready_to_generate(self) -> bool:
         """True if a reply can start now; otherwise says why."""
         if self.busy:
-            self.notify(self._keys(BUSY_NOTICE), severity="warning")
+            if self.stopping:  # ("press Esc to stop it", once Esc was pressed, named a key that did nothing more)
+                self.notify(STOPPING_NOTICE, severity="warning", timeout=3)
+            else:
+                self.notify(self._keys(BUSY_NOTICE), severity="warning")
             return False
         switching = getattr(self.app, "switching_to", None)
         if switching is not None:  # the new model would be attached in the middle of the reply
@@ -549,6 +577,12 @@ class ChatScreen(Screen[None]):
         if not text:
             self.notify("Type a message first.", timeout=3)
             return
+        if self.stopping and self._editing is None:
+            # Esc, then Enter: the message goes once the reply has stopped (it was refused with "press
+            # Esc to stop it", the reply already stopping, and Enter had to be pressed again)
+            self._send_when_stopped = True
+            self.notify(QUEUED_NOTICE, timeout=3)
+            return
         if not self._ready_to_generate():
             return
         event.prompt.clear()
@@ -557,6 +591,7 @@ class ChatScreen(Screen[None]):
             keep, self._editing = self._editing, None
             self._restore_draft()
             shown = len(self.conversation)
+            self._edited = (keep, self._messages_from(keep))  # back if the new reply brings nothing (_finish)
             del self.conversation[keep:]
             self._drop_messages_from(keep)
             await self.query_one(MessageList).remove_last(shown - keep)
@@ -564,6 +599,19 @@ class ChatScreen(Screen[None]):
         self._save_message("user", text)
         await self.query_one(MessageList).add_message("user", text)
         await self._start_reply()
+
+    def _messages_from(self, start: int) -> list[tuple[str, str, dict[str, Any] | None]]:
+        """The conversation's messages from index ``start`` on, each with its saved stats (a reply's
+        finish mark as shown, where the chat is not saved)."""
+        saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
+        widgets = list(self.query_one(MessageList).query_children(ChatMessage))
+        out: list[tuple[str, str, dict[str, Any] | None]] = []
+        for i, m in enumerate(self.conversation[start:], start=start):
+            stats = saved[i].stats if i < len(saved) and (saved[i].role, saved[i].content) == (m["role"], m["content"]) else None
+            if stats is None and m["role"] == "assistant" and i < len(widgets) and widgets[i].finish_reason:
+                stats = {"finish_reason": widgets[i].finish_reason}
+            out.append((m["role"], m["content"], stats))
+        return out
 
     async def action_regenerate(self) -> None:
         """Ctrl+R: drop the last reply and ask again (with the strategy now selected).
@@ -688,8 +736,11 @@ class ChatScreen(Screen[None]):
             return
         nothing_back = not run.text and reason in ("error", "context", "stopped")
         replaced, self._replaced = self._replaced, None
+        edited, self._edited = self._edited, None
         restore = nothing_back and replaced is not None  # a regenerate that brought nothing: the old reply stays
         unsent = ""
+        kept: list[tuple[str, str, dict[str, Any] | None]] = []  # an edit that brought nothing: what it was to replace
+        edit_at = edited[0] if edited is not None else 0
         if restore:
             assert replaced is not None
             self.conversation.append({"role": "assistant", "content": replaced[0]})
@@ -697,6 +748,11 @@ class ChatScreen(Screen[None]):
         elif nothing_back:
             unsent = self.conversation.pop()["content"]
             self._drop_messages_from(len(self.conversation))
+            if edited is not None:  # the edited message and its reply were gone for good (chat and store)
+                kept = edited[1]
+                for role, content, stats in kept:
+                    self.conversation.append({"role": role, "content": content})
+                    self._save_message(role, content, stats)
         else:
             self.conversation.append({"role": "assistant", "content": run.text})
             self._save_message("assistant", run.text, reply_stats(run, reason))
@@ -709,7 +765,7 @@ class ChatScreen(Screen[None]):
             self.notify(self._keys(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE), severity="warning", timeout=12)
         elif restore:
             self.notify(REGENERATE_EMPTY_NOTICE, timeout=5)
-        elif nothing_back:
+        elif nothing_back and not kept:
             self.notify(STOPPED_DRAFT_NOTICE if self.prompt.text.strip() else STOPPED_EMPTY_NOTICE, timeout=5)
         elif reason == "length":
             self.notify(LENGTH_NOTICE.format(n=run.max_new_tokens), timeout=6)
@@ -720,10 +776,26 @@ class ChatScreen(Screen[None]):
                 await column.remove_last(1)
                 await column.add_message("assistant", replaced[0], (replaced[1] or {}).get("finish_reason"))
             elif nothing_back:
-                await self.query_one(MessageList).remove_last(2)
-                self._unsend(unsent)
+                column = self.query_one(MessageList)
+                await column.remove_last(2)
+                for role, content, stats in kept:
+                    await column.add_message(role, content, (stats or {}).get("finish_reason"))
+                if kept:
+                    self._edit_again(unsent, edit_at)
+                    self.notify(self._keys(EDIT_KEPT_NOTICE), timeout=8)
+                else:
+                    self._unsend(unsent)
             elif reply is not None:
                 await reply.finish(run.text, reason)
+        self._send_queued(not nothing_back)
+
+    def _send_queued(self, prompt_untouched: bool) -> None:
+        """The message Enter sent while the reply was stopping, now that it has stopped: the prompt's
+        text, sent as Enter sends it. Not where the stopped reply's own message came back into the
+        prompt (``prompt_untouched`` False): the notice then says so, and the prompt waits."""
+        queued, self._send_when_stopped = self._send_when_stopped, False
+        if queued and prompt_untouched and self.prompt.text.strip():
+            self.prompt.post_message(PromptInput.Submitted(self.prompt, self.prompt.text))
 
     def _unsend(self, message: str) -> None:
         """``message``, sent but answered with nothing, back into the prompt: alone in an empty one
@@ -736,6 +808,16 @@ class ChatScreen(Screen[None]):
             prompt.move_cursor(prompt.document.end)
         else:
             prompt.insert(message + "\n\n", (0, 0))
+
+    def _edit_again(self, text: str, index: int) -> None:
+        """An edit whose reply brought nothing: open again as before its Enter, ``text`` in the prompt
+        to replace the message at ``index`` (kept meanwhile) and its reply; what the prompt holds
+        now (the draft from before the edit, and anything typed since) comes back when it ends."""
+        self._draft_before_edit = self.prompt.text
+        self.prompt.text = text
+        self.prompt.move_cursor(self.prompt.document.end)
+        self._editing = index
+        self._set_state(self._keys(EDITING_STATE))
 
     @asynccontextmanager
     async def _closing_reply(self) -> AsyncIterator[ChatMessage | None]:
@@ -806,6 +888,7 @@ class ChatScreen(Screen[None]):
         async with self._closing_reply() as reply:
             if reply is not None:
                 await reply.finish(text, shown_reason)
+        self._send_queued(True)
 
     def _replace_last_reply(self, text: str, stats: dict[str, Any]) -> None:
         """The saved last reply becomes ``text`` (a continuation), in one write."""

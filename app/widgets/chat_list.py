@@ -144,7 +144,7 @@ class ChatList(Vertical):
         says so in a row that cannot be chosen."""
         self.chats = list(chats)
         self._armed = None
-        options = [Option(Text("+ New chat  (Ctrl+N)", style="italic"), id=NEW_CHAT_ID)]
+        options = [Option(Text(app_keys(self, "+ New chat  ({new_chat})"), style="italic"), id=NEW_CHAT_ID)]
         options += [Option(chat_prompt(chat, chat.id == current), id=f"chat-{chat.id}") for chat in chats]
         if not chats and self.search:
             options.append(Option(Text(f"no chats match “{self.search}”", style="dim italic"), id="no-match", disabled=True))
@@ -226,8 +226,8 @@ class ChatList(Vertical):
             return
         if self._armed != chat.id:
             self._armed = chat.id
-            self.notify(f"Press Delete again to delete “{chat.title or '(untitled)'}”.", severity="warning", timeout=4,
-                        markup=False)
+            self.notify(app_keys(self, "Press {delete_chat} again to delete “{title}”.", title=chat.title or "(untitled)"),
+                        severity="warning", timeout=4, markup=False)
             return
         self._armed = None
         self.post_message(self.Deleted(chat.id))

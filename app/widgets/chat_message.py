@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
-# How a reply that did not end normally is marked (after its text) and styled (CSS class).
+from ..keys import with_keys
+
+# How a reply that did not end normally is marked (after its text) and styled (CSS class); keys by
+# binding id ({new_chat}), filled in with the user's keymap (app/keys.py).
 FINISH_MARKS = {
     "stopped": "\n\n*(stopped)*",
     "error": "\n\n*(error)*",
     "context": "\n\n**Context full:** the reply reached the end of the model's context window; "
-               "the next message leaves the oldest turns out (or **Ctrl+N** for a new chat).",
+               "the next message leaves the oldest turns out (or **{new_chat}** for a new chat).",
 }
 FINISH_CLASSES = {"stopped": "-stopped", "error": "-error", "context": "-context"}
 
@@ -27,9 +30,10 @@ def system_markdown(text: str) -> str:
     return "*System prompt:* " + user_markdown(text)
 
 
-def reply_markdown(text: str, finish_reason: str | None) -> str:
-    """A reply's text with the mark of how it ended (none for eos / length)."""
-    return text + FINISH_MARKS.get(finish_reason or "", "")
+def reply_markdown(text: str, finish_reason: str | None, keymap: Mapping[str, str] | None = None) -> str:
+    """A reply's text with the mark of how it ended (none for eos / length), naming the keys
+    ``keymap`` gives (the defaults' without one)."""
+    return text + with_keys(FINISH_MARKS.get(finish_reason or "", ""), keymap)
 
 
 def _hard_breaks(state) -> None:
@@ -59,9 +63,10 @@ class ChatMessage(Markdown):
     the conversation sent to the engine is kept by the chat screen, not read back from here.
     """
 
-    def __init__(self, role: str, content: str = "", finish_reason: str | None = None, **kwargs: object) -> None:
+    def __init__(self, role: str, content: str = "", finish_reason: str | None = None,
+                 keymap: Mapping[str, str] | None = None, **kwargs: object) -> None:
         shown = (user_markdown(content) if role == "user" else system_markdown(content) if role == "system"
-                 else reply_markdown(content, finish_reason))
+                 else reply_markdown(content, finish_reason, keymap))
         kwargs.setdefault("parser_factory", _parser)
         super().__init__(shown, classes=f"-{role}", **kwargs)  # type: ignore[arg-type]
         self.role = role
@@ -78,15 +83,20 @@ class ChatMessage(Markdown):
 
     async def finish(self, text: str, finish_reason: str | None) -> None:
         """Show the whole reply (after streaming) with the mark of how it ended."""
-        await self.update(reply_markdown(text, finish_reason))
+        await self.update(reply_markdown(text, finish_reason, getattr(self.app, "keymap", None)))
         self._mark_finish(finish_reason)
 
 
 class MessageList(VerticalScroll, can_focus=False):
     """The message column. Anchored to the bottom while a reply streams, until the user scrolls."""
 
+    @property
+    def _keymap(self) -> Mapping[str, str] | None:
+        """The user's keys (app/keys.py), for the marks that name one."""
+        return getattr(self.app, "keymap", None)
+
     async def add_message(self, role: str, content: str = "", finish_reason: str | None = None) -> ChatMessage:
-        message = ChatMessage(role, content, finish_reason)
+        message = ChatMessage(role, content, finish_reason, self._keymap)
         await self.mount(message)
         self.anchor()
         return message
@@ -94,7 +104,7 @@ class MessageList(VerticalScroll, can_focus=False):
     async def show(self, messages: Iterable[tuple[str, str, str | None]]) -> None:
         """Replace what is shown by ``messages``: (role, content, finish reason) each."""
         await self.remove_children()
-        widgets = [ChatMessage(role, content, reason) for role, content, reason in messages]
+        widgets = [ChatMessage(role, content, reason, self._keymap) for role, content, reason in messages]
         if widgets:
             await self.mount_all(widgets)
         self.scroll_end(animate=False)

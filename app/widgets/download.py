@@ -12,6 +12,8 @@ from textual.widgets import Button, Label, ProgressBar
 
 from engine.hub import Progress, format_bytes, format_rate
 
+from ..keys import app_keys
+
 
 class DownloadPanel(Vertical):
     """Hidden until :meth:`begin`; :meth:`show` updates it, :meth:`end` hides it again."""
@@ -54,7 +56,7 @@ class DownloadPanel(Vertical):
         with Horizontal():
             yield ProgressBar(id="download-total-bar", show_eta=False)
             yield Label("", id="download-total", classes="download-text", markup=False)
-        yield Button("Cancel (Esc)", id="download-cancel", variant="error", compact=True)
+        yield Button(app_keys(self, "Cancel ({close_models})"), id="download-cancel", variant="error", compact=True)
 
     @property
     def active(self) -> bool:

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from textual import events
 from textual.message import Message
+from textual.strip import Strip
 from textual.widgets import TextArea
 
 from ..keys import app_keys, with_keys
@@ -63,6 +64,14 @@ class PromptInput(TextArea):
     def on_mount(self) -> None:
         if self.placeholder == with_keys(PLACEHOLDER):  # the chat's prompt: the help key as the user's keymap has it
             self.placeholder = app_keys(self, PLACEHOLDER)
+
+    def render_line(self, y: int) -> Strip:
+        """As TextArea's; an empty box squeezed to no text column at all draws nothing: Textual 8.2.8
+        wraps its placeholder at width 0 and raises (ValueError, in rich's chop_cells), which ended
+        the app (the chat list open in a 31-34 column terminal)."""
+        if not self.text and self.content_size.width <= 0:
+            return Strip.blank(0)
+        return super().render_line(y)
 
     # ---- history ---------------------------------------------------------------------------------
     def set_history(self, prompts: Iterable[str]) -> None:

@@ -467,6 +467,64 @@ async def test_message_sent_while_replying_is_refused() -> None:
         await reply_done(pilot)
 
 
+class SlowToStop(BlockingEngine):
+    """The first reply: ``script``, then it blocks until stopped, and once stopped it still takes
+    until ``ended`` is set to end (a step, or a prefill piece, in flight when Esc came); the later
+    replies are FakeEngine's."""
+
+    def __init__(self, script: list[str], **kwargs: object) -> None:
+        super().__init__(script, **kwargs)  # type: ignore[arg-type]
+        self.ended = threading.Event()
+
+    def stream_chat(self, messages, max_new_tokens, stop):  # noqa: ANN001, ANN201 - FakeEngine's
+        if self.calls:
+            yield from FakeEngine.stream_chat(self, messages, max_new_tokens, stop)
+            return
+        self.calls.append([dict(m) for m in messages])
+        for i, chunk in enumerate(self.script, start=1):
+            yield self._event(i, chunk, self.strategy, False, None)
+        self.blocking.set()
+        stop.wait(SAFETY_TIMEOUT_S)
+        self.ended.wait(SAFETY_TIMEOUT_S)
+        yield self._event(len(self.script) + 1, "", self.strategy, True, "stopped")
+
+
+@pytest.mark.parametrize("first_token", [True, False])
+async def test_enter_right_after_escape_sends_once_the_reply_has_stopped(first_token: bool) -> None:
+    """Esc, then Enter before the reply has ended (its last step, or prefill piece, still running):
+    the message goes as soon as the reply has stopped. It was refused with "press Esc to stop it",
+    the key just pressed, and Enter had to be pressed again; a new chat (Ctrl+N) in that moment is
+    told the reply is stopping. A reply stopped before its first token gives its message back
+    into the prompt, above the one typed: nothing is sent then (the notice says where it is)."""
+    engine = SlowToStop(["Partial", " answer"] if first_token else [])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("escape")
+        await pilot.press("ctrl+n")
+        await send(pilot, "two")
+        assert ("The reply is stopping: try again in a moment.", "warning") in notices(app)
+        assert ("The reply is stopping: your message goes as soon as it has stopped.", "information") in notices(app)
+        assert not any("press Esc to stop it" in m for m, _ in notices(app))
+        assert app.query_one(PromptInput).text == "two" and len(engine.calls) == 1
+        engine.script = ["Sure", "."]
+        engine.ended.set()
+        if first_token:
+            await wait_for(pilot, lambda: len(engine.calls) == 2)
+            await reply_done(pilot)
+            assert engine.calls[-1] == [{"role": "user", "content": "one"}, {"role": "assistant", "content": "Partial answer"},
+                                        {"role": "user", "content": "two"}]
+            assert [m["content"] for m in app.chat.conversation] == ["one", "Partial answer", "two", "Sure."]
+            assert app.query_one(PromptInput).text == ""
+        else:
+            await reply_done(pilot)
+            await pilot.pause(0.3)
+            assert len(engine.calls) == 1 and app.chat.conversation == []
+            assert app.query_one(PromptInput).text == "one\n\ntwo"
+
+
 # ---- live strategy switching --------------------------------------------------------------------
 async def test_ctrl_s_switches_strategy_between_steps_of_a_reply() -> None:
     gate = threading.Semaphore(0)
@@ -589,6 +647,30 @@ async def test_status_says_loading_until_the_factory_returns() -> None:
         await send(pilot, "now")
         await reply_done(pilot)
         assert messages(app)[-1].source == "ok"
+
+
+async def test_the_palettes_measure_says_when_there_is_nothing_to_measure() -> None:
+    """The palette's "Measure plain-decoding baseline" while the model loads (or after its load
+    failed): it said "Measuring plain decoding (ar)…" and measured nothing; it says why not now."""
+    release = threading.Event()
+
+    def slow_factory() -> FakeEngine:
+        release.wait(SAFETY_TIMEOUT_S)
+        return FakeEngine(["ok"])
+
+    app = SpecChatApp(slow_factory)  # type: ignore[arg-type]
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await pilot.pause()
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"Measure plain")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause()
+        assert ("No model loaded yet: nothing to measure.", "warning") in notices(app)
+        assert not any(m.startswith("Measuring") for m, _ in notices(app))
+        release.set()
+        await ready(pilot)
 
 
 async def test_factory_error_shows_a_toast_and_the_app_stays_usable() -> None:

@@ -215,6 +215,67 @@ async def test_an_edit_of_the_last_message_gives_back_what_was_typed(data_dir: P
         assert prompt(app).text == "my half-written draft"
 
 
+@pytest.mark.parametrize("how", ["stopped", "failed"])
+async def test_an_edit_that_brings_nothing_back_keeps_the_message_it_was_to_replace(data_dir: Path, how: str) -> None:
+    """The edited message sent, and its reply stopped before the first token (Esc) or failed at once
+    (an edit too long for the context): the message it was to replace and that message's reply
+    come back (chat, screen, saved history with the reply's stats), and the edit is open again
+    with the new text in the prompt, as a regenerate that brings nothing keeps the old reply.
+    They were deleted for good, though nothing replaced them."""
+
+    class EditFails(BlockingEngine):
+        def stream_chat(self, messages, max_new_tokens, stop):  # type: ignore[no-untyped-def]
+            if how == "failed" and messages[-1]["content"].startswith("edited"):
+                self.calls.append(messages)
+                raise RuntimeError("prompt is 9000 tokens but the context holds 8192; shorten it")
+            yield from super().stream_chat(messages, max_new_tokens, stop)
+
+    engine = EditFails(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        for text in ("hello", "tell me more"):
+            engine.blocking.clear()
+            await send(pilot, text)
+            await wait_for(pilot, engine.blocking.is_set)
+            await pilot.press("escape")
+            await reply_done(pilot)
+        before = saved(data_dir).messages(saved(data_dir).chats()[0].id)
+        prompt(app).text = "a draft"
+        app.chat.action_edit_last()
+        await pilot.pause()
+        engine.script, engine.blocking = [], type(engine.blocking)()
+        prompt(app).text = "edited: tell me less"
+        await pilot.press("enter")
+        if how == "stopped":
+            await wait_for(pilot, engine.blocking.is_set)
+            await pilot.press("escape")
+        await reply_done(pilot)
+        assert [m["content"] for m in app.chat.conversation] == ["hello", "Sure.", "tell me more", "Sure."]
+        assert shown(app)[2:] == [("user", "tell me more"), ("assistant", "Sure.\n\n*(stopped)*")]
+        store = saved(data_dir)
+        after = store.messages(store.chats()[0].id)
+        assert [(m.role, m.content, m.stats) for m in after] == [(m.role, m.content, m.stats) for m in before]
+        assert any(m.startswith("The edited message brought nothing back") for m, _ in notices(app))
+        assert prompt(app).text == "edited: tell me less" and "editing your last message" in status(app)
+        if how == "failed":
+            assert ("Generation failed: prompt is 9000 tokens but the context holds 8192; shorten it", "error") in notices(app)
+            await pilot.press("escape")  # the edit cancelled: the draft comes back, the chat as it was
+            await pilot.pause()
+            assert prompt(app).text == "a draft" and len(app.chat.conversation) == 4
+        else:
+            engine.script = ["Less", "."]
+            engine.blocking = type(engine.blocking)()
+            await pilot.press("enter")  # sent again, it replaces them, as the first Enter would have
+            await wait_for(pilot, engine.blocking.is_set)
+            await pilot.press("escape")
+            await reply_done(pilot)
+            assert [m["content"] for m in app.chat.conversation] == ["hello", "Sure.", "edited: tell me less", "Less."]
+            assert prompt(app).text == "a draft"
+            store = saved(data_dir)
+            assert [m.content for m in store.messages(store.chats()[0].id)] == ["hello", "Sure.", "edited: tell me less", "Less."]
+
+
 async def test_ctrl_r_is_refused_while_an_edit_is_open(data_dir: Path) -> None:
     """Ctrl+R with an edit of the last message open is refused, as "Continue" is: it ran and left
     the edit pending with nothing saying so (the status line went back to "done"), so the next
@@ -361,7 +422,7 @@ async def test_rename_and_delete_from_the_chat_list(data_dir: Path) -> None:
         assert app.focused is chat_list(app).options
 
         await pilot.press("delete")
-        assert any("Press Delete again" in m for m, _ in notices(app))
+        assert any("Press Del again" in m for m, _ in notices(app))  # (the key as the help and the list's border name it)
         assert len(saved(data_dir).chats()) == 2
         await pilot.press("delete")  # the open chat goes: a new one takes its place
         assert [c.title for c in saved(data_dir).chats()] == ["keep me"]
@@ -650,6 +711,43 @@ async def test_an_unusable_data_dir_keeps_the_app_working_in_memory(data_dir: Pa
         assert shown(app)[-1] == ("assistant", "ok")
         await pilot.press("f1")
         assert isinstance(app.screen, HelpScreen) and "not saved (in memory)" in screen_text(app)
+
+
+async def test_a_damaged_chat_database_opens_without_a_traceback(data_dir: Path) -> None:
+    """A chat database damaged by hand or by a bad disk comes up as a one-line notice, never a
+    traceback: a schema_version that is not a number (the app goes on in memory and says why), or
+    a message's stats that are JSON but not a table (the chat opens, the reply without a mark;
+    both raised at start-up before)."""
+    import sqlite3
+
+    store = ChatStore.open(data_dir / DB_NAME)
+    chat_id = store.new_chat()
+    store.add_message(chat_id, "user", "hello")
+    store.add_message(chat_id, "assistant", "hi there", {"finish_reason": "stopped", "tokens": 2})
+    store.close()
+    db = sqlite3.connect(data_dir / DB_NAME)
+    db.execute("""UPDATE messages SET stats = '"stopped"' WHERE role = 'assistant'""")
+    db.commit()
+    db.close()
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert app.return_code is None
+        assert shown(app) == [("user", "hello"), ("assistant", "hi there")]
+        await chat(pilot, "and now?")
+        assert shown(app)[-1] == ("assistant", "ok")
+
+    db = sqlite3.connect(data_dir / DB_NAME)
+    db.execute("UPDATE meta SET value = 'one' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    app = make_app(FakeEngine(["ok"]))
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        assert app.return_code is None and app.store.path is None
+        assert any("schema_version is 'one'" in m and "\n" not in m and sev == "error" for m, sev in notices(app))
+        await chat(pilot, "still chatting")
+        assert shown(app)[-1] == ("assistant", "ok")
 
 
 # ---- keys ---------------------------------------------------------------------------------------

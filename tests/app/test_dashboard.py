@@ -284,6 +284,63 @@ async def test_resizing_with_the_chat_list_open_keeps_the_messages_uncrushed() -
         assert not app.chat.chat_list.display and panel.display
 
 
+async def test_a_dashboard_chosen_with_ctrl_d_stays_out_of_the_open_chat_lists_way() -> None:
+    """The dashboard shown with Ctrl+D at 80 columns, then the chat list opened (the dashboard makes
+    way): a resize, even of the height alone, brought the dashboard back between the list and the
+    messages, 4 columns left to them, and the prompt's placeholder wrapped at width 0 ended the
+    app with a traceback. It stays out of the way until there is room or the list closes; Ctrl+D
+    with the list open is refused with a notice (it crashed the same way)."""
+    from app.screens.chat import CHAT_MIN_WIDTH
+
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await ready(pilot)
+        panel = dashboard(app)
+        column = app.chat.query_one("#chat-column")
+        await pilot.press("ctrl+d")
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert app.chat.chat_list.display and not panel.display
+        for size in ((80, 23), (90, 24), (99, 30), (80, 24)):  # (from 100 columns the width decides again)
+            await pilot.resize_terminal(*size)
+            await pilot.pause()
+            assert app.is_running and app.chat.chat_list.display and not panel.display, size
+            assert column.size.width >= CHAT_MIN_WIDTH, size
+        await pilot.press("ctrl+d")  # with the list open at 80 columns: refused, said
+        await pilot.pause()
+        assert app.is_running and not panel.display and column.size.width >= CHAT_MIN_WIDTH
+        assert any("The chat list and the dashboard side by side need 116 columns; this terminal has 80" in str(n.message)
+                   for n in app._notifications)
+        await pilot.press("escape")  # the list closes: the dashboard chosen is back
+        await pilot.pause()
+        assert not app.chat.chat_list.display and panel.display
+        await send(pilot, "still here")
+        await reply_done(pilot)
+
+
+async def test_an_empty_prompt_squeezed_to_no_column_does_not_end_the_app() -> None:
+    """The chat list open in a terminal 31-34 columns wide leaves the prompt no text column: Textual
+    wrapped its placeholder at width 0 and raised, ending the app. It draws nothing there now, and
+    a wider terminal shows it again."""
+    from app.widgets import PromptInput
+
+    app = make_app(ScriptedEngine(script()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+l")
+        for width in (34, 32, 31):
+            await pilot.resize_terminal(width, 12)
+            await pilot.pause()
+            assert app.is_running and app.query_one(PromptInput).content_size.width == 0, width
+        await pilot.resize_terminal(80, 24)
+        await pilot.pause()
+        await pilot.press("escape")
+        await pilot.pause()
+        assert "Message  (Enter send" in screen_text(app)
+        await send(pilot, "still here")
+        await reply_done(pilot)
+
+
 async def test_dashboard_repaints_are_bounded_during_a_fast_reply() -> None:
     steps = 200
     events = [tree_step(i, ["x", "y"], [-1, 0], [0], "z", ms=1.0) for i in range(1, steps + 1)]

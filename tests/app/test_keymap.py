@@ -206,6 +206,40 @@ async def test_the_app_uses_the_keymap(data_dir: Path) -> None:
         await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen))
 
 
+async def test_the_chat_list_the_context_mark_and_the_download_name_the_users_keys(data_dir: Path) -> None:
+    """Text that named a key as written, whatever the keymap: the chat list's "+ New chat (Ctrl+N)"
+    row, its "Press Delete again" notice, a context-full reply's "Ctrl+N for a new chat" and the
+    download's "Cancel (Esc)" button name the keys the keymap gives (the defaults' without one)."""
+    from app.widgets import ChatMessage
+    from app.widgets.download import DownloadPanel
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    (data_dir / "keymap.toml").write_text('new_chat = "f8"\ndelete_chat = "x"\nclose_models = "f10"\n')
+    app = make_app(FakeEngine(["Hi"], finish_reason="context"))
+    async with app.run_test(size=(130, 40), notifications=True) as pilot:
+        await ready(pilot)
+        app.chat.prompt.text = "hello"
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.chat.busy)
+        await pilot.pause()
+        reply = list(app.chat.query(ChatMessage))[-1]
+        assert "**F8** for a new chat" in reply.source and "Ctrl+N" not in reply.source
+        await app.chat._show_chat(app.chat.chat_id)  # shown again from the store: the same mark
+        reply = list(app.chat.query(ChatMessage))[-1]
+        assert "**F8** for a new chat" in reply.source
+        await pilot.press("ctrl+l")
+        await pilot.pause()
+        assert "+ New chat  (F8)" in screen_text(app) and "Ctrl+N" not in screen_text(app)
+        await pilot.press("x")  # (the open chat is highlighted)
+        await pilot.pause()
+        assert any(m.startswith("Press x again to delete") for m, _ in notices(app)), notices(app)
+        await pilot.press("escape")
+        await pilot.press("ctrl+o")
+        await pilot.pause()
+        assert str(app.screen.query_one("#download-cancel").label) == "Cancel (F10)"
+        assert isinstance(app.screen.query_one(DownloadPanel), DownloadPanel)
+
+
 async def test_a_bad_keymap_is_one_notice_and_the_defaults_stay(data_dir: Path) -> None:
     data_dir.mkdir(parents=True, exist_ok=True)
     (data_dir / "keymap.toml").write_text('toggle_dashboard = "d"\nwhatever = "f5"\nhelp = "f10"\n')

@@ -98,6 +98,52 @@ def test_not_a_database_is_a_one_line_error(db_path: Path) -> None:
     assert "\n" not in str(info.value) and "not a usable chat database" in str(info.value)
 
 
+def test_a_damaged_schema_version_is_a_one_line_error(db_path: Path) -> None:
+    """A schema_version that is not a number (a damaged or hand-edited file) is refused like any
+    unusable file: int() raised a ValueError past open_store, a traceback at the app's start."""
+    ChatStore.open(db_path).close()
+    db = sqlite3.connect(db_path)
+    db.execute("UPDATE meta SET value = 'x' WHERE key = 'schema_version'")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError) as info:
+        ChatStore.open(db_path)
+    assert "\n" not in str(info.value) and "not a usable chat database" in str(info.value)
+    assert "schema_version is 'x'" in str(info.value)
+    store, error = open_store()  # the app goes on in memory, and says why
+    assert store.path is None and error == str(info.value)
+
+
+def test_damaged_values_read_as_missing_or_as_text(db_path: Path) -> None:
+    """Valid JSON of the wrong kind (a list or a string as a message's stats, a list as its
+    finish_reason or as a chat's strategy) reads as missing, and text columns holding another type
+    (an integer, a blob) read as text: the chat screen, the chat list and the prompt history
+    assume both (a list's .get raised; a blob's .replace raised)."""
+    store = ChatStore.open(db_path)
+    chat = store.new_chat(title="t")
+    store.add_message(chat, "user", "hello")
+    store.add_message(chat, "assistant", "hi", {"finish_reason": "stopped"})
+    store.add_message(chat, "user", "more")
+    store.add_message(chat, "assistant", "ok", {"finish_reason": "eos"})
+    store.close()
+    db = sqlite3.connect(db_path)
+    db.execute("UPDATE messages SET stats = '[1, 2]' WHERE idx = 1")
+    db.execute("""UPDATE messages SET stats = '{"finish_reason": [1]}' WHERE idx = 3""")
+    db.execute("UPDATE messages SET content = X'68c3a9ff' WHERE idx = 0")  # a blob, not UTF-8 at its end
+    db.execute("UPDATE messages SET content = 5 WHERE idx = 2")
+    db.execute("UPDATE chats SET title = 7, updated = 8, strategy = '[\"sd\"]'")
+    db.commit()
+    db.close()
+    store = ChatStore.open(db_path)
+    (record,) = store.chats()
+    assert (record.title, record.updated, record.strategy) == ("7", "8", None)
+    msgs = store.messages(chat)
+    assert [m.content for m in msgs] == ["h\u00e9\ufffd", "hi", "5", "ok"]
+    assert [m.stats for m in msgs] == [None, None, None, {"finish_reason": [1]}]
+    assert [m.finish_reason for m in msgs] == [None, None, None, None]
+    assert store.prompt_history() == ["h\u00e9\ufffd", "5"]
+
+
 def test_migrations_upgrade_older_files_all_or_nothing(db_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     store = ChatStore.open(db_path)
     chat = store.new_chat()
