@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 from queue import Empty, SimpleQueue
 
+from engine.errors import ContextOverflowError
 from engine.events import GenerationSummary, StepEvent
 from engine.session import ChatEngine
 
@@ -73,6 +74,8 @@ class ReplyRun:
                 break
             if item is _DONE:
                 self.finished = True
+            elif isinstance(item, ContextOverflowError):  # the message alone does not fit: not a failure
+                self.finish_reason = "context"
             elif isinstance(item, BaseException):
                 self.error = error_line(item)
                 self.finish_reason = "error"

@@ -25,5 +25,10 @@ class ModelLoadError(SpecchatError):
     """A checkpoint or tokenizer could not be loaded (missing, corrupt, or of an unsupported kind)."""
 
 
+class ContextOverflowError(SpecchatError):
+    """The prompt does not fit the model's context window (engine/generate.py; the app reads it as a
+    reply ended by the context, not as a failure)."""
+
+
 class ConfigError(SpecchatError):
     """A human-written config file (models.toml) is invalid."""

@@ -20,7 +20,7 @@ from . import native
 from .drafters.base import DraftRequest
 from .drafters.model import ModelDrafter
 from .drafters.ngram import NgramDrafter
-from .errors import SpecchatError
+from .errors import ContextOverflowError, SpecchatError
 from .events import GenerationSummary, StepEvent
 from .models.base import CausalLM
 from .policy import OptimalTree, ShapeBandit, child_ranks, plan_depth
@@ -30,10 +30,6 @@ from .tree import TokenTree
 from .verify import accept, sample_next
 
 PREFILL_PIECE = 256  # tokens of prefill between checks of a stop request (Decoder.start): the models' prefill chunk
-
-
-class ContextOverflowError(SpecchatError):
-    """The prompt does not fit the model's context window."""
 
 
 def peak_rss_mb() -> float:

@@ -603,6 +603,28 @@ async def test_context_full_marks_the_reply_and_suggests_a_new_chat(data_dir: Pa
         assert messages(app)[-1].has_class("-context")
 
 
+async def test_a_message_longer_than_the_context_is_a_context_notice_not_a_failure(data_dir: Path) -> None:
+    """The engine refuses a prompt that does not fit even alone (ContextOverflowError, before any
+    step): the message goes back into the prompt with the context's notice, not "Generation failed"."""
+    from engine.errors import ContextOverflowError
+
+    class TooLong(FakeEngine):
+        def stream_chat(self, messages, max_new_tokens, stop):
+            self.calls.append(messages)
+            raise ContextOverflowError("prompt is 9000 tokens but the context holds 8192; shorten it")
+            yield  # a generator, as the engine's
+
+    app = make_app(TooLong())
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "a very long message")
+        await reply_done(pilot)
+        assert (with_keys(TOO_LONG_NOTICE), "warning") in notices(app)
+        assert not any(text.startswith("Generation failed") for text, _ in notices(app))
+        assert prompt(app).text == "a very long message" and not messages(app)
+        assert "error" not in status(app)
+
+
 async def test_left_out_turns_are_told_once_and_shown_on_the_dashboard(data_dir: Path) -> None:
     """The engine left the oldest messages out to fit the context: a notice the first time (not
     every turn of the same window), the dashboard's context line says how many; the chat keeps
