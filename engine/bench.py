@@ -117,6 +117,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
             ids = session.encode_chat([{"role": "user", "content": p["text"]}]) if not args.raw else session.tokenizer.encode(p["text"])
         encoded.append((p["name"], ids))
     dec = session.decoder
+    for name, ids in encoded:  # before the minutes of measuring, not when this prompt's turn comes
+        if len(ids) >= dec.context_length:
+            from .errors import ContextOverflowError
+
+            raise ContextOverflowError(f"prompt {name!r} is {len(ids)} tokens but the context holds {dec.context_length}; "
+                                       "shorten it or raise --max-context")
     N = args.max_new_tokens
 
     # each strategy keeps its own cost gate from prompt to prompt, as one chat session would (the
@@ -130,42 +136,60 @@ def cmd_bench(args: argparse.Namespace) -> int:
         gates[id(s)] = dec.gate
         return out
 
-    for _ in range(max(0, args.warmup)):  # warm-up: allocator, caches, lazy init — excluded
-        for s in strategies:
-            run_as(s, encoded[0][1], min(N, 16))
-
     rows: list[Row] = []
     ar_out: dict[str, list[int]] = {}
     ar_tps: dict[str, float] = {}
     totals: dict[tuple[str, str], list[float]] = {}
-    # Interleaved: every strategy on a prompt before the next prompt, ar first (its output is the
-    # reference), so a slow minute of a busy machine falls on all strategies alike, not on one.
-    for name, ids in encoded:
-        for s in strategies:
-            evs, summ = run_as(s, ids, N)  # same cold-prefix conditions for every strategy
-            out = [t for e in evs for t in e.emitted]
-            if s.name == "ar":
-                ar_out[name], ar_tps[name] = out, summ.tokens_per_s
-            identical = (out == ar_out.get(name)) if s.greedy else None
-            label = labels[id(s)]
-            rows.append(Row(label, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
-                            summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical,
-                            summ.accepted / summ.drafted if summ.drafted else None))
-            t = totals.setdefault((label, "specchat"), [0.0, 0.0, 0.0, 0.0, 0.0])
-            t[0] += summ.new_tokens
-            t[1] += summ.decode_s
-            t[2] += summ.steps
-            t[3] += summ.drafted
-            t[4] += summ.accepted
-            _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
+    done = 0  # prompts every strategy has run: Ctrl-C keeps their rows (a prompt cut midway would
+    # compare the strategies over different prompts, so its rows are left out)
+    left_out = ""  # what Ctrl-C left out, for its message
+    try:
+        for _ in range(max(0, args.warmup)):  # warm-up: allocator, caches, lazy init — excluded
+            for s in strategies:
+                run_as(s, encoded[0][1], min(N, 16))
+
+        # Interleaved: every strategy on a prompt before the next prompt, ar first (its output is the
+        # reference), so a slow minute of a busy machine falls on all strategies alike, not on one.
+        for name, ids in encoded:
+            left_out = " (the one cut midway is left out)"
+            prompt_rows, prompt_totals = [], []
+            for s in strategies:
+                evs, summ = run_as(s, ids, N)  # same cold-prefix conditions for every strategy
+                out = [t for e in evs for t in e.emitted]
+                if s.name == "ar":
+                    ar_out[name], ar_tps[name] = out, summ.tokens_per_s
+                identical = (out == ar_out.get(name)) if s.greedy else None
+                label = labels[id(s)]
+                prompt_rows.append(Row(label, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
+                                       summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical,
+                                       summ.accepted / summ.drafted if summ.drafted else None))
+                prompt_totals.append((label, [summ.new_tokens, summ.decode_s, summ.steps, summ.drafted, summ.accepted]))
+                _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")
+            rows += prompt_rows
+            for label, add in prompt_totals:
+                t = totals.setdefault((label, "specchat"), [0.0, 0.0, 0.0, 0.0, 0.0])
+                for i, x in enumerate(add):
+                    t[i] += x
+            done += 1
+            left_out = ""
+    except KeyboardInterrupt:
+        interrupted = True
+    else:
+        interrupted = False
 
     order = {labels[id(s)]: i for i, s in enumerate(strategies)}
     rows.sort(key=lambda r: order[r.strategy])  # the table groups each strategy's prompts (a stable sort)
-    for peer in peers:
-        if peer == "transformers":
-            rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals)
-        else:
-            rows += _bench_llama_cpp(session, encoded, N, args, ar_tps, ar_out, totals, early=early_llama)
+    try:
+        for peer in peers if not interrupted else ():
+            left_out = f" (the {peer} peer's rows are left out)"
+            if peer == "transformers":
+                rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals)
+            else:
+                rows += _bench_llama_cpp(session, encoded, N, args, ar_tps, ar_out, totals, early=early_llama)
+    except KeyboardInterrupt:  # in a peer's run: ours are measured, the peer's rows so far are dropped
+        interrupted = True
+        rows = [r for r in rows if r.engine == "specchat"]
+        totals = {k: v for k, v in totals.items() if k[1] == "specchat"}
 
     ar_total = totals.get(("ar", "specchat"))
     ar_rate = ar_total[0] / ar_total[1] if ar_total and ar_total[1] else 0.0
@@ -189,10 +213,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         summary.append(Row(sname, engine, "MEDIAN", statistics.median(r.tokens_per_s for r in per), statistics.median(r.speedup for r in per),
                            statistics.median(acc) if acc else None, whole.peak_mem_mb, int(statistics.median(r.new_tokens for r in per)),
                            whole.identical, statistics.median(rates) if rates else None))
-    if args.json:
-        print(json.dumps({"rows": [r.to_json() for r in rows + summary], "settings": _settings(session, args, len(prompts))}))
-    else:
-        _print_table(rows + summary, session, args, len(prompts))
+    if rows and args.json:
+        res = {"rows": [r.to_json() for r in rows + summary], "settings": _settings(session, args, done)}
+        print(json.dumps({**res, "interrupted": True} if interrupted else res))
+    elif rows:
+        _print_table(rows + summary, session, args, done)
+    if interrupted:
+        print(f"specchat: interrupted: {done} of {len(encoded)} prompts measured{left_out}", file=sys.stderr)
+        from .cli import EXIT_INTERRUPTED
+
+        return EXIT_INTERRUPTED
     return 0
 
 

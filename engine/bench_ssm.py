@@ -143,14 +143,16 @@ def backtrack_steps(model, draft: int = 6, repeats: int = 7, prefix: int = 64) -
 
 
 def cmd_tree_scaling(args: argparse.Namespace) -> int:
-    from .loading import load, parse_dtype
+    from .loading import parse_dtype
 
     dtype = parse_dtype(args.dtype)
     ref = Path(args.target) if args.target else None
     if ref is not None and (ref.suffix == ".json" or (ref.is_dir() and not any(ref.glob("*.safetensors")) and not any(ref.glob("*.bin")))):
         model, label = random_model(ref, dtype), f"{ref} (random weights, timing only)"
     else:
-        loaded = load(args.target or "smollm2-135m-instruct", dtype=dtype, max_context=4096)
+        from .cli import load_target
+
+        loaded = load_target(args, dtype=dtype, max_context=4096)
         model, label = loaded.model, loaded.description
     scaling = tree_scaling(model)
     steps = backtrack_steps(model)

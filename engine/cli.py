@@ -6,8 +6,8 @@
     specchat models [--models FILE]
 
 Errors print one line (``specchat: error: ...``) and exit 2; Ctrl-C during generate flushes the
-partial output and exits 130. The chat command imports the UI lazily (the engine itself never
-imports textual).
+partial output and exits 130; a reader that goes away (``| head``) ends the command quietly (141).
+The chat command imports the UI lazily (the engine itself never imports textual).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell shows for a writer whose reader left (`| head`)
 
 
 def _add_model_opts(p: argparse.ArgumentParser) -> None:
@@ -204,9 +205,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.environ["SPECCHAT_NATIVE_BF16"] = "0"
     try:
         return _run(args, USER_OMP_WAIT_POLICY)
+    except BrokenPipeError:  # `specchat generate ... | head`: the reader is gone, nothing to say to it
+        _drop_stdout()
+        return EXIT_BROKEN_PIPE
     finally:
         if torch_bf16:
             os.environ.pop("SPECCHAT_NATIVE_BF16", None)
+
+
+def _drop_stdout() -> None:
+    """After a broken pipe: what is left in stdout's buffer goes nowhere, so the interpreter's flush at
+    exit does not fail again ("Exception ignored ... BrokenPipeError"). Only the process's own stdout
+    (main() also runs in-process, under test capture)."""
+    if sys.stdout is not sys.__stdout__ or sys.stdout is None:
+        return
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
@@ -272,6 +290,16 @@ def _check_sampling_args(args: argparse.Namespace) -> None:
         raise SpecchatError(f"--seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits)"
                             + (" for every sample's seed S..S+N-1" if last != args.seed else "") + f", got {args.seed}")
     check_temperature(args.temperature, "--temperature")
+    from .strategy import from_spec
+    from .tree import parse_shape
+
+    # the strategy's shape options too: a typo fails before the seconds of loading
+    if args.strategy:
+        from_spec(args.strategy)
+    if args.tree is not None:
+        parse_shape(args.tree)
+    if args.arms is not None:
+        _parse_arms(args.arms)
 
 
 def one_line(e: BaseException) -> str:
@@ -304,7 +332,7 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
     if args.tree is not None:
         changes["tree"] = parse_shape(args.tree)
     if args.arms is not None:
-        changes["arms"] = tuple(parse_shape(a) for a in args.arms.split(";") if a.strip())
+        changes["arms"] = _parse_arms(args.arms)
     if args.lambda_ucb is not None:
         changes["lambda_ucb"] = args.lambda_ucb
     if args.node_budget is not None:
@@ -313,6 +341,17 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
         changes["drafter"] = "ngram"
     s = s.replace(**changes)
     return s.validate(has_drafter_model=has_drafter_model)
+
+
+def _parse_arms(text: str) -> tuple[tuple[int, ...], ...]:
+    """--arms: tree shapes separated by ';' (a trailing ';' is allowed), at least one."""
+    from .errors import SpecchatError
+    from .tree import parse_shape
+
+    arms = tuple(parse_shape(a) for a in text.split(";") if a.strip())
+    if not arms:
+        raise SpecchatError(f"--arms {text!r}: no tree shape (e.g. '3,2,2,1,1;3,3,2,1')")
+    return arms
 
 
 def pool_starved_warning(model, environ) -> str | None:
@@ -595,10 +634,14 @@ def cmd_download(args: argparse.Namespace) -> int:
 
 
 def cmd_verify_cost(args: argparse.Namespace) -> int:
-    from .costmodel import calibrate
-    from .loading import load
+    from .costmodel import DEFAULT_SIZES, MEASURE_PREFIX, calibrate
+    from .errors import SpecchatError
 
-    loaded = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, max_context=args.max_context)
+    rows = MEASURE_PREFIX + max(DEFAULT_SIZES) + 1
+    if args.max_context and args.max_context < rows:  # else the measure fails with "context full"
+        raise SpecchatError(f"--verify-cost measures passes of up to {max(DEFAULT_SIZES)} rows after {MEASURE_PREFIX} tokens: "
+                            f"--max-context must be at least {rows} (or 0: the model's own)")
+    loaded = load_target(args, dtype=args.dtype, max_context=args.max_context)
     cost = calibrate(loaded.model)
     if args.json:
         print(json.dumps({"target": loaded.description, **cost.to_json()}))
@@ -609,6 +652,17 @@ def cmd_verify_cost(args: argparse.Namespace) -> int:
     for n, ms in sorted(cost.points.items()):
         print(f"{n:>4} {ms:>12.2f} {cost(n):>8.2f} {ms / cost.points[min(cost.points)]:>10.2f}")
     return 0
+
+
+def load_target(args: argparse.Namespace, **kw):
+    """--target (a models.toml name of --models' file, a path, a Hub id), else that file's default
+    target, loaded alone: the measuring modes of bench (--verify-cost, --tree-scaling)."""
+    from .loading import load
+    from .registry import load_registry
+    from .session import default_target_name
+
+    reg = load_registry(args.models)
+    return load(args.target or default_target_name(reg), registry=reg, **kw)
 
 
 def cmd_models(args: argparse.Namespace) -> int:

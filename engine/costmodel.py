@@ -15,6 +15,7 @@ from typing import Sequence
 import torch
 
 DEFAULT_SIZES = (1, 2, 4, 8, 12, 16, 24, 32)
+MEASURE_PREFIX = 128  # tokens of committed context before the measured passes (measure)
 
 
 @dataclass
@@ -75,7 +76,7 @@ def fit(points: dict[int, float], quadratic: bool = False) -> VerifyCost:
 
 
 @torch.inference_mode()
-def measure(model, sizes: Sequence[int] = DEFAULT_SIZES, prefix: int = 128, repeats: int = 5) -> dict[int, float]:
+def measure(model, sizes: Sequence[int] = DEFAULT_SIZES, prefix: int = MEASURE_PREFIX, repeats: int = 5) -> dict[int, float]:
     """Median ms of ``model.verify`` over a chain of n rows after a ``prefix``-token committed
     context (a chain and a tree of n rows cost the same pass; only the mask differs). The model's
     cache is left empty."""

@@ -242,11 +242,12 @@ def self_prompts(tok, target, path: Path, n: int, seed: int, batch: int, exclude
     drafter sees the target's replies to the kind of messages people send. Appended to ``path``
     in seeded batches (resumable); duplicates, near-empty ones and evaluation prompts are dropped."""
     from .distill_prompts import eval_texts
+    from .session import render_chat
 
     _drop_partial_tail(path)
     have = read_prompts(path) if path.exists() else []
     marker = "\x00PROMPT\x00"
-    text = tok.apply_chat_template([{"role": "user", "content": marker}], add_generation_prompt=False)
+    text = render_chat(tok, [{"role": "user", "content": marker}], add_generation_prompt=False)
     head = tok.encode(text[: text.index(marker)], add_special_tokens=False)
     seen = {p["text"] for p in have} | eval_texts() | exclude
     rounds = 0
@@ -290,9 +291,13 @@ def cmd_data(args: argparse.Namespace) -> int:
     from .errors import SpecchatError
 
     if args.prompts:
+        from .bench import MAX_PROMPTS_BYTES
+        from .registry import read_small
+
+        raw = read_small(Path(args.prompts), "prompts file", MAX_PROMPTS_BYTES, SpecchatError)  # bounded: not /dev/zero's all
         try:
-            prompts = [{"id": p["name"], "kind": p["name"], "text": p["text"]} for p in json.loads(Path(args.prompts).read_text())]
-        except (OSError, ValueError, KeyError, TypeError) as e:
+            prompts = [{"id": p["name"], "kind": p["name"], "text": p["text"]} for p in json.loads(raw.decode("utf-8"))]
+        except (ValueError, KeyError, TypeError) as e:
             raise SpecchatError(f"{args.prompts}: not a JSON list of {{name, text}} prompts ({e})") from None
     else:
         prompts = make_prompts(args.n, args.seed)
@@ -410,9 +415,11 @@ def cmd_ngram(args: argparse.Namespace) -> int:
     try:
         index.save(tmp)
         os.replace(tmp, out)
-    except OSError as e:
+    except BaseException as e:  # a full disk, or Ctrl-C mid-write: no half-written file left behind
         tmp.unlink(missing_ok=True)
-        raise SpecchatError(f"{out}: cannot write the datastore ({e.strerror or e})") from None
+        if isinstance(e, OSError):
+            raise SpecchatError(f"{out}: cannot write the datastore ({e.strerror or e})") from None
+        raise
     print(f"indexed {len(seqs)} replies ({index.meta['reply_tokens']} tokens): {len(index)} contexts of 1..{args.n_max} tokens "
           f"in {time.perf_counter() - t0:.1f} s -> {out}", file=sys.stderr)
     return 0

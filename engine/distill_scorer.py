@@ -237,8 +237,10 @@ def cmd_scorer(args: argparse.Namespace) -> int:
     try:
         cs.ChainScorer(w, meta).save(tmp)
         tmp.replace(out)
-    except OSError as e:
+    except BaseException as e:  # a full disk, or Ctrl-C mid-write: no half-written file left behind
         tmp.unlink(missing_ok=True)
-        raise SpecchatError(f"{out}: cannot write the scorer ({e.strerror or e})") from None
+        if isinstance(e, OSError):
+            raise SpecchatError(f"{out}: cannot write the scorer ({e.strerror or e})") from None
+        raise
     print(f"chain scorer ({cs.N} weights) -> {out}", file=sys.stderr)
     return 0

@@ -169,8 +169,18 @@ ProgressCallback = Callable[[Progress], None]
 
 # ---- configuration ---------------------------------------------------------------------------------
 def endpoint() -> str:
-    """$HF_ENDPOINT (read now, so tests and mirrors can change it) or the public Hub."""
-    return (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    """$HF_ENDPOINT (read now, so tests and mirrors can change it) or the public Hub. One that is not
+    an http(s) URL with a host is a one-line error naming it (urllib said "unknown url type: '.../api/
+    models/...'", or "host name not found" for ftp://)."""
+    url = (os.environ.get("HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    try:
+        parts = urllib.parse.urlsplit(url)
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 0) >= 0
+    except ValueError:  # "http://[::1", a port that is not a number or out of range
+        ok = False
+    if not ok:
+        raise DownloadError(f"HF_ENDPOINT={os.environ.get('HF_ENDPOINT')!r} is not a valid http(s) URL (e.g. https://huggingface.co)")
+    return url
 
 
 def default_cache_dir() -> Path:
@@ -187,22 +197,35 @@ def _hf_home() -> Path:
     return Path(xdg) / "huggingface"
 
 
+TOKEN = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces: what an HTTP header can carry as is
+
+
 def _token() -> str | None:
-    """$HF_TOKEN, else the token file `hf auth login` writes."""
+    """$HF_TOKEN, else the token file `hf auth login` writes. One with a line break, a space or a
+    non-ASCII character is refused without being shown (http.client's own error printed the header,
+    the secret with it)."""
     if os.environ.get("HF_TOKEN"):
-        return os.environ["HF_TOKEN"].strip()
-    path = Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token")
-    try:
-        return path.read_text(encoding="utf-8").strip() or None
-    except OSError:
-        return None
+        token, source = os.environ["HF_TOKEN"].strip(), "HF_TOKEN is not a Hub token"
+    else:
+        path = Path(os.environ.get("HF_TOKEN_PATH") or _hf_home() / "token")
+        try:
+            token, source = path.read_text(encoding="utf-8").strip(), f"{path} does not hold a Hub token"
+        except (OSError, UnicodeDecodeError):
+            return None
+    if token and not TOKEN.match(token):
+        raise DownloadError(f"{source} (it has {len(token)} characters, with spaces, line breaks or non-ASCII ones among them); "
+                            "set the token alone (`hf auth login`)")
+    return token or None
 
 
 def _timeout(var: str) -> float:
+    """Seconds from $var; 10 where it is unset or not a positive finite number (a socket refuses
+    0 as "operation in progress", -1 and NaN with a bare "Timeout value out of range")."""
     try:
-        return float(os.environ.get(var, "10"))
+        t = float(os.environ.get(var, "10"))
     except ValueError:
         return 10.0
+    return t if 0 < t < float("inf") else 10.0
 
 
 def repo_folder(repo_id: str) -> str:
@@ -333,7 +356,9 @@ def list_files(repo_id: str, revision: str | None = None) -> tuple[str, list[Rep
             info = json.loads(resp.read().decode("utf-8"))
             commit = str(info["sha"])
             siblings = info.get("siblings") or []
-        except (ValueError, KeyError, TypeError, OSError, http.client.HTTPException):
+            if not isinstance(siblings, list):
+                raise TypeError("siblings is not a list")
+        except (ValueError, KeyError, TypeError, AttributeError, OSError, http.client.HTTPException):
             raise DownloadError(f"{repo_id}: the Hub's answer is not a model listing (is HF_ENDPOINT a Hub?)") from None
     if not COMMIT.match(commit):
         raise DownloadError(f"{repo_id}: the Hub listing has no commit hash")
@@ -341,12 +366,19 @@ def list_files(repo_id: str, revision: str | None = None) -> tuple[str, list[Rep
 
 
 def _repo_file(repo_id: str, commit: str, sibling: dict) -> RepoFile:
-    path = str(sibling.get("rfilename", ""))
+    lfs = (sibling.get("lfs") or {}) if isinstance(sibling, dict) else None
+    ids = (sibling.get("blobId"), lfs.get("sha256"), lfs.get("oid")) if isinstance(lfs, dict) else ()
+    size = sibling.get("size") if isinstance(sibling, dict) else None
+    if (not isinstance(lfs, dict) or not isinstance(sibling.get("rfilename"), str)
+            or any(v is not None and not isinstance(v, str) for v in ids)
+            or size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0)):
+        # a mirror's own format, a proxy's page: AttributeError and TypeError tracebacks before
+        raise DownloadError(f"{repo_id}: the Hub listing has a malformed entry ({json.dumps(sibling)[:120]}); "
+                            "is HF_ENDPOINT a Hub?")
+    path = sibling["rfilename"]
     check_file_name(repo_id, path)
-    size = sibling.get("size")
-    if not isinstance(size, int) or size < 0:
+    if size is None:
         raise DownloadError(f"{repo_id}: the Hub listing has no size for {path} (HF_ENDPOINT mirror without ?blobs=true?)")
-    lfs = sibling.get("lfs") or {}
     sha256 = lfs.get("sha256") or lfs.get("oid")
     oid = sibling.get("blobId")
     blob = sha256 or oid or hashlib.sha256(f"{commit}/{path}".encode()).hexdigest()
@@ -406,10 +438,15 @@ def plan(repo_id: str, revision: str | None = None, cache_dir: str | os.PathLike
     return p
 
 
+def _in_place(p: Plan, f: RepoFile) -> bool:
+    """The file is downloaded: its snapshot entry or its blob has the listed size (a partial file of
+    that size is not: a run killed before its checksum and rename left it, and it may be wrong)."""
+    return any(done.is_file() and done.stat().st_size == f.size for done in (p.snapshot / f.path, p.blob_path(f)))
+
+
 def _bytes_present(p: Plan, f: RepoFile) -> int:
-    for done in (p.snapshot / f.path, p.blob_path(f)):
-        if done.is_file() and done.stat().st_size == f.size:
-            return f.size
+    if _in_place(p, f):
+        return f.size
     part = _incomplete(p.blob_path(f))
     size = part.stat().st_size if part.is_file() else 0
     return size if size <= f.size else 0
@@ -447,7 +484,7 @@ def download(repo_id: str, revision: str | None = None, cache_dir: str | os.Path
         meter = _Meter(p, progress, cancel or threading.Event())
         for i, f in enumerate(p.files, start=1):
             meter.start_file(f, i)
-            if p.present[f.path] < f.size:
+            if not _in_place(p, f):  # a whole-sized partial file too: verified and renamed by _fetch
                 _fetch(p, f, meter)
             _link(p, f)
             meter.end_file()
@@ -580,6 +617,10 @@ def _fetch_locked(p: Plan, f: RepoFile, meter: _Meter) -> None:
                                     f"({format_bytes(meter.file_done)} of {format_bytes(f.size)}: {e}); "
                                     "run it again to resume") from None
             time.sleep(0.2 * attempt)
+    if part.stat().st_size > f.size:  # the file and the listing disagree: a rerun would fetch the same again
+        part.unlink()
+        raise DownloadError(f"{p.repo_id}: the server sent more than the {f.size} bytes its listing gives for {f.path} "
+                            "(a mirror out of step with its listing?); nothing of it kept")
     if part.stat().st_size != f.size:
         raise DownloadError(f"{p.repo_id}: {f.path} has {part.stat().st_size} bytes, the listing says {f.size}; run it again")
     if not hasher.matches():

@@ -410,6 +410,9 @@ def read_state_dict(path: Path) -> dict[str, torch.Tensor]:
 def _check_readable(f: Path) -> None:
     """A weights file that is a directory or unreadable, in the loader's words (safetensors reports
     both as "No such file or directory" / "No such device")."""
+    if f.is_symlink() and not f.exists():  # the HF cache's snapshot link whose blob is gone
+        raise ModelLoadError(f"a link to {os.readlink(f)}, which is missing (an interrupted or deleted download? "
+                             "download it again)", path=f)
     if not f.is_file():
         raise ModelLoadError("not a weights file (a directory or a device)", path=f)
     try:

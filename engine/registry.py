@@ -216,6 +216,10 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
                 from_spec(spec)
             except StrategyError as e:
                 raise ConfigError(f"{where}: [[pairing]] #{i + 1}: bad {key} ({e})") from None
+        twin = next((j for j, p in enumerate(reg.pairings, 1) if (p.target, p.drafter) == (entry["target"], entry["drafter"])), None)
+        if twin is not None:  # the second was ignored: pairing() returns the first
+            raise ConfigError(f"{where}: [[pairing]] #{i + 1} repeats the pairing of target {entry['target']!r} with drafter "
+                              f"{entry['drafter']!r} (#{twin}): one entry a pair")
         if entry.get("default") and any(p.default and p.target == entry["target"] for p in reg.pairings):
             raise ConfigError(f"{where}: [[pairing]] #{i + 1}: a second default pairing for {entry['target']!r} "
                               "(one default drafter a target)")

@@ -434,7 +434,23 @@ def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 def template_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
     """``messages`` rendered by the chat template with the reply's header, as token ids."""
-    return tokenizer.encode(tokenizer.apply_chat_template(messages, add_generation_prompt=True), add_special_tokens=False)
+    return tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False)
+
+
+def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The chat template's text for ``messages``. The template is the model's code: where it fails
+    (``raise_exception('System role not supported')``, an undefined name, a sandbox refusal, a bug)
+    that is a one-line SpecchatError naming it, not the template engine's traceback."""
+    from .errors import SpecchatError
+
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    except SpecchatError:
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever the template's code raised
+        detail = " ".join(str(e).split())[:200] or type(e).__name__
+        raise SpecchatError(f"{getattr(tokenizer, 'name', None) or 'the model'}'s chat template failed on this "
+                            f"conversation ({detail})") from None
 
 
 def default_target_name(reg) -> str:
@@ -497,3 +513,8 @@ def check_bridgeable(target, drafter) -> None:
 
     if (target.tokenizer is None) != (drafter.tokenizer is None):
         raise SpecchatError(f"drafter {drafter.name} and target {target.name} both need a tokenizer to be paired")
+    tv, dv = target.model.vocab_size, drafter.model.vocab_size
+    if target.tokenizer is None and dv < tv:
+        # the drafter reads the target's ids as they are: one past its embedding failed mid-reply (IndexError)
+        raise SpecchatError(f"drafter {drafter.name} has {dv} token ids and target {target.name} {tv}: without tokenizers to "
+                            "bridge them, a drafter must know every id of the target (give both a tokenizer)")

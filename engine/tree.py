@@ -48,10 +48,9 @@ def shape_size(shape: Sequence[int]) -> int:
 
 def parse_shape(text: str) -> tuple[int, ...]:
     """'3,2,2,1,1' -> (3, 2, 2, 1, 1) with a clear error for bad input."""
-    try:
-        shape = tuple(int(x) for x in str(text).replace(" ", "").split(",") if x)
-    except ValueError:
-        raise ValueError(f"bad tree shape {text!r}: expected comma-separated positive integers, e.g. 3,2,2,1,1") from None
+    fields = str(text).replace(" ", "").split(",")
+    # an empty field is refused, not dropped: `tree:3--2` (3 then -2?) ran as 3,2 and `tree:-3` as 3
+    shape = tuple(int(x) for x in fields) if all(x.isascii() and x.isdigit() for x in fields) else ()
     if not shape or any(n < 1 for n in shape):
         raise ValueError(f"bad tree shape {text!r}: expected comma-separated positive integers, e.g. 3,2,2,1,1")
     if shape_size(shape) > 256:
