@@ -131,8 +131,10 @@ class Decoder:
         if not prompt_ids:
             raise SpecchatError("empty prompt: nothing to continue from")
         if len(prompt_ids) >= self.context_length:
-            raise ContextOverflowError(
-                f"prompt is {len(prompt_ids)} tokens but the context holds {self.context_length}; shorten it")
+            n = len(prompt_ids)
+            fix = "shorten it" if n > 1 else "raise --max-context"
+            raise ContextOverflowError(f"prompt is {n} token{'s' if n != 1 else ''} but the context holds "
+                                       f"{self.context_length} (a reply needs room for one more); {fix}")
         V = self.target.vocab_size
         bad = [t for t in prompt_ids if t < 0 or t >= V]
         if bad:
