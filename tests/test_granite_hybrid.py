@@ -18,6 +18,7 @@ from engine.models.granite_hybrid import GraniteHybrid, GraniteHybridConfig
 from engine.models.common import as_t
 from engine.strategy import preset
 
+from .accept_util import oracle_runs
 # transformers logits, state error, and tree helpers are the Mamba-2 tests' (same checks, same tolerances)
 from .test_mamba2 import IDS, STATE_TOL, TOL, fresh, hf_logits, path_rows, random_tree, state_err
 
@@ -252,6 +253,12 @@ def test_decoder_greedy_strategies_equal_transformers_generate(pair):
         if s.name == "sd":  # a model drafting for itself is always right
             assert all(e.accepted == 4 for e in evs[:-1])
         dec.reset()
+    # an oracle right for 0..5 tokens a step: accepted in part (the correction from an inner row,
+    # the commit stopping mid-tree: K/V compaction and SSM replay of a partial path) in every mode
+    # (the rope spec's tied head answers any prompt by repeating its last token, which hides a
+    # wrong correction; the nope spec's does not)
+    oracle_runs(dec, prompt, ref, [preset(n, **m, **k) for m in modes for n, k in (("sd", dict(draft_len=4)),
+                                                                                   ("tree", dict(tree=(2, 2, 1))))], 96)
 
 
 # ---- (6) config and checkpoint validation ----------------------------------------------------------------

@@ -18,6 +18,7 @@ from engine.loading import read_config, read_state_dict
 from engine.models.mamba2 import Mamba2, Mamba2Config, remap_mamba_ssm_state_dict
 from engine.strategy import preset
 
+from .accept_util import oracle_runs
 from .tiny import uncached_greedy
 
 SPECS = {
@@ -262,6 +263,9 @@ def hf_greedy(hf, prompt, n):
 
 
 def test_decoder_greedy_strategies_equal_plain_greedy(pair):
+    """Self-drafting (every draft accepted whole), then an oracle right for 0..5 tokens a step
+    (accepted in part: the correction comes from an inner row and the commit stops mid-tree) in
+    every SSM tree mode and backtrack mode."""
     hf, _, ours = pair
     prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9]
     ref = hf_greedy(hf, prompt, 24)
@@ -272,6 +276,11 @@ def test_decoder_greedy_strategies_equal_plain_greedy(pair):
         if s.name == "sd":  # a model drafting for itself is always right
             assert all(e.accepted == 4 for e in evs[:-1])
         dec.reset()
+    # (IDS[:12]: a prompt the tied-head g2 does not answer by repeating one token, which would hide
+    # a wrong correction)
+    modes = [dict(ssm_tree=t, backtrack=b) for t in ("stree", "unrolled") for b in ("replay", "joint", "recompute")]
+    oracle_runs(dec, IDS[:12], hf_greedy(hf, IDS[:12], 24),
+                [preset(n, **m, **k) for m in modes for n, k in (("sd", dict(draft_len=4)), ("tree", dict(tree=(2, 2, 1))))], 96)
 
 
 # ---- (6) the mamba_ssm checkpoint format ---------------------------------------------------------------

@@ -15,6 +15,7 @@ from engine.generate import Decoder, run_generation
 from engine.loading import load
 from engine.strategy import preset
 
+from .accept_util import TeacherForced, WrongAfter, partial_steps
 from .test_granite_hybrid import SPECS as GRANITE_SPECS, hf_granite
 from .test_mamba import hf_mamba, one_thread  # noqa: F401  (one_thread: the autouse fixture, for this module too)
 from .test_mamba2 import hf_mamba2
@@ -185,18 +186,45 @@ def greedy_runs(dec: Decoder, prompt: list[int], n: int, self_drafting: bool) ->
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_self_drafting_accepts_every_draft_token(name, zoo):
+    """A model drafting for itself is accepted whole; with its first-ranked chain made wrong at
+    depth k it is accepted for exactly k - 1 tokens, and the next step's draft (the drafter caught
+    up on the accepted tokens and the target's correction) is right again."""
     _, path = zoo(name)
     m = ours(path)
     dec = Decoder(m, m)  # the model drafts for itself through its own cache, by fork/step
     assert dec.drafters["model"].recurrent
-    greedy_runs(dec, [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9], 24, self_drafting=True)
+    prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9]
+    want = greedy_runs(dec, prompt, 24, self_drafting=True)
+    real = dec.drafters["model"]
+    for s in (preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1)), preset("sd", draft_len=4, backtrack="joint")):
+        dec.drafters["model"] = wrong = WrongAfter(real, 96, wrong_at=(3, 1, 0, 2, 4))
+        dec.reset()
+        evs, _ = run_generation(dec, prompt, s, 24)
+        assert [t for e in evs for t in e.emitted] == want, s.label()
+        got = [(e.accepted, k - 1 if 0 < k <= d else d) for (k, d), e in zip(wrong.log, evs) if not e.finished]
+        assert all(a == b for a, b in got), (s.label(), got)
+        assert partial_steps(evs) > 0, s.label()
+    dec.drafters["model"] = real
 
 
 @pytest.mark.parametrize("name", FAMILIES)
 def test_ssm_drafter_for_a_llama_target(name, zoo, tmp_path_factory):
-    """A different model drafting (same 96-token vocabulary): often wrong, never changes the output."""
+    """A different model drafting (same 96-token vocabulary): often wrong, never changes the
+    output; then told the target's next 0-3 tokens each step (a chain, its own tree drafted
+    after them), so that its drafts are accepted in part and rejected below."""
     _, path = zoo(name)
     target = load(str(saved("llama", str(tmp_path_factory.getbasetemp())))).model
     dec = Decoder(target, ours(path))
-    want = greedy_runs(dec, [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9], 24, self_drafting=False)
+    prompt = [1, 5, 9, 3, 5, 9, 3, 7, 2, 5, 9]
+    want = greedy_runs(dec, prompt, 24, self_drafting=False)
     assert len(want) == 24
+    real = dec.drafters["model"]
+    for s in (preset("sd", draft_len=4), preset("tree", tree=(3, 2, 1))):
+        dec.drafters["model"] = forced = TeacherForced(real, prompt + want, good=(2, 1, 3, 0, 2))
+        dec.reset()
+        evs, _ = run_generation(dec, prompt, s, 24)
+        assert [t for e in evs for t in e.emitted] == want, s.label()
+        got = [(e.accepted, n) for n, e in zip(forced.log, evs) if not e.finished]
+        assert all(a >= n for a, n in got), (s.label(), got)
+        assert partial_steps(evs) > 0, s.label()
+    dec.drafters["model"] = real
