@@ -73,12 +73,17 @@ def test_new_database_is_private_versioned_and_in_wal_mode(db_path: Path) -> Non
     assert ChatStore.open(db_path).get_setting("theme") == "nord"  # reopening keeps everything
 
 
-def test_a_database_from_a_newer_version_is_refused_in_one_line(db_path: Path) -> None:
+def _set_schema_version(db_path: Path, value: str) -> None:
+    """A saved database whose meta table says ``value`` (a newer version, or a damaged entry)."""
     ChatStore.open(db_path).close()
     db = sqlite3.connect(db_path)
-    db.execute("UPDATE meta SET value = '99' WHERE key = 'schema_version'")
+    db.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (value,))
     db.commit()
     db.close()
+
+
+def test_a_database_from_a_newer_version_is_refused_in_one_line(db_path: Path) -> None:
+    _set_schema_version(db_path, '99')
     with pytest.raises(StoreError) as info:
         ChatStore.open(db_path)
     message = str(info.value)
@@ -101,11 +106,7 @@ def test_not_a_database_is_a_one_line_error(db_path: Path) -> None:
 def test_a_damaged_schema_version_is_a_one_line_error(db_path: Path) -> None:
     """A schema_version that is not a number (a damaged or hand-edited file) is refused like any
     unusable file: int() raised a ValueError past open_store, a traceback at the app's start."""
-    ChatStore.open(db_path).close()
-    db = sqlite3.connect(db_path)
-    db.execute("UPDATE meta SET value = 'x' WHERE key = 'schema_version'")
-    db.commit()
-    db.close()
+    _set_schema_version(db_path, 'x')
     with pytest.raises(StoreError) as info:
         ChatStore.open(db_path)
     assert "\n" not in str(info.value) and "not a usable chat database" in str(info.value)
