@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import hub
 from engine.cli import main
@@ -416,3 +417,47 @@ def test_a_malformed_hub_token_is_refused_without_printing_it(token, fake, capsy
     (tmp_path / "hf-home" / "token").write_text(token + "\n")
     err = cli_error(capsys, "download", "org/tiny")
     assert f"{tmp_path / 'hf-home' / 'token'} does not hold a Hub token" in err and "secret" not in err, err
+
+
+# ---- a target whose embedding has padding rows its drafter lacks ------------------------------------
+def test_a_target_padding_id_does_not_break_a_drafter_with_fewer_rows(tmp_path):
+    """Qwen2.5-7B (152064 rows) and Qwen2.5-0.5B (151936) share one tokenizer, so they pair without
+    a bridge; an id of the 7B's padding rows, once the target emitted it, indexed past the
+    drafter's embedding: an IndexError mid-reply. Here the target's padding row 259 (a byte
+    tokenizer of 259 ids) wins where the token it copies would, and the drafter has 259 rows."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import preset
+
+    def make(name, vocab, seed):
+        cfg = AutoConfig.for_model("llama", vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=512,
+                                   tie_word_embeddings=False)
+        torch.manual_seed(seed)
+        m = AutoModelForCausalLM.from_config(cfg).eval()
+        with torch.no_grad():
+            m.lm_head.weight.mul_(40.0)  # sharp logits: no greedy ties
+        return m, tmp_path / name
+
+    prompt = [72, 101, 108, 108, 111]
+    target, tdir = make("target", 260, 0)
+    drafter, ddir = make("drafter", 259, 1)
+    with torch.no_grad():  # the padding row copies the target's 4th greedy token's row, a little stronger
+        out = target.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False)
+        k = int(out[0, -1])
+        w = target.lm_head.weight
+        w[259] = w[k] * 1.5 if float(target(out[:, :-1]).logits[0, -1, k]) > 0 else w[k] * 0.5
+    for m, d in ((target, tdir), (drafter, ddir)):
+        m.save_pretrained(d)
+        ByteTokenizer().save(d)
+    tgt, drf = load(str(tdir), dtype="fp32"), load(str(ddir), dtype="fp32")
+    assert drf.model.vocab_size == 259 < tgt.model.vocab_size == 260
+    ar, _ = run_generation(Decoder(tgt.model), prompt, preset("ar"), 40)
+    plain = [t for e in ar for t in e.emitted]
+    assert 259 in plain, plain  # the padding id is emitted, and fed to the drafter below
+    for spec in ("sd", "tree"):
+        dec = Decoder(tgt.model, drafter_model=drf.model, target_tokenizer=tgt.tokenizer, drafter_tokenizer=drf.tokenizer)
+        events, _ = run_generation(dec, prompt, preset(spec), 40)
+        assert [t for e in events for t in e.emitted] == plain, spec

@@ -120,6 +120,12 @@ class ModelDrafter:
             self.seen.extend(history[n:n + len(rows)])
         self._scratch_tokens = []
         rest = history[len(self.seen):]
+        V = self.model.vocab_size
+        if V < self.target_vocab:
+            # a target whose embedding has padding rows the drafter lacks (Qwen2.5-7B's 152064 beside
+            # 0.5B's 151936, one tokenizer) can sample one of them: the drafter reads it as id 0, which
+            # only makes its next drafts worse (the target verifies them); its index was an IndexError
+            rest = [t if t < V else 0 for t in rest]
         self.caught_up = len(rest)  # tokens this call ran the drafter over (Spine: what catching up cost)
         room = cache.capacity - cache.length
         if len(rest) > room:
