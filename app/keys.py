@@ -249,7 +249,7 @@ def load_keymap(path: Path) -> tuple[dict[str, str], list[str]]:
     if not path.exists():
         return {}, []
     try:  # bounded: a keymap is a few lines, and /dev/zero given by mistake is not all of memory
-        text = read_small(path, "keymap", MAX_MODELS_BYTES).decode("utf-8")
+        text = read_small(path, "keymap", MAX_MODELS_BYTES).decode("utf-8-sig")  # a BOM (Notepad) is fine
     except ConfigError as e:
         return {}, [f"{e}: the default keys are used"]
     except UnicodeDecodeError as e:

@@ -55,7 +55,7 @@ def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
     if not p.exists():
         raise SpecchatError(f"{p}: prompts file not found")
     try:
-        text = read_small(p, "prompts file", MAX_PROMPTS_BYTES, SpecchatError).decode("utf-8")
+        text = read_small(p, "prompts file", MAX_PROMPTS_BYTES, SpecchatError).decode("utf-8-sig")  # a BOM is fine
     except UnicodeDecodeError as e:
         raise SpecchatError(f"{p}: not UTF-8 text ({e})") from None
     if p.suffix == ".json":

@@ -407,11 +407,25 @@ def valid_text(text: str | None, what: str) -> str | None:
 
 
 def _read_stdin() -> str:
+    """The prompt piped on stdin, read with a bound: ``generate < /dev/zero`` (or a stray ``cat`` of a
+    disk image) is one clear error, not all of memory."""
+    from .bench import MAX_PROMPTS_BYTES
+    from .errors import SpecchatError
+
     buf = getattr(sys.stdin, "buffer", None)
     if buf is None:  # a text stream (tests)
-        return sys.stdin.read()
-    # bytes that are not in the locale's encoding become surrogates (valid_text), not a UnicodeDecodeError
-    return buf.read().decode(sys.stdin.encoding or "utf-8", "surrogateescape")
+        text = sys.stdin.read(MAX_PROMPTS_BYTES + 1)
+        data_len = len(text.encode("utf-8", "surrogateescape"))
+    else:
+        data = buf.read(MAX_PROMPTS_BYTES + 1)
+        data_len = len(data)
+    if data_len > MAX_PROMPTS_BYTES:
+        raise SpecchatError(f"the prompt on stdin is larger than {MAX_PROMPTS_BYTES >> 20} MB (not a prompt?)")
+    if buf is None:
+        return text.removeprefix("\ufeff")
+    # bytes that are not in the locale's encoding become surrogates (valid_text), not a UnicodeDecodeError;
+    # a UTF-8 byte-order mark (a file saved by Notepad) is not part of the prompt
+    return data.decode(sys.stdin.encoding or "utf-8", "surrogateescape").removeprefix("\ufeff")
 
 
 def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:

@@ -167,7 +167,7 @@ def load_registry(path: str | os.PathLike | None = None) -> Registry:
         return Registry(None)
     raw = read_small(p, "models file", MAX_MODELS_BYTES)
     try:
-        data = tomllib.loads(raw.decode("utf-8"))
+        data = tomllib.loads(raw.decode("utf-8-sig"))  # a BOM (Notepad) is fine
     except UnicodeDecodeError:
         raise ConfigError(f"{p}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:

@@ -461,3 +461,48 @@ def test_a_target_padding_id_does_not_break_a_drafter_with_fewer_rows(tmp_path):
         dec = Decoder(tgt.model, drafter_model=drf.model, target_tokenizer=tgt.tokenizer, drafter_tokenizer=drf.tokenizer)
         events, _ = run_generation(dec, prompt, preset(spec), 40)
         assert [t for e in events for t in e.emitted] == plain, spec
+
+
+# ---- stdin: a bound, and a byte-order mark -----------------------------------------------------------
+class _Zeros(io.RawIOBase):
+    """/dev/zero: as many zero bytes as are asked for, forever (counts what was read)."""
+
+    def __init__(self):
+        self.read_bytes = 0
+
+    def readable(self):
+        return True
+
+    def readinto(self, b):
+        b[:] = bytes(len(b))
+        self.read_bytes += len(b)
+        return len(b)
+
+
+def test_generate_reads_stdin_with_a_bound(models, capsys, monkeypatch):
+    """`specchat generate < /dev/zero` read until memory ran out."""
+    from engine.bench import MAX_PROMPTS_BYTES
+
+    zeros = _Zeros()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BufferedReader(zeros), encoding="utf-8"))
+    err = cli_error(capsys, "generate", "--target", str(models["chat"]), "--raw", "--max-new-tokens", "2")
+    assert "the prompt on stdin is larger than 64 MB (not a prompt?)" in err, err
+    assert zeros.read_bytes <= MAX_PROMPTS_BYTES + (1 << 20)
+
+
+def test_a_byte_order_mark_is_not_part_of_a_prompt(monkeypatch, tmp_path):
+    """A prompt file saved by Notepad starts with U+FEFF: it went into the prompt's tokens (stdin)
+    and into the first prompt of `bench --prompts` (a .txt file)."""
+    from engine.bench import load_prompts
+    from engine.cli import _read_stdin
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xef\xbb\xbfhello"), encoding="utf-8"))
+    assert _read_stdin() == "hello"
+    monkeypatch.setattr("sys.stdin", io.StringIO("\ufeffhello"))
+    assert _read_stdin() == "hello"
+    f = tmp_path / "prompts.txt"
+    f.write_bytes(b"\xef\xbb\xbffirst\r\nsecond\r\n")
+    assert [p["text"] for p in load_prompts(f)] == ["first", "second"]
+    j = tmp_path / "prompts.json"
+    j.write_bytes(b'\xef\xbb\xbf[{"text": "one"}]')
+    assert [p["text"] for p in load_prompts(j)] == ["one"]

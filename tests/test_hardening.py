@@ -460,6 +460,13 @@ def test_bad_models_toml(text, expect, tmp_path, capsys):
     assert expect in cli_error(capsys, "generate", "--models", str(p), "--target", "x", "--prompt-ids", "1")
 
 
+def test_models_toml_with_a_utf8_bom_is_read(tmp_path):
+    """Notepad saves UTF-8 with a byte-order mark (and CRLF): that was a TOML syntax error."""
+    p = tmp_path / "models.toml"
+    p.write_bytes(b'\xef\xbb\xbf[[model]]\r\nname = "x"\r\nhub_id = "a/b"\r\n')
+    assert list(load_registry(p).models) == ["x"]
+
+
 def test_models_toml_that_is_a_directory(tmp_path, capsys):
     assert "cannot read models file" in api_error(load_registry, tmp_path, kind=ConfigError)
     assert "cannot read models file" in cli_error(capsys, "models", "--models", str(tmp_path))

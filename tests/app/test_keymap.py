@@ -151,6 +151,8 @@ def test_load_keymap_file(tmp_path: Path) -> None:
     assert load_keymap(f) == ({"toggle_dashboard": "f3", "new_chat": "ctrl+n,f8"}, [])
     f.write_text('[keys]\nhelp = "f10"\n')
     assert load_keymap(f) == ({"help": "f10"}, [])
+    f.write_bytes(b'\xef\xbb\xbfhelp = "f10"\r\n')  # Notepad's UTF-8 with a BOM and CRLF: was "not valid TOML"
+    assert load_keymap(f) == ({"help": "f10"}, [])
     f.write_text('help = "f10\n')
     keymap, problems = load_keymap(f)
     assert keymap == {} and len(problems) == 1 and "not valid TOML" in problems[0] and "default keys" in problems[0]
