@@ -1014,8 +1014,9 @@ class ChatScreen(Screen[None]):
             FULL_COLLECTIONS.release()
 
     def on_unmount(self) -> None:
-        """Quitting mid-reply: stop the engine, save what came so far as a stopped reply (or, in a
-        regenerate with nothing yet, the reply it was replacing), close the store."""
+        """Quitting mid-reply: stop the engine, save what came so far as a stopped reply (or, with
+        nothing yet, the reply a regenerate was replacing, the exchange an edit was replacing), close
+        the store."""
         self._release_gc()
         run = self._run
         if run is not None:
@@ -1032,4 +1033,12 @@ class ChatScreen(Screen[None]):
                     self._save_message("assistant", run.text, reply_stats(run, "stopped"))
                 elif self._replaced is not None:  # quit during a regenerate with nothing yet: keep the old reply
                     self._save_message("assistant", *self._replaced)
+                elif self._edited is not None:  # quit during an edit's reply with nothing yet: as _finish does,
+                    # the message it was to replace and that message's reply stay (they were deleted at send)
+                    keep, kept = self._edited
+                    self._drop_messages_from(keep)
+                    del self.conversation[keep:]
+                    for role, content, stats in kept:
+                        self.conversation.append({"role": role, "content": content})
+                        self._save_message(role, content, stats)
         self.store.close()

@@ -276,6 +276,33 @@ async def test_an_edit_that_brings_nothing_back_keeps_the_message_it_was_to_repl
             assert [m.content for m in store.messages(store.chats()[0].id)] == ["hello", "Sure.", "edited: tell me less", "Less."]
 
 
+async def test_quitting_during_an_edits_reply_before_its_first_token_keeps_what_it_was_to_replace(data_dir: Path) -> None:
+    """Ctrl+Q while the edited message's reply had not begun: the message it was to replace and its
+    reply were deleted from the saved chat at Enter, and nothing replaced them."""
+    engine = BlockingEngine(["Sure", "."])
+    app = make_app(engine)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        for text in ("hello", "tell me more"):
+            engine.blocking.clear()
+            await send(pilot, text)
+            await wait_for(pilot, engine.blocking.is_set)
+            await pilot.press("escape")
+            await reply_done(pilot)
+        before = saved(data_dir).messages(saved(data_dir).chats()[0].id)
+        app.chat.action_edit_last()
+        await pilot.pause()
+        engine.script, engine.blocking = [], type(engine.blocking)()
+        prompt(app).text = "edited: tell me less"
+        await pilot.press("enter")
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("ctrl+q")
+    store = saved(data_dir)
+    after = store.messages(store.chats()[0].id)
+    assert [(m.role, m.content, m.stats) for m in after] == [(m.role, m.content, m.stats) for m in before]
+    assert [m.content for m in after] == ["hello", "Sure.", "tell me more", "Sure."]
+
+
 async def test_ctrl_r_is_refused_while_an_edit_is_open(data_dir: Path) -> None:
     """Ctrl+R with an edit of the last message open is refused, as "Continue" is: it ran and left
     the edit pending with nothing saying so (the status line went back to "done"), so the next
