@@ -215,6 +215,18 @@ async def test_an_edit_of_the_last_message_gives_back_what_was_typed(data_dir: P
         assert prompt(app).text == "my half-written draft"
 
 
+async def _two_turns_stopped_after_their_first_words(pilot, engine: BlockingEngine, data_dir: Path) -> list:
+    """"hello" and "tell me more" sent, each reply stopped (Esc) once the engine blocks after its
+    script ("Sure."): the saved messages then."""
+    for text in ("hello", "tell me more"):
+        engine.blocking.clear()
+        await send(pilot, text)
+        await wait_for(pilot, engine.blocking.is_set)
+        await pilot.press("escape")
+        await reply_done(pilot)
+    return saved(data_dir).messages(saved(data_dir).chats()[0].id)
+
+
 @pytest.mark.parametrize("how", ["stopped", "failed"])
 async def test_an_edit_that_brings_nothing_back_keeps_the_message_it_was_to_replace(data_dir: Path, how: str) -> None:
     """The edited message sent, and its reply stopped before the first token (Esc) or failed at once
@@ -234,13 +246,7 @@ async def test_an_edit_that_brings_nothing_back_keeps_the_message_it_was_to_repl
     app = make_app(engine)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
-        for text in ("hello", "tell me more"):
-            engine.blocking.clear()
-            await send(pilot, text)
-            await wait_for(pilot, engine.blocking.is_set)
-            await pilot.press("escape")
-            await reply_done(pilot)
-        before = saved(data_dir).messages(saved(data_dir).chats()[0].id)
+        before = await _two_turns_stopped_after_their_first_words(pilot, engine, data_dir)
         prompt(app).text = "a draft"
         app.chat.action_edit_last()
         await pilot.pause()
@@ -283,13 +289,7 @@ async def test_quitting_during_an_edits_reply_before_its_first_token_keeps_what_
     app = make_app(engine)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
-        for text in ("hello", "tell me more"):
-            engine.blocking.clear()
-            await send(pilot, text)
-            await wait_for(pilot, engine.blocking.is_set)
-            await pilot.press("escape")
-            await reply_done(pilot)
-        before = saved(data_dir).messages(saved(data_dir).chats()[0].id)
+        before = await _two_turns_stopped_after_their_first_words(pilot, engine, data_dir)
         app.chat.action_edit_last()
         await pilot.pause()
         engine.script, engine.blocking = [], type(engine.blocking)()
