@@ -84,7 +84,10 @@ class ReplyRun:
                 self.dropped_messages = max(self.dropped_messages, item.dropped_messages)
                 self.only_ar = self.only_ar and item.strategy.split(" ", 1)[0] == "ar"
                 add_change(self.strategies, item.strategy)
-                self.last_event = item
+                if item.emitted or self.last_event is None:
+                    # the engine's bookkeeping event (Esc, a full context: nothing emitted, drafted 0,
+                    # numbered as the step before it) is no step: the last real one stays the one shown
+                    self.last_event = item
                 self.new_events.append(item)
                 parts.append(item.text)
                 if item.finished and item.finish_reason:

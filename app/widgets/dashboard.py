@@ -56,8 +56,12 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
     model's context is (``context_length``: yellow from CONTEXT_WARN on), the last step's
     drafted/accepted."""
     out = Text()
+    stepped = stats.summary.steps > 0  # no step (Esc during the prefill, a full context): no rate, no mean
     out.append("tok/s ", style="bold")
-    out.append(f"now {stats.tokens_per_s_now:.1f} · avg {stats.tokens_per_s_avg:.1f}\n")
+    if stepped:
+        out.append(f"now {stats.tokens_per_s_now:.1f} · avg {stats.tokens_per_s_avg:.1f}\n")
+    else:
+        out.append("—\n", style="dim")
     out.append("speedup ", style="bold")
     if baseline is None or baseline.tokens_per_s <= 0:
         out.append("— (plain-decoding baseline not measured yet)\n", style="dim")
@@ -81,7 +85,10 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
             out.append("— ", style="dim")
         out.append(f"vs ar {ref:.1f} tok/s ({note})\n", style="dim")
     out.append("tok/step ", style="bold")
-    out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
+    if stepped:
+        out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
+    else:
+        out.append("—\n", style="dim")
     out.append("prefill ", style="bold")
     if stats.prefill_s > 0:
         rate = f", {stats.prefill_tokens / stats.prefill_s:,.0f} tok/s" if stats.prefill_tokens else ""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
@@ -17,6 +18,7 @@ from .fit_static import FitStatic
 ACCEPTED_STYLE = "bold green"
 REJECTED_STYLE = "dim"
 TARGET_STYLE = "bold magenta"
+MAX_TREE_NODES = 40  # a bigger draft tree (optimal:256, a datastore's) shows this many nodes and a count of the rest
 
 
 def token_label(text: str) -> str:
@@ -28,6 +30,36 @@ def target_text(ev: StepEvent) -> str | None:
     """The target's own token this step (the correction or bonus), if the engine sent segments."""
     targets = [text for text, kind in ev.segments if kind == "target"]
     return targets[-1] if targets else None
+
+
+def target_label(ev: StepEvent) -> str | None:
+    """The target's own token as the tree shows it: None where the step emitted none (the token
+    limit, or an EOS among the accepted drafted tokens, cut the step after them: the engine still
+    sends an empty target segment), "end of text" where it was the EOS that ended the reply (no text)."""
+    if len(ev.emitted) <= ev.accepted:
+        return None
+    text = target_text(ev)
+    if not text and ev.finish_reason == "eos":  # the engine cuts a step at its EOS: the last emitted token is it
+        return "end of text"
+    return token_label(text) if text is not None else None
+
+
+def shown_nodes(parents: list[int], accepted_nodes: list[int], limit: int) -> set[int] | None:
+    """The nodes a tree of more than ``limit`` shows (None: all of them): the accepted path, then
+    the others breadth first (the root's children, then theirs), a node only with its parent."""
+    n = len(parents)
+    if n <= limit:
+        return None
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent if 0 <= parent < i else -1, []).append(i)
+    keep = {i for i in accepted_nodes if 0 <= i < n}
+    queue = deque(children.get(-1, []))
+    while queue and len(keep) < limit:
+        i = queue.popleft()
+        keep.add(i)
+        queue.extend(children.get(i, []))
+    return keep
 
 
 class TokenRun:
@@ -65,17 +97,22 @@ def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
     if not ev.tree_parents:
         what = "plain decoding: no draft" if ev.drafted == 0 else "no tree data for this step"
         body = Text(f"({what})", style="dim")
-        target = target_text(ev)
+        target = target_label(ev)
         if target is not None:
-            body.append("\n→ " + token_label(target), style=TARGET_STYLE)
+            body.append("\n→ " + target, style=TARGET_STYLE)
         return Text.assemble(title, "\n", body)
     tree = Tree(title, guide_style="dim")
     accepted = set(ev.accepted_nodes)
     last_accepted = ev.accepted_nodes[-1] if ev.accepted_nodes else -1
+    keep = shown_nodes(ev.tree_parents, ev.accepted_nodes, MAX_TREE_NODES)
     children: dict[int, list[int]] = {}
+    every: dict[int, int] = {}  # children of each node in the whole tree (a run never hides a cut sibling)
     for i, parent in enumerate(ev.tree_parents):
-        children.setdefault(parent if 0 <= parent < i else -1, []).append(i)
-    target = target_text(ev)
+        parent = parent if 0 <= parent < i else -1
+        every[parent] = every.get(parent, 0) + 1
+        if keep is None or i in keep:
+            children.setdefault(parent, []).append(i)
+    target = target_label(ev)
 
     def label(i: int) -> Text:
         word = ev.tree_text[i] if i < len(ev.tree_text) else f"#{ev.tree_tokens[i]}" if i < len(ev.tree_tokens) else "?"
@@ -92,14 +129,16 @@ def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
     while stack:
         i, parent_node = stack.pop()
         run = [label(i)]
-        while len(children.get(i, [])) == 1 and i != last_accepted:
+        while len(children.get(i, [])) == 1 and every.get(i, 0) == 1 and i != last_accepted:
             i = children[i][0]
             run.append(label(i))
         node = parent_node.add(run[0] if len(run) == 1 else TokenRun(run))
         nodes[i] = node
         stack.extend((c, node) for c in reversed(children.get(i, [])))
     if target is not None:
-        (nodes.get(last_accepted, tree)).add(Text("→ " + token_label(target) + " (target)", style=TARGET_STYLE))
+        (nodes.get(last_accepted, tree)).add(Text("→ " + target + " (target)", style=TARGET_STYLE))
+    if keep is not None:
+        tree.add(Text(f"… {len(ev.tree_parents) - len(keep)} more draft nodes not shown", style=REJECTED_STYLE))
     return tree
 
 
@@ -116,6 +155,7 @@ class DraftTreeView(FitStatic, can_focus=True):
         super().__init__(Text("No step yet.", style="dim"), **kwargs)  # type: ignore[arg-type]
         self.events: Sequence[StepEvent] = ()
         self.index: int | None = None  # None: follow the latest step
+        self._pinned: StepEvent | None = None  # the step at ``index`` when it was chosen
 
     @property
     def shown(self) -> StepEvent | None:
@@ -128,7 +168,15 @@ class DraftTreeView(FitStatic, can_focus=True):
     def show(self, events: Sequence[StepEvent]) -> None:
         """Redraw from ``events`` (the reply's steps); called by the dashboard at <= 10 Hz."""
         self.events = events
+        if self.index is not None and self._pinned is not None:
+            # the dashboard keeps a reply's last MAX_HISTORY steps: once full, each new step drops the
+            # oldest and moves the rest down one place; the step stepped back to keeps its place on screen
+            k = min(self.index, len(events) - 1)
+            while k >= 0 and events[k] is not self._pinned:
+                k -= 1
+            self.index = max(k, 0)
         ev = self.shown
+        self._pinned = ev if self.index is not None else None
         if ev is None:
             self.update(Text("No step yet.", style="dim"))
             return
@@ -142,19 +190,19 @@ class DraftTreeView(FitStatic, can_focus=True):
         self.index = None
         self.show(())
 
+    def _step_to(self, index: int | None) -> None:
+        """Show ``events[index]`` (None: the latest), an index into the events shown now."""
+        self.index, self._pinned = index, None
+        self.show(self.events)
+
     def action_older(self) -> None:
         n = len(self.events)
         if n:
-            self.index = max(0, (n - 1 if self.index is None else self.index) - 1)
-            self.show(self.events)
+            self._step_to(max(0, (n - 1 if self.index is None else self.index) - 1))
 
     def action_newer(self) -> None:
         if self.index is not None:
-            self.index += 1
-            if self.index >= len(self.events) - 1:
-                self.index = None
-            self.show(self.events)
+            self._step_to(None if self.index + 1 >= len(self.events) - 1 else self.index + 1)
 
     def action_latest(self) -> None:
-        self.index = None
-        self.show(self.events)
+        self._step_to(None)

@@ -25,7 +25,7 @@ class StatusState:
     model: str = "Loading model…"
     strategy: str = ""
     state: str = "loading"
-    last_event: StepEvent | None = None
+    last_event: StepEvent | None = None  # the last step (a bookkeeping event only where no step came: step_text)
     summary: GenerationSummary | None = None
 
     def step_text(self) -> str:
@@ -33,7 +33,12 @@ class StatusState:
         ev = self.last_event
         if ev is None:
             return ""
-        parts = [f"step {ev.step}: drafted {ev.drafted}, accepted {ev.accepted}"]
+        if not ev.emitted:  # a bookkeeping event: its number is the last step's, its counts are not
+            if ev.step <= 0:  # Esc during the prefill: there was no step 0
+                return ""
+            parts = [f"step {ev.step}"]
+        else:
+            parts = [f"step {ev.step}: drafted {ev.drafted}, accepted {ev.accepted}"]
         if self.summary is not None and self.summary.steps:
             parts.append(f"{self.summary.tokens_per_s:.1f} tok/s")
             parts.append(f"{self.summary.mean_accepted:.2f} tok/step")
