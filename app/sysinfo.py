@@ -98,13 +98,13 @@ def gb(mb: float) -> str:
 
 
 def memory_lines(reading: MemoryReading, torch_gpu: tuple[float, float] | None = None) -> list[str]:
-    """``RSS 512 MB · RAM 7.9/15.6 GB (51%)``, one line per GPU (none without a GPU), and torch's
+    """``RSS 512 MiB · RAM 7.9/15.6 GiB (51%)`` (binary units, as measured: MiB = 2**20 bytes), one line per GPU (none without a GPU), and torch's
     CUDA allocator (allocated / peak, from the engine's last StepEvent) when CUDA is in use."""
     pct = 100 * reading.ram_used_mb / reading.ram_total_mb if reading.ram_total_mb else 0.0
-    lines = [f"RSS {reading.rss_mb:.0f} MB · RAM {gb(reading.ram_used_mb)}/{gb(reading.ram_total_mb)} GB ({pct:.0f}%)"]
+    lines = [f"RSS {reading.rss_mb:.0f} MiB · RAM {gb(reading.ram_used_mb)}/{gb(reading.ram_total_mb)} GiB ({pct:.0f}%)"]
     for g in reading.gpus:
         util = f" · util {g.util_pct:.0f}%" if g.util_pct is not None else ""
-        lines.append(f"GPU{g.index} {gb(g.used_mb)}/{gb(g.total_mb)} GB{util} · {g.name}")
+        lines.append(f"GPU{g.index} {gb(g.used_mb)}/{gb(g.total_mb)} GiB{util} · {g.name}")
     if torch_gpu is not None:
-        lines.append(f"torch CUDA allocated {torch_gpu[0]:.0f} MB · peak {torch_gpu[1]:.0f} MB")
+        lines.append(f"torch CUDA allocated {torch_gpu[0]:.0f} MiB · peak {torch_gpu[1]:.0f} MiB")
     return lines

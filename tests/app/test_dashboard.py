@@ -96,7 +96,7 @@ def test_memory_lines_show_a_gpu_only_when_there_is_one(monkeypatch: pytest.Monk
     assert reading.rss_mb > 0 and reading.ram_total_mb > 0 and reading.gpus == []
     assert len(memory_lines(reading)) == 1 and "GPU" not in memory_lines(reading)[0]
     lines = memory_lines(MemoryReading(500, 8192, 16384, OneGpu().read()))
-    assert lines == ["RSS 500 MB · RAM 8.0/16.0 GB (50%)", "GPU0 3.0/80.0 GB · util 45% · FakeGPU 80GB"]
+    assert lines == ["RSS 500 MiB · RAM 8.0/16.0 GiB (50%)", "GPU0 3.0/80.0 GiB · util 45% · FakeGPU 80GB"]
     monkeypatch.setitem(sys.modules, "pynvml", None)  # nvidia-ml-py not installed
     probe = GpuProbe()
     assert not probe.available and probe.read() == []
@@ -142,7 +142,7 @@ async def test_gpu_line_shows_when_a_device_is_found(monkeypatch: pytest.MonkeyP
     app = make_app(ScriptedEngine(script()))
     async with app.run_test(size=WIDE) as pilot:
         await ready(pilot)
-        assert "GPU0 3.0/80.0 GB · util 45%" in screen_text(app)
+        assert "GPU0 3.0/80.0 GiB · util 45%" in screen_text(app)
 
 
 def test_a_deep_chain_is_one_line_of_the_tree_wrapped_between_tokens() -> None:
@@ -597,7 +597,7 @@ def test_torch_cuda_allocator_line_only_with_cuda() -> None:
     reading = MemoryReading(rss_mb=500.0, ram_used_mb=4096.0, ram_total_mb=8192.0, gpus=[])
     assert not any("torch CUDA" in line for line in memory_lines(reading))
     lines = memory_lines(reading, (1234.4, 2048.0))
-    assert lines[-1] == "torch CUDA allocated 1234 MB · peak 2048 MB"
+    assert lines[-1] == "torch CUDA allocated 1234 MiB · peak 2048 MiB"
     from engine.generate import torch_gpu_mb
 
     import torch

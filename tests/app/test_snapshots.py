@@ -170,7 +170,7 @@ def test_mid_reply_with_the_dashboard_140x45(snap_compare: Snap) -> None:
     try:
         snapshot(snap_compare, app, WIDE, run_before, [
             "The cat sat on the Sure mat and purred.", "generating…", "step 4: drafted 4, accepted 3",
-            "tok/s now 250.0 · avg 250.0", "RSS 512 MB · RAM 6.0/16.0 GB (38%)",
+            "tok/s now 250.0 · avg 250.0", "RSS 512 MiB · RAM 6.0/16.0 GiB (38%)",
             "✓ ' purred'", "→ '.' (target)", "step 4 · drafted 4, accepted 3 · latest"], after_shot=let_it_finish)
     finally:
         let_it_finish()  # whatever happened, the engine thread runs out
