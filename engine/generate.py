@@ -229,6 +229,8 @@ class Decoder:
                     reason = "eos"
                     break
             if produced + len(emitted) >= max_new_tokens:
+                if len(emitted) > max_new_tokens - produced:
+                    reason = None  # an EOS beyond the limit is cut with the rest: plain decoding ends on "length" there
                 emitted = emitted[: max_new_tokens - produced]
                 reason = reason or "length"
             produced += len(emitted)

@@ -131,6 +131,15 @@ def test_eos_and_context_limits(root):
     dec = Decoder(load(str(path)).model, eos_ids={eos})
     evs, summ = run_generation(dec, prompt, preset("pld"), 30)
     assert tokens_of(evs) == ref[: first + 1] and summ.finish_reason == "eos"
+    # an EOS one token past the limit, drafted and accepted in the step the limit cuts: "length", as
+    # plain decoding ends there (it was "eos", its EOS cut off)
+    for n, reason in ((first, "length"), (first + 1, "eos")):
+        for strategy in (preset("ar"), preset("sd", draft_len=4)):
+            dec.drafters["model"] = OracleDrafter(list(prompt) + ref[: first + 1], good=(8,))
+            dec.reset()
+            evs, summ = run_generation(dec, prompt, strategy, n)
+            assert tokens_of(evs) == ref[:n] and summ.finish_reason == reason, (n, strategy.label())
+            assert strategy.name == "ar" or max(e.accepted for e in evs) >= 2
     small = load(str(path), max_context=len(prompt) + 5).model
     evs, summ = run_generation(Decoder(small), prompt, preset("ar"), 30)
     assert summ.finish_reason == "context" and len(tokens_of(evs)) == 5
