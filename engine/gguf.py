@@ -381,6 +381,12 @@ def load_gguf(path: str | os.PathLike, defer: bool = False) -> GGUFCheckpoint:
     stamp = _stamp(p)
     with read_gguf(p) as f:
         md = f.metadata
+        parts = md.get("split.count")
+        if isinstance(parts, int) and not isinstance(parts, bool) and parts > 1:  # llama.cpp's gguf-split
+            part = md.get("split.no")
+            which = f"part {part + 1} of {parts}" if isinstance(part, int) and 0 <= part < parts else f"one of {parts} parts"
+            raise ModelLoadError(f"{which} of a split GGUF model; split files are not supported: merge the parts into one "
+                                 "file first (llama.cpp: llama-gguf-split --merge FIRST-PART.gguf MERGED.gguf)", path=p)
         arch = md.get("general.architecture")
         if arch not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(f"architecture {arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})", path=p)

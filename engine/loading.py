@@ -150,6 +150,11 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
     ggufs = sorted(path.glob("*.gguf"))
     if not (path / "config.json").exists() and len(ggufs) == 1:
         return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev), dev)
+    if not (path / "config.json").exists() and ggufs:
+        if all(re.search(r"-\d{5}-of-\d{5}\.gguf$", g.name, re.I) for g in ggufs):  # one split model: its error
+            return _ready(_load_gguf(name, ggufs[0], dt, max_context, dev), dev)
+        shown = ", ".join(g.name for g in ggufs[:4]) + (", ..." if len(ggufs) > 4 else "")
+        raise ModelLoadError(f"{path}: holds {len(ggufs)} .gguf files ({shown}) and no config.json: pass the .gguf file to load")
     loaded = _ready(_load_hf_dir(name, path, dt, max_context, dev), dev)
     if need_tokenizer and loaded.tokenizer is None:
         raise ModelLoadError(f"{path}: no tokenizer (tokenizer.json) found; pass --prompt-ids to decode from token ids")

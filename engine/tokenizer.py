@@ -10,7 +10,9 @@ GGUF files carry no ``tokenizer.json``: ``from_gguf`` rebuilds one from ``tokeni
 pre-tokenizer split is chosen from ``tokenizer.ggml.pre`` the way llama.cpp does
 (``src/llama-vocab.cpp``), which for every name listed here is also what the model's original
 ``tokenizer.json`` does. Note transformers' own GGUF loader differs for ``smollm`` (it omits the
-single-digit split, so e.g. ``"a  1"`` gets ``Ġ Ġ 1`` there and ``ĠĠ 1`` here and in the original).
+single-digit split, so e.g. ``"a  1"`` gets ``Ġ Ġ 1`` there and ``ĠĠ 1`` here and in the original),
+and for control tokens outside the byte alphabet (DeepSeek-R1's ``<｜User｜>``), which it leaves out
+and which are matched whole here, as in the original and in llama.cpp.
 """
 
 from __future__ import annotations
@@ -360,6 +362,7 @@ GGUF_PRE_TOKENIZERS: dict[str, tuple[Any, bool, bool, bool]] = {
 }
 
 _CONTROL, _USER_DEFINED = 3, 4  # tokenizer.ggml.token_type values (llama.cpp's llama_token_type)
+_LLAMA3_ENDS = ("<|end_of_text|>", "<|eom_id|>", "<|eot_id|>")
 
 
 def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenizer:
@@ -388,10 +391,14 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
 
     # Byte-level vocabularies spell every byte as a printable character; the rare token stored
     # otherwise gets respelled from its UTF-8 bytes (transformers' GGUF loader does the same).
+    # Control and user-defined tokens are the HF tokenizer's added tokens, which llama.cpp's
+    # converter stores as their plain text ("<｜User｜>", DeepSeek-R1's): they keep it, as the
+    # added tokens below match that text.
     alphabet = set(_U2B)
     vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        spelled = tok if set(tok) <= alphabet else "".join(_B2U[b] for b in tok.encode("utf-8"))
+    for i, (tok, ty) in enumerate(zip(tokens, types)):
+        added = ty in (_CONTROL, _USER_DEFINED) and tok
+        spelled = tok if added or set(tok) <= alphabet else "".join(_B2U[b] for b in tok.encode("utf-8"))
         vocab.setdefault(spelled, i)
     pairs = []
     for m in merges:
@@ -419,12 +426,11 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
     backend.decoder = decoders.ByteLevel()
 
     # Control tokens (<|im_start|>) become special added tokens so they are matched whole in text
-    # and skippable in decode; user-defined ones (<think>) are added but not special. A control
-    # token spelled outside the byte alphabet is a converter mislabel: leave it in the vocabulary.
+    # and skippable in decode; user-defined ones (<think>) are added but not special.
     special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types) if ty == _CONTROL and set(t) <= alphabet]
+               for t, ty in zip(tokens, types) if ty == _CONTROL and t and t in vocab]
     user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t in vocab]
+            for t, ty in zip(tokens, types) if ty == _USER_DEFINED and t and t in vocab]
     if special:
         backend.add_special_tokens(special)
     if user:
@@ -437,6 +443,12 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
     add_bos = md.get("tokenizer.ggml.add_bos_token", add_bos_default)
     add_eos = md.get("tokenizer.ggml.add_eos_token", False)
     extra = [t for t in (tid("tokenizer.ggml.eot_token_id"), tid("tokenizer.ggml.eom_token_id")) if t is not None]
+    # Llama 3.x stops at <|end_of_text|>, <|eom_id|> and <|eot_id|> (its generation_config.json;
+    # llama.cpp too), but its file names one eos (Instruct: <|eot_id|>) and the chat template
+    # writes only <|eot_id|>: in a file of that family all three stop generation.
+    found = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _CONTROL and t in _LLAMA3_ENDS}
+    if "<|eot_id|>" in found and "<|end_of_text|>" in found:
+        extra += found.values()
     name = md.get("general.name") or (Path(where).name if where else "gguf")
     return Tokenizer(
         backend, bos_id=tid("tokenizer.ggml.bos_token_id"), eos_id=tid("tokenizer.ggml.eos_token_id"),
