@@ -264,10 +264,28 @@ def cached_snapshot(repo_id: str, revision: str | None = None, cache_dir: str | 
             return None
     snap = storage / "snapshots" / commit
     try:
-        found = (snap / "config.json").exists() or any(snap.glob("*.gguf"))
+        found = any(p.is_file() for p in snap.glob("*.gguf")) or ((snap / "config.json").is_file() and _has_weights(snap))
     except OSError:  # another user's folder in a shared cache (PermissionError): not cached for this user
         return None
     return snap if found else None
+
+
+def _has_weights(snap: Path) -> bool:
+    """The weights beside a config.json are there (links followed), every shard a
+    ``*.safetensors.index.json`` names too: huggingface_hub writes refs/<branch> before the files and
+    links each as it lands, so a download of it that stopped left a config.json and no weights."""
+    weights = [p for pattern in ("*.safetensors", "pytorch_model*.bin") for p in snap.glob(pattern)]
+    if not any(p.is_file() for p in weights):
+        return False
+    for index in snap.glob("*.index.json"):
+        try:
+            shards = set(json.loads(index.read_bytes().decode("utf-8"))["weight_map"].values())
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not readable: the loader says what is wrong with it
+        top = [s for s in shards if isinstance(s, str) and s and "/" not in s and "\\" not in s and s not in (".", "..")]
+        if not all((snap / s).is_file() for s in top):
+            return False
+    return True
 
 
 def has_partial(repo_id: str, cache_dir: str | os.PathLike | None = None) -> bool:
@@ -399,7 +417,8 @@ def check_file_name(repo_id: str, path: str) -> str:
 # ---- choosing files ----------------------------------------------------------------------------------
 def select_files(repo_id: str, files: Sequence[RepoFile], include: Sequence[str] | None = None) -> list[RepoFile]:
     """The files a model needs: top level, ``PATTERNS``, never ``*.py``; safetensors win over
-    pytorch_model*.bin and sharded model*.safetensors over consolidated*.safetensors.
+    pytorch_model*.bin, sharded model*.safetensors over consolidated*.safetensors, and HF weights
+    over .gguf files (a GGUF repo's config.json is left out: the .gguf carries its own).
 
     Raises NotAModelRepo when there is no config.json and no .gguf (or a config without weights),
     and asks for ``include`` when several .gguf files would be fetched without a config.json.
@@ -412,6 +431,13 @@ def select_files(repo_id: str, files: Sequence[RepoFile], include: Sequence[str]
         chosen = [f for f in chosen if not fnmatch(f.path, "pytorch_model*.bin")]
     if any(fnmatch(n, "model*.safetensors") for n in names):
         chosen = [f for f in chosen if not fnmatch(f.path, "consolidated*.safetensors")]
+    # the loader reads a folder with a config.json as HF format, never its .gguf files, and one without
+    # as GGUF: HF weights make the .gguf files dead weight; without them, a GGUF repo's config.json
+    # (many keep the original's) made its .gguf unloadable and hid that several were fetched
+    if any(n.endswith((".safetensors", ".bin")) for n in names):
+        chosen = [f for f in chosen if not f.path.endswith(".gguf")]
+    elif any(n.endswith(".gguf") for n in names):
+        chosen = [f for f in chosen if f.path != "config.json"]
     names = {f.path for f in chosen}
     ggufs = sorted(n for n in names if n.endswith(".gguf"))
     if "config.json" not in names and not ggufs:
@@ -452,6 +478,34 @@ def _bytes_present(p: Plan, f: RepoFile) -> int:
     return size if size <= f.size else 0
 
 
+# model_type values engine.loading builds (its _families(); a test keeps the two equal): the
+# downloader refuses the others after config.json, before the weights, without importing torch
+MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3", "gpt_neox", "mamba", "mamba2", "granitemoehybrid")
+
+
+def check_config(p: Plan, f: RepoFile) -> None:
+    """Refuse a config.json the loader would refuse for its architecture (an unknown model_type, or
+    one needing its own remote code) before gigabytes of weights come down. A config that is not
+    readable JSON, or without a model_type and remote code, is left to the loader, which names what
+    is wrong with it."""
+    try:
+        where = next(x for x in (p.blob_path(f), p.snapshot / f.path) if x.is_file())
+        cfg = json.loads(where.read_bytes().decode("utf-8"))
+    except (StopIteration, OSError, ValueError):
+        return
+    if not isinstance(cfg, dict):
+        return
+    mt = cfg.get("model_type")
+    if mt in MODEL_TYPES or (mt is None and not cfg.get("auto_map")):
+        return  # (no model_type: an original state-spaces/mamba checkpoint, or the loader's to judge)
+    shown = repr(mt)[:60]  # the Hub's text
+    if cfg.get("auto_map"):
+        raise NotAModelRepo(f"{p.repo_id}: needs its own remote code (auto_map, model_type={shown}); specchat never runs "
+                            "remote code, so its weights were not downloaded")
+    raise NotAModelRepo(f"{p.repo_id}: unsupported architecture model_type={shown} (supported: {', '.join(sorted(MODEL_TYPES))}); "
+                        "its weights were not downloaded")
+
+
 def _incomplete(blob: Path) -> Path:
     return blob.with_name(blob.name + ".incomplete")  # huggingface_hub's own name: either tool resumes it
 
@@ -482,12 +536,16 @@ def download(repo_id: str, revision: str | None = None, cache_dir: str | os.Path
         p = plan(repo_id, revision, cache, include)
         check_disk_space(p)
         meter = _Meter(p, progress, cancel or threading.Event())
+        meter.check_cancel()  # cancelled during the listing: so even where nothing is left to fetch
         for i, f in enumerate(p.files, start=1):
             meter.start_file(f, i)
             if not _in_place(p, f):  # a whole-sized partial file too: verified and renamed by _fetch
                 _fetch(p, f, meter)
-            _link(p, f)
+            if f.path == "config.json":  # small files come first: refused before the weights are fetched
+                check_config(p, f)
             meter.end_file()
+        for f in p.files:  # linked only once every blob is here: a snapshot folder holding config.json
+            _link(p, f)  # is a whole model (a pinned commit has no ref to say so; a cancelled run linked it)
         if p.revision != p.commit:
             ref = p.storage / "refs" / p.revision
             ref.parent.mkdir(parents=True, exist_ok=True)

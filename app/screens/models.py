@@ -189,6 +189,7 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         self.cache_dir = cache_dir
         self.rows: dict[str, ModelRow] = {}
         self.job: DownloadJob | None = None
+        self.done_choice: ModelChoice | None = None  # downloaded while another screen was on top: dismissed on resume
 
     def compose(self) -> ComposeResult:
         with Vertical(id="models-dialog") as dialog:
@@ -321,7 +322,15 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
     def on_models_screen_finished(self, message: Finished) -> None:
         self._end_download()
         self.notify(f"Downloaded {message.job.repo_id}.", timeout=4, markup=False)
-        self.dismiss(message.job.choice)
+        if self.is_active:
+            self.dismiss(message.job.choice)
+        else:  # the command palette over the picker: dismiss() pops the top screen, that one
+            self.done_choice = message.job.choice
+
+    def on_screen_resume(self) -> None:
+        if self.done_choice is not None and self.is_active:  # (not when another screen went on top at once)
+            choice, self.done_choice = self.done_choice, None
+            self.dismiss(choice)
 
     def on_models_screen_failed(self, message: Failed) -> None:
         self._end_download()

@@ -624,3 +624,71 @@ async def test_a_strategy_picked_live_survives_a_switch(fake: FakeHub, models_fi
         await pick(pilot, await open_picker(pilot), "remote-model")  # with its drafter
         await wait_for(pilot, lambda: app.session is not None and "remote-model" in app.session.description)
         assert app.session.strategy.name == "mab"
+
+
+# ---- around a download: another screen on top, a pinned revision --------------------------------------------
+async def test_a_download_ending_under_the_command_palette_does_not_close_the_palette(fake: FakeHub, models_file: Path) -> None:
+    """Ctrl+P opens the command palette over the picker while it downloads; when the download
+    ended, the picker's dismiss popped the top screen (the palette the user was typing in) and the
+    picker stayed open below it, stale. The picker now closes itself once it is on top again."""
+    from textual.command import CommandPalette
+
+    fake.hold_after = 100_000
+    loader = Loader()
+    app = make_app(models_file, loader)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await open_picker(pilot)
+        await pick(pilot, screen, "remote-model")
+        await wait_for(pilot, fake.held.is_set)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        fake.release.set()
+        await wait_for(pilot, lambda: any("Downloaded org/remote" in m for m, _ in notices(app)))
+        await pilot.pause(0.1)
+        assert [type(s) for s in app.screen_stack] == [ChatScreen, ModelsScreen, CommandPalette]
+        await pilot.press("escape")  # the palette closes: the picker, done, closes and the model loads
+        await wait_for(pilot, lambda: loader.calls and isinstance(app.screen, ChatScreen))
+        assert loader.calls == [("remote-model", None)] and len(app.screen_stack) == 1
+
+
+async def test_a_cancelled_download_of_a_pinned_revision_stays_partial_and_resumes(fake: FakeHub, tmp_path: Path) -> None:
+    """An entry pinned to a commit (``revision = "<sha>"``) has no ref to mark a whole download: the
+    config.json linked in the snapshot first made a cancelled download "cached", and Enter then
+    loaded a model without weights instead of downloading the rest."""
+    fake.delay_s, fake.chunk = 0.02, 4096
+    commit = fake.repos["org/remote"].commit
+    models = write_models_file(tmp_path, MODELS_TOML.replace('hub_id = "org/remote"', f'hub_id = "org/remote"\nrevision = "{commit}"'))
+    loader = Loader()
+    app = make_app(models, loader)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot)
+        await pick(pilot, screen, "remote-model")
+        await wait_for(pilot, lambda: (bar(screen, "file").progress or 0) > 8192 and bar(screen, "file").total == len(WEIGHTS))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: screen.job is None)
+        await pilot.pause()
+        assert status_cell(screen, "remote-model") == "partial" and loader.calls == []
+        fake.delay_s = 0.0
+        await pick(pilot, screen, "remote-model")  # resumes the download, then loads
+        await wait_for(pilot, lambda: loader.calls and isinstance(app.screen, ChatScreen))
+        snap = hub.cached_snapshot("org/remote", commit)
+        assert snap is not None and (snap / "model.safetensors").read_bytes() == WEIGHTS
+
+
+async def test_an_unsupported_architecture_is_refused_before_its_weights_and_the_picker_stays(fake: FakeHub, tmp_path: Path) -> None:
+    """models.toml lists models the loader cannot build yet (granite-4.0-350m: model_type "granite",
+    falcon-h1: "falcon_h1"): Enter downloaded all of the weights, closed the picker, and only the
+    load said the architecture was unknown. Now config.json is read first and the weights are
+    never fetched."""
+    fake.add_repo("org/granite", {"config.json": b'{"model_type": "granite"}', "model.safetensors": WEIGHTS})
+    models = write_models_file(tmp_path, MODELS_TOML + '\n[[model]]\nname = "granite"\nhub_id = "org/granite"\nrole = ["drafter"]\n')
+    loader = Loader()
+    app = make_app(models, loader)
+    async with app.run_test(size=SIZE) as pilot:
+        screen = await open_picker(pilot)
+        await pick(pilot, screen, "granite")
+        await wait_for(pilot, lambda: any("model_type='granite'" in m and sev == "error" for m, sev in notices(app)))
+        await wait_for(pilot, lambda: screen.job is None)
+        assert app.screen is screen and loader.calls == []
+        assert fake.bytes_sent.get("org/granite/model.safetensors", 0) == 0
+        assert status_cell(screen, "granite") == "not downloaded"
