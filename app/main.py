@@ -321,6 +321,10 @@ class SpecChatApp(App[None]):
         """Ctrl+O: the model picker; what it returns is loaded by :meth:`switch_model`."""
         if isinstance(self.screen, ModelsScreen):
             return
+        if any(isinstance(s, ModelsScreen) for s in self.screen_stack):  # under the command palette, say
+            # (a second picker over a downloading one started a second download of the same files)
+            self.notify("The model picker is already open: close this to get back to it.", timeout=4)
+            return
         try:
             registry = load_registry(self.models_file)
         except ConfigError as exc:

@@ -483,7 +483,7 @@ def _train(args: argparse.Namespace) -> int:
     heads = 2 * args.d_model // args.head_dim
     cfg = Mamba2Config(vocab_size=V, hidden_size=args.d_model, num_hidden_layers=args.layers, state_size=args.d_state,
                        head_dim=args.head_dim, num_heads=heads, n_groups=1, expand=2, conv_kernel=4, chunk_size=128,
-                       tie_word_embeddings=True, bos_token_id=tok.bos_id, eos_token_id=sorted(tok.eos_ids)[0] if tok.eos_ids else None,
+                       tie_word_embeddings=True, bos_token_id=tok.bos_id, eos_token_id=tok.eos_id if tok.eos_id is not None else min(tok.eos_ids, default=None),
                        pad_token_id=tok.pad_id)
     torch.manual_seed(0)
     if args.init:

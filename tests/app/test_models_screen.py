@@ -692,3 +692,19 @@ async def test_an_unsupported_architecture_is_refused_before_its_weights_and_the
         assert app.screen is screen and loader.calls == []
         assert fake.bytes_sent.get("org/granite/model.safetensors", 0) == 0
         assert status_cell(screen, "granite") == "not downloaded"
+
+
+async def test_a_second_picker_is_not_opened_over_the_first(models_file: Path) -> None:
+    """Ctrl+P over the picker, then "Models" (Ctrl+O) there: a second picker opened over the first
+    (one of them could be downloading), the stack ChatScreen, ModelsScreen, ..., ModelsScreen."""
+    from textual.command import CommandPalette
+
+    app = make_app(models_file, Loader())
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await open_picker(pilot)
+        await pilot.press("ctrl+p")
+        await wait_for(pilot, lambda: isinstance(app.screen, CommandPalette))
+        app.action_models()
+        await pilot.pause()
+        assert sum(isinstance(s, ModelsScreen) for s in app.screen_stack) == 1
+        assert any("already open" in m for m, _ in notices(app))
