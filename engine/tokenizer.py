@@ -12,7 +12,10 @@ pre-tokenizer split is chosen from ``tokenizer.ggml.pre`` the way llama.cpp does
 ``tokenizer.json`` does. Note transformers' own GGUF loader differs for ``smollm`` (it omits the
 single-digit split, so e.g. ``"a  1"`` gets ``Ġ Ġ 1`` there and ``ĠĠ 1`` here and in the original),
 and for control tokens outside the byte alphabet (DeepSeek-R1's ``<｜User｜>``), which it leaves out
-and which are matched whole here, as in the original and in llama.cpp.
+and which are matched whole here, as in the original and in llama.cpp. Sentencepiece vocabularies
+(``tokenizer.ggml.model == "llama"``: Llama 2, Mistral 7B...) get merges recovered from their
+pieces' scores and the normaliser/decoder of Llama-2's ``tokenizer.json``
+(``_spm_tokenizer_from_gguf_metadata``).
 """
 
 from __future__ import annotations
@@ -305,7 +308,8 @@ class Tokenizer:
 
         ``source``: a path, an ``engine.gguf.GGUFFile``, a ``gguf.GGUFReader``, or a metadata dict.
         Supported: ``tokenizer.ggml.model == "gpt2"`` (byte-level BPE) with the pre-tokenizers in
-        ``GGUF_PRE_TOKENIZERS``. Others raise ``ModelLoadError``.
+        ``GGUF_PRE_TOKENIZERS``, and ``"llama"`` (sentencepiece BPE with scores and byte fallback:
+        Llama 2, Mistral 7B, TinyLlama...). Others raise ``ModelLoadError``.
         """
         if isinstance(source, (str, os.PathLike)):
             from .gguf import read_gguf
@@ -372,9 +376,11 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
     kind = md.get("tokenizer.ggml.model")
     if kind is None:
         raise fail("has no tokenizer (no tokenizer.ggml.model in its metadata)")
+    if kind == "llama":
+        return _spm_tokenizer_from_gguf_metadata(md, where)
     if kind != "gpt2":
-        what = {"llama": "sentencepiece (llama)", "bert": "WordPiece (bert)", "t5": "unigram (t5)"}.get(kind, repr(kind))
-        raise fail(f"tokenizer model {what} is not supported (supported: gpt2 byte-level BPE)")
+        what = {"bert": "WordPiece (bert)", "t5": "unigram (t5)"}.get(kind, repr(kind))
+        raise fail(f"tokenizer model {what} is not supported (supported: gpt2 byte-level BPE, llama sentencepiece BPE)")
     tokens = md.get("tokenizer.ggml.tokens")
     merges = md.get("tokenizer.ggml.merges")
     if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
@@ -436,8 +442,15 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
     if user:
         backend.add_tokens(user)
 
+    return _gguf_tokenizer(md, where, backend, tokens, types, add_bos_default)
+
+
+def _gguf_tokenizer(md: Mapping[str, Any], where: Any, backend: tokenizers.Tokenizer, tokens: list[str],
+                    types: list[int], add_bos_default: bool, default_ids: Mapping[str, int] | None = None) -> Tokenizer:
+    """The ``Tokenizer`` around a backend built from GGUF metadata: special ids, stop ids, flags.
+    ``default_ids``: ids llama.cpp assumes for keys a file leaves out (sentencepiece: bos 1, ...)."""
     def tid(key: str) -> int | None:
-        v = md.get(key)
+        v = md.get(key, (default_ids or {}).get(key))
         return int(v) if isinstance(v, int) and 0 <= v < len(tokens) else None
 
     add_bos = md.get("tokenizer.ggml.add_bos_token", add_bos_default)
@@ -455,6 +468,103 @@ def _tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenize
         extra_eos_ids=extra, unk_id=tid("tokenizer.ggml.unknown_token_id"), pad_id=tid("tokenizer.ggml.padding_token_id"),
         add_bos=bool(add_bos), add_eos=bool(add_eos), chat_template=md.get("tokenizer.chat_template"), name=str(name),
     )
+
+
+# tokenizer.ggml.token_type values of pieces that sentencepiece never builds by merging: unknown
+# and control (<unk>, <s>, [INST]) and user-defined pieces are matched whole, bytes (<0x0A>) only
+# come from byte fallback.
+_UNKNOWN, _BYTE = 2, 6
+_SPM_NOT_MERGED = (_UNKNOWN, _CONTROL, _USER_DEFINED, _BYTE)
+_SPM_DEFAULT_IDS = {"tokenizer.ggml.bos_token_id": (1, "<s>"), "tokenizer.ggml.eos_token_id": (2, "</s>"),
+                    "tokenizer.ggml.unknown_token_id": (0, "<unk>")}
+
+
+def _spm_tokenizer_from_gguf_metadata(md: Mapping[str, Any], where: Any) -> Tokenizer:
+    """``tokenizer.ggml.model == "llama"``: sentencepiece BPE (Llama 1/2, Mistral 7B, TinyLlama,
+    Vicuna...), built as the layout of those models' own ``tokenizer.json``.
+
+    A GGUF stores no merges for these: each piece has a score, and sentencepiece (like llama.cpp's
+    ``llm_tokenizer_spm``) repeatedly joins the adjacent pair whose joined piece scores highest. The
+    same result comes from a BPE whose merges are every split ``a + b`` of every piece, ranked by
+    that piece's score (transformers' GGUF loader recovers merges the same way). Characters with no
+    piece become their UTF-8 bytes' ``<0xNN>`` pieces (byte fallback).
+
+    Text goes through ``Prepend("▁")`` (when ``tokenizer.ggml.add_space_prefix``, default true) and
+    ``Replace(" ", "▁")`` as a normaliser, as in Llama-2's and Mistral's ``tokenizer.json``: the
+    prefix is added to each stretch of text between special tokens, which is also what llama.cpp
+    does (a space before the text after each special token). transformers' own GGUF loader
+    differs there: its ``Metaspace(prepend_scheme="first")`` adds it only at the start, so
+    ``"[INST] Hi"`` gets ``▁Hi`` there and ``▁▁Hi`` here, in llama.cpp and in the original.
+    Decoding turns ``▁`` back into spaces, joins byte pieces and strips one leading space.
+
+    One inexactness: where two different pieces have the same score and their pairs overlap,
+    sentencepiece joins the leftmost pair first, the BPE the lower-ranked one (here: the lower id).
+    Real vocabularies give every mergeable piece its own score.
+    """
+    def fail(problem: str) -> ModelLoadError:
+        return ModelLoadError(problem, path=where)
+
+    tokens = md.get("tokenizer.ggml.tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) for t in tokens):
+        raise fail("tokenizer.ggml.tokens is missing, empty or not a list of strings")
+    scores = md.get("tokenizer.ggml.scores")
+    if scores is None:
+        raise fail("tokenizer model sentencepiece (llama) is not supported without tokenizer.ggml.scores "
+                   "(the pieces' merge priorities)")
+    if (not isinstance(scores, list) or len(scores) != len(tokens)
+            or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in scores)):
+        raise fail(f"tokenizer.ggml.scores is not a list of one number per token ({len(tokens)})")
+    types = md.get("tokenizer.ggml.token_type")
+    if types is None:
+        # No types: bos/eos/unk (llama.cpp's default ids where the file names none) are still special.
+        types = [1] * len(tokens)
+        for key, (default, text) in _SPM_DEFAULT_IDS.items():
+            v = md.get(key, default if tokens[default:default + 1] == [text] else None)
+            if isinstance(v, int) and 0 <= v < len(tokens):
+                types[v] = _UNKNOWN if key.endswith("unknown_token_id") else _CONTROL
+    if not isinstance(types, list) or len(types) != len(tokens):
+        raise fail(f"tokenizer.ggml.token_type does not have one entry per token ({len(tokens)})")
+
+    # A piece listed twice keeps its last id, as in llama.cpp's token_to_id (never seen in practice).
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    ranked = []
+    for tok, i in vocab.items():
+        if len(tok) < 2 or types[i] in _SPM_NOT_MERGED:
+            continue
+        for k in range(1, len(tok)):
+            left, right = tok[:k], tok[k:]
+            if left in vocab and right in vocab:
+                ranked.append((-float(scores[i]), i, k, left, right))
+    ranked.sort()
+    default_ids = {key: d for key, (d, text) in _SPM_DEFAULT_IDS.items() if tokens[d:d + 1] == [text]}
+    unk = md.get("tokenizer.ggml.unknown_token_id", default_ids.get("tokenizer.ggml.unknown_token_id"))
+    unk_token = tokens[unk] if isinstance(unk, int) and 0 <= unk < len(tokens) else None
+    try:
+        bpe = models.BPE(vocab=vocab, merges=[(a, b) for *_, a, b in ranked], byte_fallback=True,
+                         unk_token=unk_token, fuse_unk=True)
+    except Exception as e:
+        raise fail(f"cannot build the sentencepiece tokenizer from its metadata ({_first_line(e)})") from None
+    backend = tokenizers.Tokenizer(bpe)
+    prefix = bool(md.get("tokenizer.ggml.add_space_prefix", True))
+    backend.normalizer = normalizers.Sequence(
+        ([normalizers.Prepend("\u2581")] if prefix else []) + [normalizers.Replace(" ", "\u2581")])
+    backend.decoder = decoders.Sequence(
+        [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()]
+        + ([decoders.Strip(" ", 1, 0)] if prefix else []))
+
+    # Unknown and control pieces are special added tokens (matched whole in text, as llama.cpp
+    # does when it parses specials, and skippable in decode); user-defined ones are added, not
+    # special. normalized=False: they are looked for in the text as written, before the prefix,
+    # so the text after one gets its own "▁" prefix, as in llama.cpp.
+    special = [AddedToken(t, special=True, normalized=False)
+               for i, (t, ty) in enumerate(zip(tokens, types)) if ty in (_UNKNOWN, _CONTROL) and t and vocab[t] == i]
+    user = [AddedToken(t, special=False, normalized=False)
+            for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _USER_DEFINED and t and vocab[t] == i]
+    if special:
+        backend.add_special_tokens(special)
+    if user:
+        backend.add_tokens(user)
+    return _gguf_tokenizer(md, where, backend, tokens, types, True, default_ids)
 
 
 # ---------------------------------------------------------------------------------------------

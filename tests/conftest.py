@@ -60,15 +60,22 @@ def make_tiny_gguf(tmp_path):
     ``arch`` "llama" stores q/k permuted as llama.cpp does; "qwen2" adds q/k/v biases, unpermuted.
     Keyword overrides: ``pre`` (tokenizer.ggml.pre), ``tokenizer_model``, ``tied``, ``layers``,
     ``bias`` (llama with q/k/v/o biases), ``extra_kv`` (dict of metadata to add), ``drop`` (gguf
-    tensor names to leave out), ``chat_template``.
+    tensor names to leave out), ``chat_template``, ``vocab`` ((tokens, token types, scores) of a
+    sentencepiece vocabulary, written with its scores and no merges, in place of ``tiny_vocab()``;
+    pass ``tokenizer_model="llama"`` with it).
     """
 
     def make(arch: str = "llama", *, name: str = "tiny.gguf", pre: str = "gpt2", tokenizer_model: str = "gpt2",
              tied: bool = False, layers: int = 2, bias: bool = False, extra_kv: dict[str, Any] | None = None,
-             drop: tuple[str, ...] = (), chat_template: str | None = None) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]]:
+             drop: tuple[str, ...] = (), chat_template: str | None = None,
+             vocab: tuple[list[str], list[int], list[float]] | None = None) -> tuple[Path, dict[str, np.ndarray], dict[str, Any]]:
         import gguf
 
-        tokens, types, merges = tiny_vocab()
+        if vocab is None:
+            tokens, types, merges = tiny_vocab()
+            scores = None
+        else:
+            (tokens, types, scores), merges = vocab, None
         V, D, F, H, K = len(tokens), 16, 24, 4, 2
         E = D // H
         rng = np.random.default_rng(0)
@@ -105,7 +112,10 @@ def make_tiny_gguf(tmp_path):
         w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types(types)
-        w.add_token_merges(merges)
+        if merges is not None:
+            w.add_token_merges(merges)
+        if scores is not None:
+            w.add_token_scores(scores)
         w.add_bos_token_id(1)
         w.add_eos_token_id(2)
         w.add_pad_token_id(0)

@@ -267,9 +267,13 @@ def test_missing_tensor_is_named(make_tiny_gguf):
 
 
 def test_unsupported_tokenizer_model(make_tiny_gguf):
-    path, _, _ = make_tiny_gguf("llama", tokenizer_model="llama")
-    with pytest.raises(ModelLoadError, match=r"sentencepiece \(llama\) is not supported"):
-        load_gguf(path)
+    """A unigram (t5) or WordPiece (bert) vocabulary is refused in one line; a sentencepiece (llama)
+    one needs its scores (tests/test_gguf_spm.py has the supported case)."""
+    for model, what in (("t5", r"unigram \(t5\) is not supported"), ("bert", r"WordPiece \(bert\) is not supported"),
+                        ("llama", r"sentencepiece \(llama\) is not supported without tokenizer.ggml.scores")):
+        path, _, _ = make_tiny_gguf("llama", tokenizer_model=model, name=f"{model}.gguf")
+        with pytest.raises(ModelLoadError, match=what):
+            load_gguf(path)
 
 
 def test_llama3_rope_freqs_recovered():
