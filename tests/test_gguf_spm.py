@@ -20,6 +20,7 @@ import torch
 
 from engine.errors import ModelLoadError
 from engine.tokenizer import StreamDecoder, Tokenizer
+from .test_tokenizer import _stream
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, BYTE = 1, 2, 3, 4, 6
 SPACE = "\u2581"
@@ -269,17 +270,6 @@ def test_transformers_gguf_loader_agrees_on_plain_text(spm):
         assert tok.decode(ids) == theirs.decode(ids)
     assert [tok.id_to_token(i) for i in tok.encode("[INST] Hi")][1] == "▁▁"  # llama.cpp: "▁▁", "H", "i"
     assert theirs.encode("[INST] Hi").tokens == ["[INST]", "▁H", "i"]
-
-
-def _stream(tok, ids, rng, skip=False):
-    dec = StreamDecoder(tok, skip_special_tokens=skip)
-    chunks, i = [], 0
-    while i < len(ids):
-        n = rng.randint(1, 3)
-        chunks.append(dec.push(ids[i:i + n]))
-        i += n
-    chunks.append(dec.flush())
-    return chunks
 
 
 def test_stream_decoding(spm):
