@@ -2,9 +2,11 @@
 with peers measured in the same run on the same prompts and settings.
 
 Honesty rules: warm-up generations are excluded; every strategy runs every prompt; tokens/s
-excludes model loading and prompt prefill for every engine (for transformers ``generate()`` we
-time a 1-token generate of the same prompt and subtract it: (n - 1) / (t_n - t_1)); greedy runs
-check that every strategy emitted exactly the tokens of our ``ar``.
+excludes model loading and prompt prefill for every engine and is otherwise wall-clock time (ours:
+the decode loop, every step's bookkeeping included; for transformers ``generate()`` we time a
+1-token generate of the same prompt and subtract it: (n - 1) / (t_n - t_1)); greedy runs check
+that every strategy emitted exactly the tokens of our ``ar`` (a difference is a warning and exit
+1); the peers decode greedily, so ``--compare`` takes ``--temperature 0`` only.
 """
 
 from __future__ import annotations
@@ -71,7 +73,22 @@ def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
         out = [{"text": ln, "name": f"p{i}"} for i, ln in enumerate(lines)]
     if not out:
         raise SpecchatError(f"{p}: no prompts")
-    return out
+    return _unique_names(out)
+
+
+def _unique_names(prompts: list[dict[str, str]]) -> list[dict[str, str]]:
+    """Each prompt's name made unique (``code``, ``code#2``): bench keys our ``ar``'s output and
+    rate by name (the peers' speedup and identical columns read them), and ALL / MEDIAN name the
+    summary rows."""
+    seen = {"ALL", "MEDIAN"}
+    for p in prompts:
+        name, k = p["name"], 1
+        while name in seen:
+            k += 1
+            name = f"{p['name']}#{k}"
+        seen.add(name)
+        p["name"] = name
+    return prompts
 
 
 LLAMA_CPP_NAMES = ("llama.cpp", "llama-cpp", "llamacpp")  # --compare's names for the llama.cpp peer
@@ -91,6 +108,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         prompts = load_prompts(args.prompts)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    asked_peers = [x.strip() for x in (args.compare or "").split(",") if x.strip()]
+    if args.max_new_tokens < 1:
+        raise SpecchatError(f"--max-new-tokens must be at least 1 to measure anything, got {args.max_new_tokens}")
+    if asked_peers and args.max_new_tokens < 2:  # (n - 1) / (t_n - t_1): a peer's first token holds its prefill
+        raise SpecchatError("--compare needs --max-new-tokens 2 or more (a peer's rate leaves out its first token, "
+                            "which carries its prefill)")
+    if asked_peers and args.temperature > 0:
+        raise SpecchatError("--compare measures the peers' greedy decoding: run it with --temperature 0 "
+                            f"(got --temperature {args.temperature:g}: our sampled rows against their greedy ones)")
     for spec in names:  # a typo fails before the peer's minutes
         try:
             from_spec(spec.partition("@")[0])
@@ -132,9 +158,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
     def run_as(s, ids, n):
         dec.reset()
         dec.gate = gates[id(s)].carried() if gates.get(id(s)) is not None else None
-        out = run_generation(dec, ids, s, n)
+        if (s.name in ("mab", "optimal") or s.adaptive) and dec.verify_cost is None:
+            dec.calibrate()  # once per run, what the first step would do: outside the clock (warm-up's work)
+        # the decode loop's wall clock, prefill left out: the steps' own ms leave out the work
+        # between their timed parts (bookkeeping, detokenizing, the event: ~3% on SmolLM2 q8),
+        # which a reader waits through and the peers' clocks include
+        t0 = time.perf_counter()
+        evs, summ = run_generation(dec, ids, s, n)
+        summ.decode_s = max(0.0, time.perf_counter() - t0 - summ.prefill_s) if summ.new_tokens else 0.0
         gates[id(s)] = dec.gate
-        return out
+        return evs, summ
 
     rows: list[Row] = []
     ar_out: dict[str, list[int]] = {}
@@ -179,17 +212,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     order = {labels[id(s)]: i for i, s in enumerate(strategies)}
     rows.sort(key=lambda r: order[r.strategy])  # the table groups each strategy's prompts (a stable sort)
+    peer_info: dict[str, dict[str, Any]] = {}  # each peer's version and dtype, for --json's settings
     try:
         for peer in peers if not interrupted else ():
             left_out = f" (the {peer} peer's rows are left out)"
             if peer == "transformers":
-                rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals)
+                rows += _bench_transformers(session, encoded, N, args, ar_tps, ar_out, totals, info=peer_info)
             else:
-                rows += _bench_llama_cpp(session, encoded, N, args, ar_tps, ar_out, totals, early=early_llama)
-    except KeyboardInterrupt:  # in a peer's run: ours are measured, the peer's rows so far are dropped
-        interrupted = True
-        rows = [r for r in rows if r.engine == "specchat"]
-        totals = {k: v for k, v in totals.items() if k[1] == "specchat"}
+                rows += _bench_llama_cpp(session, encoded, N, args, ar_tps, ar_out, totals, early=early_llama, info=peer_info)
+    except KeyboardInterrupt:  # in a peer's run: ours and the peers' before it are measured; its rows so far are dropped
+        interrupted = True  # (a peer's rows join `rows` once its run returns: the rows there are whole)
+        kept = {r.engine for r in rows}
+        totals = {k: v for k, v in totals.items() if k[1] in kept}
+        peer_info = {k: v for k, v in peer_info.items() if k in kept}
 
     ar_total = totals.get(("ar", "specchat"))
     ar_rate = ar_total[0] / ar_total[1] if ar_total and ar_total[1] else 0.0
@@ -198,7 +233,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
         rate = ntok / secs if secs else 0.0
         # a peer's memory is its child process's own peak (its per-prompt rows), not ours
         mem = peak_rss_mb() if engine == "specchat" else max((r.peak_mem_mb for r in rows if r.strategy == sname and r.engine == engine), default=0.0)
-        summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, mem, int(ntok),
+        # the tokens the rows say (a peer's rate counts n - 1 a prompt: its first token holds its prefill)
+        emitted = sum(r.new_tokens for r in rows if r.strategy == sname and r.engine == engine)
+        summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, mem, emitted,
                            all(r.identical for r in rows if r.strategy == sname and r.engine == engine and r.identical is not None) if engine == "specchat" and strategies[0].greedy else None,
                            accepted / drafted if drafted else None))
     # and the median over prompts of each per-prompt figure: one degenerate reply (a run of one
@@ -207,6 +244,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         per = [r for r in rows if r.strategy == sname and r.engine == engine]
         if not per:
             continue
+        # a peer's prompt ended at its first token has no rate (0.0): not a figure to take the median of
+        per = [r for r in per if engine == "specchat" or r.new_tokens > 1] or per
         acc = [r.mean_accepted for r in per if r.mean_accepted is not None]
         rates = [r.acceptance for r in per if r.acceptance is not None]
         whole = next(r for r in summary if r.strategy == sname and r.engine == engine)
@@ -214,16 +253,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            statistics.median(acc) if acc else None, whole.peak_mem_mb, int(statistics.median(r.new_tokens for r in per)),
                            whole.identical, statistics.median(rates) if rates else None))
     if rows and args.json:
-        res = {"rows": [r.to_json() for r in rows + summary], "settings": _settings(session, args, done)}
+        res = {"rows": [r.to_json() for r in rows + summary],
+               "settings": _settings(session, args, done, [labels[id(s)] for s in strategies], peer_info)}
         print(json.dumps({**res, "interrupted": True} if interrupted else res))
     elif rows:
         _print_table(rows + summary, session, args, done)
+    # every strategy is lossless: a greedy row whose tokens differ from our ar's is a bug, said
+    # loudly and in the exit status (a peer's tokens may differ: other kernels, other rounding)
+    differ = [f"{r.strategy} on {r.prompt}" for r in rows if r.engine == "specchat" and r.identical is False]
+    if differ:
+        print(f"specchat: warning: greedy tokens differ from our ar's (every strategy should be lossless): "
+              f"{', '.join(differ)}", file=sys.stderr)
     if interrupted:
         print(f"specchat: interrupted: {done} of {len(encoded)} prompts measured{left_out}", file=sys.stderr)
         from .cli import EXIT_INTERRUPTED
 
         return EXIT_INTERRUPTED
-    return 0
+    return EXIT_MISMATCH if differ else 0
+
+
+EXIT_MISMATCH = 1  # bench measured, but a strategy's greedy tokens differ from our ar's
 
 
 def _check_peers(compare: str | None, session) -> list[str]:
@@ -272,11 +321,50 @@ def _spec_error(spec: str, e: ValueError) -> SpecchatError:
     return SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}")
 
 
-def _settings(session, args, n_prompts: int) -> dict[str, Any]:
+def _settings(session, args, n_prompts: int, strategies: list[str] | None = None,
+              peers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    import platform
+
+    import torch
+
     return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+            "top_p": getattr(args, "top_p", None), "seed": getattr(args, "seed", None),
+            "ignore_eos": bool(getattr(args, "ignore_eos", False)), "raw": bool(getattr(args, "raw", False)),
+            "strategies": strategies, "prompts_file": str(args.prompts) if getattr(args, "prompts", None) else None,
             "prompts": n_prompts, "dtype": session.target.compute, "dtype_arg": args.dtype, "warmup": args.warmup,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels(getattr(session.target, "model", None)),
-            "chain_scorer": _scorer_meta(session)}
+            "chain_scorer": _scorer_meta(session), "peers": peers or {}, "machine": _machine(),
+            "python": platform.python_version(), "torch": torch.__version__, "commit": _commit()}
+
+
+def _machine() -> dict[str, Any]:
+    """The CPU measured on (speeds differ several-fold between machines: compare ratios within one run)."""
+    import platform
+
+    model = None
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or None, "arch": platform.machine(), "cpus": os.cpu_count() or 0,
+            "system": platform.system()}
+
+
+def _commit() -> dict[str, Any] | None:
+    """The checkout's commit and whether tracked files were changed (None outside a git checkout)."""
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if head.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root, capture_output=True,
+                               text=True, timeout=10)
+        return {"sha": head.stdout.strip(), "dirty": bool(dirty.stdout.strip()) if dirty.returncode == 0 else None}
+    except (OSError, subprocess.SubprocessError):
+        return None
 
 
 def _scorer_meta(session) -> dict[str, Any] | None:
@@ -398,7 +486,7 @@ def _run_child(code: str, job: dict, peer: str) -> list[dict]:
     return results
 
 
-def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) -> list[Row]:
+def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals, info=None) -> list[Row]:
     """Hugging Face generate(): plain and prompt lookup, same model, dtype (the compute type's:
     bf16 for our bf16 C pass), prompts, N and thread count, in a child process at OpenMP's own
     wait policy (see _TRANSFORMERS_CHILD). The rate is (n - 1) / (t_n - t_1), prefill excluded."""
@@ -412,7 +500,9 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
            "dtype": str(session.decoder.target.compute_dtype).replace("torch.", ""), "threads": _threads(),
            "eos": sorted(session.decoder.eos_ids), "n": N, "prompts": [[name, list(ids)] for name, ids in encoded]}
     results = _run_child(_TRANSFORMERS_CHILD, job, "transformers")
-    results.pop()
+    version = results.pop()["version"]
+    if info is not None:
+        info["transformers"] = {"version": version, "dtype": job["dtype"], "threads": job["threads"]}
     rows = []
     for r in results:
         if "skipped" in r:
@@ -424,9 +514,10 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals) 
         ident = out == ar_out.get(name) if args.temperature <= 0 else None
         rows.append(Row(label, "transformers", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, r["rss_mb"], n, ident))
         t = totals.setdefault((label, "transformers"), [0.0, 0.0, 0.0, 0.0, 0.0])
-        t[0] += n - 1
-        t[1] += tn - t1
-        t[2] += n - 1
+        if rate > 0:  # measured: a prompt ended at its first token adds no rate, only noise
+            t[0] += n - 1
+            t[1] += tn - t1
+            t[2] += n - 1
         _progress(f"{label:>8} {name:<12} {rate:7.1f} tok/s  (transformers, own process)")
     return rows
 
@@ -543,7 +634,7 @@ def llama_cpp_first(args, prompts) -> tuple[list, tuple[str, list[dict]]] | None
     return encoded, _run_llama_cpp(path, eos, encoded, args.max_new_tokens)
 
 
-def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals, early=None) -> list[Row]:
+def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals, early=None, info=None) -> list[Row]:
     """llama.cpp (llama-cpp-python, the ``peers`` extra): plain greedy decoding of the same GGUF
     file (its own quantized kernels: the weights stay Q4_1 etc. and the activations are rounded to
     8 bits, as in our q8 type, so its tokens may differ from ours), same prompts (our
@@ -556,6 +647,8 @@ def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals, ear
         version, results = early[1]
     else:
         version, results = _run_llama_cpp(session.target.path, session.decoder.eos_ids, encoded, N)
+    if info is not None:
+        info["llama.cpp"] = {"version": version, "weights": "the GGUF's own", "threads": _threads()}
     rows = []
     for r in results:
         name, out, secs = r["name"], r["out"], r["secs"]
@@ -564,8 +657,9 @@ def _bench_llama_cpp(session, encoded, N: int, args, ar_tps, ar_out, totals, ear
         ident = out == ar_out.get(name) if args.temperature <= 0 else None
         rows.append(Row("ar", "llama.cpp", name, rate, rate / ar_tps[name] if ar_tps.get(name) else 0.0, None, r.get("rss_mb", 0.0), n, ident))
         t = totals.setdefault(("ar", "llama.cpp"), [0.0, 0.0, 0.0, 0.0, 0.0])
-        t[0] += n - 1
-        t[1] += secs
-        t[2] += n - 1
+        if rate > 0:
+            t[0] += n - 1
+            t[1] += secs
+            t[2] += n - 1
         _progress(f"{'ar':>8} {name:<12} {rate:7.1f} tok/s  (llama.cpp {version}, own process)")
     return rows
