@@ -152,11 +152,21 @@ class Decoder:
         todo = prompt_ids[n:-1]
         piece = len(todo) if stop is None else PREFILL_PIECE
         done = 0
-        while done < len(todo):
-            if stop is not None and stop.is_set():
-                break
-            self.target.prefill(todo[done:done + piece])
-            done += min(piece, len(todo) - done)
+        try:
+            while done < len(todo):
+                if stop is not None and stop.is_set():
+                    break
+                self.target.prefill(todo[done:done + piece])
+                done += min(piece, len(todo) - done)
+        except BaseException:
+            # an error between pieces (out of memory on a long prompt): the chat goes on, so the history
+            # must say what the cache holds now (the next start compares them), or nothing where unsure
+            if cache.length == n + done:
+                self.history = prompt_ids[:n + done + 1]
+            else:
+                cache.reset()
+                self.history = []
+            raise
         self.history = prompt_ids if done == len(todo) else prompt_ids[:n + done + 1]
         self.prefilled = done
         self._turn_start, self._last_emitted = len(self.history), 1

@@ -76,6 +76,8 @@ class ChatSession:
             drafter_tokenizer=drafter.tokenizer if drafter is not None else None,
         )
         self.strategy = strategy or default_strategy(self.has_drafter)
+        self._last_prompt: list[int] | None = None  # stream_chat: the prompt ids of the last reply
+        self._redraws = 0  # and how many times running it has been asked for again (regenerate)
 
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
@@ -233,9 +235,13 @@ class ChatSession:
 
     def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
         ids, dropped = self.fit_chat(messages, max_new_tokens)
+        # the same prompt again (regenerate): a sampled reply is drawn anew, not the last one again
+        # (the seed is the reply's random stream); a prompt's first reply keeps the seed as set
+        self._redraws = self._redraws + 1 if ids == self._last_prompt else 0
+        self._last_prompt, redraw = ids, self._redraws
         prefill_s = self.decoder.start(ids, stop)  # stoppable between prefill pieces (Esc on a long prompt)
         first = True
-        for ev in self.decoder.steps(lambda: self.strategy, max_new_tokens, stop):
+        for ev in self.decoder.steps(lambda: redrawn(self.strategy, redraw), max_new_tokens, stop):
             if first:  # the first event carries the prompt's prefill (the dashboard shows it)
                 ev.prefill_s, ev.prefill_tokens, first = prefill_s, self.decoder.prefilled, False
                 ev.dropped_messages = dropped
@@ -276,6 +282,14 @@ class ChatSession:
             probe.cache = None
         return Baseline(summ.tokens_per_s, summ.new_tokens, stopped=stopped, context=len(ids) + summ.new_tokens / 2,
                         long_tokens_per_s=long_tps, long_context=long_ctx)
+
+
+def redrawn(strategy: Strategy, n: int) -> Strategy:
+    """``strategy`` for the ``n``-th repeated reply to one prompt (0: itself): its seed moved on
+    (greedy decoding draws nothing: unchanged)."""
+    if n <= 0 or strategy.greedy:
+        return strategy
+    return strategy.replace(seed=(int(strategy.seed) + n * 0x9E3779B97F4A7C15) % (1 << 63))
 
 
 BASELINE_PROMPT = "Describe a quiet morning in a small harbour town."
