@@ -133,6 +133,11 @@ def drafter_after_switch(registry: Registry, target: str, current_drafter: str |
 
 
 # ---- the screen ---------------------------------------------------------------------------------------
+def unsupported(entry) -> bool:
+    """A models.toml entry whose ``family`` (its config's model_type) the loader does not build."""
+    return bool(entry.family) and entry.family not in hub.MODEL_TYPES
+
+
 class ModelsScreen(ModalScreen[ModelChoice | None]):
     """Pick a model; dismissed with the :class:`ModelChoice` to load (None: closed)."""
 
@@ -241,6 +246,8 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         drafter = self._drafter_for(name)
         after = (f"keeps drafter {drafter}" if drafter == self.current_drafter else f"loads with its drafter {drafter}"
                  ) if drafter != NO_DRAFTER else "loads without a drafter model"
+        if unsupported(e):
+            after = f"not loadable yet: specchat does not build the {e.family} architecture"
         detail.update(f"{facts}\n{pairs}\n{after}" + (f" · {e.notes}" if e.notes else ""))
 
     def _drafter_for(self, target: str) -> str:
@@ -284,6 +291,10 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         choice = ModelChoice(name, drafter, paired=default is not None and default.drafter == drafter)
         if row.status == "loaded" and choice.drafter == (self.current_drafter or NO_DRAFTER) and self.loading is None:
             self.notify(f"{name} is already loaded.", markup=False)
+            return
+        if unsupported(row.entry):  # listed in models.toml for its pairings' sake: no download that would be refused
+            self.notify(f"{name}: the {row.entry.family} architecture is not supported yet (supported: "
+                        f"{', '.join(sorted(hub.MODEL_TYPES))})", severity="warning", markup=False)
             return
         if row.available:
             self.dismiss(choice)

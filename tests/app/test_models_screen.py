@@ -708,3 +708,19 @@ async def test_a_second_picker_is_not_opened_over_the_first(models_file: Path) -
         await pilot.pause()
         assert sum(isinstance(s, ModelsScreen) for s in app.screen_stack) == 1
         assert any("already open" in m for m, _ in notices(app))
+
+
+async def test_an_entry_of_an_unsupported_architecture_says_so_before_any_download(fake: FakeHub, tmp_path: Path) -> None:
+    """models.toml lists falcon-h1 (model_type falcon_h1) for its pairings: Enter downloaded its
+    config.json only to be refused then; the picker now says so at once and fetches nothing."""
+    models = write_models_file(tmp_path, MODELS_TOML + '\n[[model]]\nname = "falcon"\nhub_id = "org/remote"\n'
+                               'role = ["target"]\nfamily = "falcon_h1"\n')
+    loader = Loader()
+    app = make_app(models, loader)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        screen = await open_picker(pilot)
+        await pick(pilot, screen, "falcon")
+        await pilot.pause()
+        assert any("falcon: the falcon_h1 architecture is not supported yet" in m for m, _ in notices(app))
+        assert "not loadable yet" in str(screen.query_one("#models-detail").render())
+        assert isinstance(app.screen, ModelsScreen) and screen.job is None and not fake.requests and not loader.calls
