@@ -202,11 +202,17 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def _fold(value: Any) -> str:
+    """A TEXT column casefolded, for a search in any case (:meth:`ChatStore.chats`)."""
+    return _text(value).casefold()
+
+
 class ChatStore:
     """The open database. Every public method commits before it returns."""
 
     def __init__(self, db: sqlite3.Connection, path: Path | None) -> None:
         self._db = db
+        db.create_function("specchat_fold", 1, _fold, deterministic=True)  # the search's case folding
         self.path = path  # None: in memory (nothing is saved)
 
     # ---- opening --------------------------------------------------------------------------------
@@ -282,13 +288,20 @@ class ChatStore:
 
     def chats(self, search: str = "") -> list[ChatRecord]:
         """Every chat, the most recently updated first; with ``search``, those whose title or any
-        user or assistant message contains it (case-insensitive for ASCII letters, as SQLite's LIKE)."""
-        where, args = "", ()
-        if search:
+        user or assistant message contains it, in any case: SQLite's LIKE for an ASCII search (it
+        folds ASCII letters only, and scans ~10x faster than a Python function), Unicode case
+        folding for any other (LIKE's "ÉTÉ" did not find "été")."""
+        where: str = ""
+        args: tuple[Any, ...] = ()
+        if search and search.isascii():
             pattern = "%" + search.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
             where = (" WHERE c.title LIKE ? ESCAPE '\\' OR EXISTS (SELECT 1 FROM messages m"
                      " WHERE m.chat_id = c.id AND m.role != 'system' AND m.content LIKE ? ESCAPE '\\')")
             args = (pattern, pattern)
+        elif search:
+            where = (" WHERE instr(specchat_fold(c.title), ?) OR EXISTS (SELECT 1 FROM messages m"
+                     " WHERE m.chat_id = c.id AND m.role != 'system' AND instr(specchat_fold(m.content), ?))")
+            args = (search.casefold(),) * 2
         rows = self._read(
             "SELECT c.id, c.title, c.created, c.updated, c.model, c.strategy,"
             " (SELECT COUNT(*) FROM messages m WHERE m.chat_id = c.id AND m.role != 'system')"

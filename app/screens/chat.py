@@ -404,7 +404,12 @@ class ChatScreen(Screen[None]):
 
     @on(ChatList.Renamed)
     def _chat_renamed(self, event: ChatList.Renamed) -> None:
-        self._save(self.store.rename_chat, event.chat_id, event.title)
+        try:
+            self.store.rename_chat(event.chat_id, event.title)
+        except StoreError as exc:  # (the title line took the new name the file did not keep)
+            self.notify(str(exc), title="Chat not renamed", severity="error", timeout=10, markup=False)
+            self.chat_list.focus_list()
+            return
         if event.chat_id == self.chat_id:
             self.chat_title = event.title
             self._show_title()
@@ -416,7 +421,11 @@ class ChatScreen(Screen[None]):
         current = event.chat_id == self.chat_id
         if current and self._refuse_while_busy("deleting this chat"):
             return
-        self._save(self.store.delete_chat, event.chat_id)
+        try:
+            self.store.delete_chat(event.chat_id)
+        except StoreError as exc:  # (it said "Chat deleted." and closed the chat, still in the file)
+            self.notify(str(exc), title="Chat not deleted", severity="error", timeout=10, markup=False)
+            return
         if current:
             await self._show_chat(None)
         self.prompt.set_history(self._load(self.store.prompt_history, []))
@@ -898,7 +907,7 @@ class ChatScreen(Screen[None]):
     def action_export_chat(self) -> None:
         """Ctrl+P "Export this chat as Markdown": to ``exports/`` beside the chat database (the
         current directory when the chats are in memory); the toast says where."""
-        from ..export import export_chat
+        from ..export import close_fences, export_chat
 
         if not self._has_user_message:
             self.notify("Nothing to export yet: send a message first.", timeout=4)
@@ -908,11 +917,11 @@ class ChatScreen(Screen[None]):
         conversation = [dict(m) for m in self.conversation]
         run = self._run
         if run is not None and not self._reply_saved:  # a reply streaming (or not yet saved): as far as it got
-            partial = run.text + "\n\n*(still being written when exported)*"
+            note = "\n\n*(still being written when exported)*"  # (after the code block it is in, closed: not code)
             if self._continuing is not None and conversation and conversation[-1]["role"] == "assistant":
-                conversation[-1]["content"] = self._continuing[0] + partial
+                conversation[-1]["content"] = close_fences(self._continuing[0] + run.text) + note
             else:
-                conversation.append({"role": "assistant", "content": partial})
+                conversation.append({"role": "assistant", "content": close_fences(run.text) + note})
         try:
             path = export_chat(folder, self.chat_title, conversation, model)
         except OSError as exc:

@@ -857,18 +857,27 @@ async def test_the_palette_exports_the_chat_beside_the_database(data_dir: Path) 
         assert any(f"Exported 2 messages to {files[0]}" == m for m, _ in notices(app))
 
 
-async def test_an_export_mid_reply_includes_the_reply_so_far(data_dir: Path) -> None:
-    engine = BlockingEngine(["Partial", " answer"])
+@pytest.mark.parametrize("script, shown", [
+    (["Partial", " answer"], "## Assistant\n\nPartial answer\n\n*(still being written when exported)*"),
+    # inside a code block: the block is closed before the note (it was code, as everything after it)
+    (["```sh\n", "ls -la"], "```sh\nls -la\n```\n\n*(still being written when exported)*"),
+], ids=["text", "code-block"])
+async def test_an_export_mid_reply_includes_the_reply_so_far(data_dir: Path, script: list[str], shown: str) -> None:
+    from markdown_it import MarkdownIt
+
+    engine = BlockingEngine(script)
     app = make_app(engine)
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
         await send(pilot, "Explain")
-        await wait_for(pilot, lambda: engine.blocking.is_set() and "answer" in (app.chat._run.text if app.chat._run else ""))
+        await wait_for(pilot, lambda: engine.blocking.is_set() and script[-1] in (app.chat._run.text if app.chat._run else ""))
         app.chat.action_export_chat()
         await pilot.pause()
         files = list((data_dir / "exports").glob("*.md"))
         assert len(files) == 1
-        assert "## Assistant\n\nPartial answer\n\n*(still being written when exported)*" in files[0].read_text()
+        text = files[0].read_text()
+        assert shown in text
+        assert "<p><em>(still being written when exported)</em></p>" in MarkdownIt("commonmark").render(text)  # not code
         assert any(m == f"Exported 2 messages to {files[0]}" for m, _ in notices(app))
         await pilot.press("escape")
         await reply_done(pilot)
