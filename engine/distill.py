@@ -290,6 +290,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     prompts_path, resp_path = out / "prompts.jsonl", out / "responses.jsonl"
     from .errors import SpecchatError
 
+    if (out / "responses.jsonl.xz").exists() and not resp_path.exists():
+        # its finished replies would go unseen and `distill train` would read only the new file
+        raise SpecchatError(f"{out}: its replies are in responses.jsonl.xz (a shipped set); decompress it "
+                            f"(xz -dk {out / 'responses.jsonl.xz'}) to add to it, or use another --out")
+    record = read_data_record(out, args)
+
     if args.prompts:
         from .bench import MAX_PROMPTS_BYTES
         from .registry import read_small
@@ -309,8 +315,6 @@ def cmd_data(args: argparse.Namespace) -> int:
         exclude = exclude | frozenset(p["text"] for f in files for p in read_prompts(f))
     if exclude:
         prompts = [p for p in prompts if p["text"] not in exclude]
-    if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
-        prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     done = set()
     _drop_partial_tail(resp_path)
     if resp_path.exists():
@@ -344,6 +348,9 @@ def cmd_data(args: argparse.Namespace) -> int:
             raise SpecchatError(f"--device {device} decodes batched rows (--batch > 1) of a Transformer target with a tokenizer; "
                                 f"{loaded.name} is not one, or --batch is 1")
 
+    check_data_record(out, record, session.target.name if session is not None else loaded.name)
+    if not prompts_path.exists() or prompts_path.read_text().count("\n") != len(prompts):
+        prompts_path.write_text("".join(json.dumps(p) + "\n" for p in prompts))
     if args.self_prompts:
         prompts = prompts + self_prompts(tok, target, out / "self_prompts.jsonl", args.self_prompts, args.seed, max(1, args.batch), exclude)
     todo = [p for p in prompts if p["id"] not in done]
@@ -381,6 +388,50 @@ def cmd_data(args: argparse.Namespace) -> int:
                 break
     print(file=sys.stderr)
     return 0
+
+
+DATA_RECORD = "data.json"  # what a `distill data` directory's replies were made with
+
+
+def read_data_record(out: Path, args: argparse.Namespace) -> dict:
+    """This run's settings that decide what a reply is ({"seed", "max_new_tokens", "prompts"}), checked
+    against those OUT/data.json recorded (a one-line error where they differ: a resume would mix
+    replies of two settings in one file, or, with another --seed, skip new prompts whose ids were
+    done under other texts). The target is checked once loaded (check_data_record)."""
+    from .errors import SpecchatError
+
+    want = {"seed": args.seed, "max_new_tokens": args.max_new_tokens,
+            "prompts": str(Path(args.prompts).resolve()) if args.prompts else None}
+    path = out / DATA_RECORD
+    if not path.exists():
+        return want
+    try:
+        have = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(have, dict):
+            raise ValueError
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise SpecchatError(f"{path}: damaged (the settings {out}'s replies were made with); fix or remove it") from None
+    for key, value in want.items():
+        if key == "seed" and want["prompts"] is not None:
+            continue  # with --prompts the seed only orders them (and seeds --self-prompts)
+        if key in have and have[key] != value:
+            flag = {"prompts": "--prompts", "seed": "--seed", "max_new_tokens": "--max-new-tokens"}[key]
+            raise SpecchatError(f"{out}: its replies were made with {flag} {have[key]}, this run has {value}; "
+                                "give the same to resume, or use another --out")
+    return dict(have, **want)
+
+
+def check_data_record(out: Path, record: dict, target: str) -> None:
+    """The loaded target is the one OUT's replies came from (a one-line error otherwise); then
+    OUT/data.json records this run's settings."""
+    from .errors import SpecchatError
+
+    if record.get("target") not in (None, target):
+        raise SpecchatError(f"{out}: its replies were made by target {record['target']!r}, this run's is {target!r}; "
+                            "resume with that target, or use another --out")
+    path, tmp = out / DATA_RECORD, out / f".{DATA_RECORD}.tmp"
+    tmp.write_text(json.dumps(dict(record, target=target)) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def cmd_ngram(args: argparse.Namespace) -> int:

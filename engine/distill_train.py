@@ -209,9 +209,13 @@ def cmd_topk(args: argparse.Namespace) -> int:
     t0, done_pos = time.perf_counter(), 0
     for c0 in range(0, len(seqs), args.chunk):
         part = out / f"part-{c0 // args.chunk:05d}.pt"
-        if part.exists():
-            continue
         chunk = seqs[c0:c0 + args.chunk]
+        if part.exists():
+            try:  # done, unless the set grew since (a last part written short) or it is damaged: then redone
+                if torch.load(part, map_location="cpu", weights_only=True)["ids"] == [r[0] for r in chunk]:
+                    continue
+            except Exception:
+                pass
         res: dict[str, tuple] = {}
         order = sorted(range(len(chunk)), key=lambda i: len(chunk[i][1]))
         for g in range(0, len(order), args.batch):
@@ -358,6 +362,8 @@ def load_for_training(init: Path):
     from .loading import draft_vocab_of, expand_rows, read_config, read_state_dict
 
     cfg = read_config(init)
+    if cfg.get("model_type") != "mamba2":  # transformers would fail on its config, or load it half at random
+        raise SpecchatError(f"--init {init}: a {cfg.get('model_type') or 'untyped'} model, not a Mamba-2 drafter")
     dv = draft_vocab_of(init, cfg.get("vocab_size"))
     if dv is None or dv["row_ids"] is None:
         return Mamba2ForCausalLM.from_pretrained(str(init), dtype=torch.float32)
@@ -413,6 +419,33 @@ def sigterm_as_interrupt() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, old)
+
+
+def read_train_state(path: Path) -> dict:
+    """DIR/train_state.pt (tensors only: ``weights_only``); a damaged one is a one-line error and
+    stays where it is."""
+    import torch
+
+    from .errors import SpecchatError
+
+    try:
+        st = torch.load(path, map_location="cpu", weights_only=True)
+        if not (isinstance(st, dict) and isinstance(st.get("model"), dict) and isinstance(st.get("opt"), dict)):
+            raise TypeError(f"holds a {type(st).__name__} without model and optimiser state")
+        int(st["step"]), int(st["order_seed"])
+    except Exception as e:  # cut short (EOFError, a zip error), a pickle of other objects, missing keys
+        why = " ".join(str(e).split())[:160] or type(e).__name__
+        raise SpecchatError(f"{path}: damaged or not a training state ({why}); move it away to start over, "
+                            "or use another --out") from None
+    return st
+
+
+def _shape_of(sd: dict) -> str:
+    """A drafter state dict's shape in words: vocabulary x width, layers."""
+    emb = sd.get("backbone.embeddings.weight")
+    layers = {k.split(".")[2] for k in sd if k.startswith("backbone.layers.")}
+    size = "x".join(map(str, emb.shape)) if hasattr(emb, "shape") else "no"
+    return f"embedding {size}, {len(layers)} layers"
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -506,9 +539,15 @@ def _train(args: argparse.Namespace) -> int:
     step, order_seed = 0, 0
     resumed_schedule = None  # (the schedule's last step, the warm-up's) as a resumed run left them
     if state_path.exists():
-        st = torch.load(state_path, map_location="cpu", weights_only=True)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
+        st = read_train_state(state_path)
+        try:
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["opt"])
+        except (RuntimeError, ValueError, KeyError) as e:  # a run of another shape saved it: kept, never overwritten
+            raise SpecchatError(f"{state_path}: a drafter of another shape than this run's ({_shape_of(st['model'])} "
+                                f"saved, {_shape_of(model.state_dict())} here); resume with the options that saved it "
+                                f"(--d-model, --layers, --d-state, --head-dim, --byte-level, --init, --grow-layers) "
+                                f"or use another --out ({type(e).__name__})") from None
         step, order_seed = int(st["step"]), int(st["order_seed"])
         resumed_schedule = st.get("schedule")
         print(f"resuming at step {step}", file=sys.stderr)
@@ -645,10 +684,15 @@ def _train(args: argparse.Namespace) -> int:
         return loss_sum / max(1, n), hits / max(1, n)
 
     def save_state() -> None:
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "order_seed": order_seed,
-                    "schedule": [total, warm_end]},
-                   state_path.with_suffix(".tmp"))
-        state_path.with_suffix(".tmp").replace(state_path)
+        tmp = state_path.with_suffix(".tmp")
+        try:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "order_seed": order_seed,
+                        "schedule": [total, warm_end]}, tmp)
+            tmp.replace(state_path)
+        except OSError as e:  # a full disk: the last state saved stays whole, no half file beside it
+            tmp.unlink(missing_ok=True)
+            raise SpecchatError(f"{state_path}: cannot save the training state at step {step} ({e.strerror or e}); "
+                                "the last one saved is kept") from None
 
     t0 = time.perf_counter()
     first = step
@@ -754,6 +798,11 @@ def cmd_export(args: argparse.Namespace) -> int:
     for name in names:  # a file of --to linked to the source's: writing it would rewrite the source
         if (dst / name).exists() and os.path.samefile(dst / name, src / name):
             raise SpecchatError(f"{dst / name}: is {src / name} itself (a link); choose another --to")
+    if dst.is_dir():  # every *.safetensors of a drafter directory loads: an earlier export's other shards would too
+        other = sorted(p.name for p in dst.glob("*.safetensors") if p.name not in {w.name for w in weights})
+        if other:
+            raise SpecchatError(f"{dst}: holds other weights ({', '.join(other[:3])}) that would load with the export's; "
+                                "choose another --to or remove them")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
     sd = read_state_dict(src)  # the loader's own checks: a damaged file is the one-line error `generate` gives
     shrunk = None
@@ -800,6 +849,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         except OSError as e:
             raise SpecchatError(f"{dst / 'draft_vocab.json'}: cannot write ({e.strerror or e})") from None
         print(f"draft vocabulary: {len(dv['token_ids'])} tokens ({share:.2%} of --head-data's reply tokens)", file=sys.stderr)
+    # an earlier export's files this drafter has none of: its draft vocabulary would cut the new one's
+    # proposals, its chain scorer was fitted to the weights just replaced
+    written = {n for n in EXPORT_FILES if (src / n).exists()} | ({"config.json", "draft_vocab.json"} if shrunk else set())
+    written |= {"draft_vocab.json"} if head is not None else set()
+    stale = [n for n in (*EXPORT_FILES, "chain_scorer.json") if n not in written and (dst / n).is_file()]
+    for name in stale:
+        try:
+            (dst / name).unlink()
+        except OSError as e:
+            raise SpecchatError(f"{dst / name}: an earlier export's, cannot remove it ({e.strerror or e})") from None
+    if stale:
+        print(f"removed {', '.join(stale)} from {dst}: an earlier export's, not this drafter's"
+              + (" (refit chain_scorer.json with `specchat distill scorer`)" if "chain_scorer.json" in stale else ""),
+              file=sys.stderr)
     print(f"exported {src} -> {dst} ({args.dtype}, {total / 2**20:.1f} MiB of weights)", file=sys.stderr)
     return 0
 
