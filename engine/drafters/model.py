@@ -120,7 +120,8 @@ class ModelDrafter:
             self.seen.extend(history[n:n + len(rows)])
         self._scratch_tokens = []
         rest = history[len(self.seen):]
-        V = self.model.vocab_size
+        embed = getattr(self.model, "embed", None)  # (rows, D): the input rows (a draft vocabulary cuts the head only)
+        V = int(embed.shape[0]) if isinstance(embed, torch.Tensor) else self.target_vocab
         if V < self.target_vocab:
             # a target whose embedding has padding rows the drafter lacks (Qwen2.5-7B's 152064 beside
             # 0.5B's 151936, one tokenizer) can sample one of them: the drafter reads it as id 0, which
