@@ -331,6 +331,10 @@ class ChatStore:
         """
         stamp = now()
         with self._write() as db:
+            if db.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone() is None:
+                # (deleted in another specchat window: the insert failed with "FOREIGN KEY constraint failed")
+                raise StoreError("could not save: this chat was deleted (in another specchat window?); "
+                                 "start a new chat (Ctrl+N) to keep what follows", path=str(self.path or ":memory:"))
             row = db.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()
             idx = int(row[0])
             db.execute("INSERT INTO messages (chat_id, idx, role, content, created, stats) VALUES (?, ?, ?, ?, ?, ?)",

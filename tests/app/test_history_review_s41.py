@@ -181,3 +181,19 @@ async def test_a_delete_or_rename_the_file_refuses_says_so_and_changes_nothing(
         assert any("database is locked" in m and s == "error" for m, s in notices(app))
         assert app.chat.chat_id is not None and [m["content"] for m in app.chat.conversation] == ["first", "ok"]
         assert [c.title for c in app.chat.chat_list.chats] == ["first"]
+
+
+def test_saving_into_a_chat_deleted_elsewhere_says_so(tmp_path: Path) -> None:
+    """Another window deleted the chat this one shows: each save failed with "could not save:
+    FOREIGN KEY constraint failed"."""
+    from app.store import StoreError
+
+    store = ChatStore.open(tmp_path / "s.db")
+    cid = store.new_chat("shared")
+    store.add_message(cid, "user", "hello")
+    other = ChatStore.open(tmp_path / "s.db")
+    other.delete_chat(cid)
+    with pytest.raises(StoreError, match="this chat was deleted \\(in another specchat window\\?\\)") as e:
+        store.add_message(cid, "assistant", "hi")
+    assert "FOREIGN KEY" not in str(e.value) and "Ctrl+N" in str(e.value)
+    assert other.chats() == [] and store.chats() == []
