@@ -40,6 +40,11 @@ class StoreError(SpecchatError):
     """The chat database cannot be opened or written; the message is one line naming the file."""
 
 
+class ChatChanged(StoreError):
+    """The chat's saved messages are not the ones the writer expects (another specchat window wrote
+    to it): nothing was written."""
+
+
 def data_dir() -> Path:
     """Where specchat keeps its data (see the module docstring); not created here."""
     override = os.environ.get(DATA_DIR_ENV)
@@ -323,8 +328,9 @@ class ChatStore:
 
     # ---- messages -------------------------------------------------------------------------------
     def add_message(self, chat_id: int, role: str, content: str, stats: dict[str, Any] | None = None, *,
-                    model: str | None = None, strategy: dict[str, Any] | None = None) -> int:
-        """Append a message (committed on return); returns its index in the chat.
+                    model: str | None = None, strategy: dict[str, Any] | None = None, at: int | None = None) -> int:
+        """Append a message (committed on return); returns its index in the chat. With ``at``, only
+        as the chat's message ``at`` (else ChatChanged, nothing written: another window wrote to it).
 
         The chat's ``updated`` moves on; its first user message becomes its title if it has none;
         ``model`` and ``strategy``, when given, record what the chat last ran with.
@@ -337,6 +343,9 @@ class ChatStore:
                                  "start a new chat (Ctrl+N) to keep what follows", path=str(self.path or ":memory:"))
             row = db.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()
             idx = int(row[0])
+            if at is not None and idx != at:
+                raise ChatChanged(f"the chat has {idx} saved messages, not {at}: another window wrote to it",
+                                  path=str(self.path or ":memory:"))
             db.execute("INSERT INTO messages (chat_id, idx, role, content, created, stats) VALUES (?, ?, ?, ?, ?, ?)",
                        (chat_id, idx, role, content, stamp, _json(stats)))
             db.execute("UPDATE chats SET updated = ? WHERE id = ?", (stamp, chat_id))
@@ -385,9 +394,15 @@ class ChatStore:
                           " WHERE chat_id = ? ORDER BY idx", (chat_id,))
         return [MessageRecord(r[0], r[1], _text(r[2]), _text(r[3]), _text(r[4]), _unjson_table(r[5])) for r in rows]
 
-    def truncate(self, chat_id: int, keep: int) -> int:
-        """Delete the chat's messages from index ``keep`` on (regenerate, a failed send); returns how many."""
+    def truncate(self, chat_id: int, keep: int, expect: int | None = None) -> int:
+        """Delete the chat's messages from index ``keep`` on (regenerate, a failed send); returns how
+        many. With ``expect``, only where the chat has that many (else ChatChanged, nothing deleted)."""
         with self._write() as db:
+            if expect is not None:
+                n = int(db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0])
+                if n != expect:
+                    raise ChatChanged(f"the chat has {n} saved messages, not {expect}: another window wrote to it",
+                                      path=str(self.path or ":memory:"))
             return db.execute("DELETE FROM messages WHERE chat_id = ? AND idx >= ?", (chat_id, keep)).rowcount
 
     def prompt_history(self, limit: int = HISTORY_MAX) -> list[str]:

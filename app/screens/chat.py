@@ -23,7 +23,7 @@ from engine.strategy import StrategyError
 from ..gc_hold import FULL_COLLECTIONS
 from ..keys import app_keys
 from ..reply import ReplyRun, add_change
-from ..store import ChatStore, StoreError, strategy_from_dict, title_from
+from ..store import ChatChanged, ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
@@ -173,6 +173,7 @@ class ChatScreen(Screen[None]):
         self._gc_held = False  # this screen holds FULL_COLLECTIONS (from a reply's start to its finish)
         self._finishing = False
         self._reply_saved = False
+        self._saved_n = 0  # the messages of chat_id this window saved or loaded: its next message's index there
         self._send_when_stopped = False  # Enter pressed while the reply was stopping: send once it has (_send_queued)
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._draft_before_edit = ""  # the prompt's text when that edit began
@@ -238,14 +239,47 @@ class ChatScreen(Screen[None]):
         if self.chat_id is None:
             self.chat_id = self._save(self.store.new_chat, title=self._kept_title, model=model or "", strategy=strategy)
             self._kept_title = ""
+            self._saved_n = 0
             if self.chat_id is None:
                 return
             for m in self.conversation[: self._n_system]:  # the new chat's system prompt comes first
-                self._save(self.store.add_message, self.chat_id, "system", m["content"])
+                if self._save(self.store.add_message, self.chat_id, "system", m["content"], at=self._saved_n) is not None:
+                    self._saved_n += 1
         if role == "user" and not self.chat_title:
             self.chat_title = title_from(content)
             self._show_title()
-        self._save(self.store.add_message, self.chat_id, role, content, stats, model=model, strategy=strategy)
+        try:
+            self.store.add_message(self.chat_id, role, content, stats, model=model, strategy=strategy, at=self._saved_n)
+            self._saved_n += 1
+        except ChatChanged:  # another window wrote to this chat: this window's conversation goes on in a copy
+            last = self.conversation[-1] if self.conversation else None
+            mine = list(self.conversation)
+            if last != {"role": role, "content": content}:  # (a reply saved at quit is not in the conversation)
+                mine.append({"role": role, "content": content})
+            self._fork(mine, stats)
+        except StoreError as exc:
+            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
+
+    def _fork(self, messages: list[dict[str, str]], last_stats: dict[str, Any] | None = None) -> None:
+        """This window's ``messages`` saved as a new chat, which it shows from now on: the chat it had
+        open was written to by another specchat window (its saved messages are no longer this
+        window's, and writing by this window's indices would delete or mix the other's)."""
+        session = self.session
+        title = f"{self.chat_title or NEW_CHAT_TITLE} (copy)"
+        self.chat_id = self._save(self.store.new_chat, title=title, model=session.description if session else "",
+                                  strategy=session.strategy.to_dict() if session is not None else None)
+        self._saved_n = 0
+        if self.chat_id is None:
+            return
+        for i, m in enumerate(messages):
+            stats = last_stats if i == len(messages) - 1 else None
+            if self._save(self.store.add_message, self.chat_id, m["role"], m["content"], stats, at=self._saved_n) is None:
+                break
+            self._saved_n += 1
+        self.chat_title = title
+        self._show_title()
+        self.notify("This chat was changed in another specchat window: this window's conversation goes on as a "
+                    f"new chat, {title!r}.", severity="warning", timeout=10, markup=False)
 
     @property
     def _n_system(self) -> int:
@@ -275,7 +309,14 @@ class ChatScreen(Screen[None]):
         if keep <= self._n_system:  # a title the user gave (not the first message's) comes back with the chat
             first = next((m.content for m in self._load(self.store.messages, [], self.chat_id) if m.role == "user"), None)
             renamed = bool(self.chat_title) and (first is None or self.chat_title != title_from(first))
-        self._save(self.store.truncate, self.chat_id, keep)
+        try:
+            self.store.truncate(self.chat_id, keep, expect=self._saved_n)
+            self._saved_n = min(self._saved_n, keep)
+        except ChatChanged:  # another window wrote to it: its messages stay, this window's go on in a copy
+            self._fork(self.conversation[:keep])
+            return
+        except StoreError as exc:
+            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
         if keep <= self._n_system:
             self._save(self.store.delete_chat, self.chat_id)
             self._kept_title = self.chat_title if renamed else ""
@@ -311,6 +352,7 @@ class ChatScreen(Screen[None]):
         if record is None:
             chat_id, records = None, []
         self.chat_id = chat_id
+        self._saved_n = len(records)
         if self._editing is not None:  # an edit of the chat left ends: the prompt gets its draft back
             self._editing = None
             self._restore_draft()

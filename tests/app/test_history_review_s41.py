@@ -1,5 +1,5 @@
 """Review (session 41) of the chat list, saved history, export and the command palette: each test
-here failed before its fix (or, marked xfail, documents a defect left for a design decision)."""
+here failed before its fix."""
 
 from __future__ import annotations
 
@@ -114,12 +114,12 @@ async def test_titles_and_searches_with_markup_characters_show_as_typed(data_dir
 
 
 # ---- two instances on one database --------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="a chat written to by another specchat window: the screen's indices "
-                   "no longer match the saved ones (left for a design decision: fork the chat, or refuse)")
 async def test_a_regenerate_does_not_delete_what_another_window_saved_in_the_same_chat(data_dir: Path) -> None:
     """A second specchat opens the most recently updated chat, the one the first is showing; what
-    each sends interleaves in the file, and Ctrl+R in the first truncates by its own index: it
-    deleted the other window's answer and the first window's own last message."""
+    each sent interleaved in the file, and Ctrl+R in the first truncated by its own index: it
+    deleted the other window's answer and the first window's own last message. Now a write that
+    finds the chat changed by another window writes nothing there: this window's conversation goes
+    on as a copy, the other's messages stay as they were."""
     app = make_app(FakeEngine(["ok"]))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
         await ready(pilot)
@@ -131,8 +131,14 @@ async def test_a_regenerate_does_not_delete_what_another_window_saved_in_the_sam
         await chat(pilot, "from A 2")
         await pilot.press("ctrl+r")
         await reply_done(pilot)
-        contents = [m.content for m in other.messages(cid)]
-        assert "B's answer" in contents and "from A 2" in contents
+        assert [m.content for m in other.messages(cid)] == ["from A 1", "ok", "from B", "B's answer"]
+        copy = app.chat.chat_id
+        assert copy != cid and app.chat.chat_title.endswith("(copy)")
+        assert [m.content for m in other.messages(copy)] == ["from A 1", "ok", "from A 2", "ok"]
+        assert any("changed in another specchat window" in m for m, _ in notices(app))
+        await chat(pilot, "from A 3")  # the copy goes on as any chat
+        assert [m.content for m in other.messages(copy)][-2:] == ["from A 3", "ok"]
+        assert len(other.chats()) == 2
 
 
 # ---- a file that cannot be written (locked by another program, read-only, disk full) ------------
