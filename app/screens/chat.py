@@ -224,9 +224,12 @@ class ChatScreen(Screen[None]):
             return default
 
     def _save(self, write: Any, *args: Any, **kwargs: Any) -> Any:
-        """``write(*args, **kwargs)``; on a StoreError, an error toast (the chat goes on unsaved)."""
+        """``write(*args, **kwargs)``; on a StoreError, an error toast (the chat goes on unsaved).
+        ChatChanged (another window wrote to the chat) is the caller's to handle."""
         try:
             return write(*args, **kwargs)
+        except ChatChanged:
+            raise
         except StoreError as exc:
             self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
             return None
@@ -249,16 +252,15 @@ class ChatScreen(Screen[None]):
             self.chat_title = title_from(content)
             self._show_title()
         try:
-            self.store.add_message(self.chat_id, role, content, stats, model=model, strategy=strategy, at=self._saved_n)
-            self._saved_n += 1
+            if self._save(self.store.add_message, self.chat_id, role, content, stats, model=model, strategy=strategy,
+                          at=self._saved_n) is not None:
+                self._saved_n += 1
         except ChatChanged:  # another window wrote to this chat: this window's conversation goes on in a copy
             last = self.conversation[-1] if self.conversation else None
             mine = list(self.conversation)
             if last != {"role": role, "content": content}:  # (a reply saved at quit is not in the conversation)
                 mine.append({"role": role, "content": content})
             self._fork(mine, stats)
-        except StoreError as exc:
-            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
 
     def _fork(self, messages: list[dict[str, str]], last_stats: dict[str, Any] | None = None) -> None:
         """This window's ``messages`` saved as a new chat, which it shows from now on: the chat it had
@@ -310,13 +312,11 @@ class ChatScreen(Screen[None]):
             first = next((m.content for m in self._load(self.store.messages, [], self.chat_id) if m.role == "user"), None)
             renamed = bool(self.chat_title) and (first is None or self.chat_title != title_from(first))
         try:
-            self.store.truncate(self.chat_id, keep, expect=self._saved_n)
-            self._saved_n = min(self._saved_n, keep)
+            if self._save(self.store.truncate, self.chat_id, keep, expect=self._saved_n) is not None:
+                self._saved_n = min(self._saved_n, keep)
         except ChatChanged:  # another window wrote to it: its messages stay, this window's go on in a copy
             self._fork(self.conversation[:keep])
             return
-        except StoreError as exc:
-            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
         if keep <= self._n_system:
             self._save(self.store.delete_chat, self.chat_id)
             self._kept_title = self.chat_title if renamed else ""
