@@ -200,7 +200,7 @@ def peak_mb(fn: Callable[[], Any], dev: torch.device) -> float | None:
 @contextlib.contextmanager
 def triton_backend(on: bool):
     """The engine's kernel switch (kernels.USE_TRITON) for the rows inside."""
-    import kernels
+    from engine import kernels
 
     old = kernels.USE_TRITON
     kernels.USE_TRITON = on and kernels.HAS_TRITON
@@ -616,10 +616,10 @@ def kernel_errors(dev: torch.device, smoke: bool) -> list[dict[str, Any]]:
     """Each op at model sizes: fp32 relative error against its reference (both fp32), and with
     bf16 inputs the kernel's error against the fp32 reference next to the reference's own error
     on the same bf16 inputs (flash-attention's rule: within 2x PyTorch's own, plus a floor)."""
-    from kernels.ssd_update import ssd_update, ssd_update_ref
-    from kernels.state_gather import state_gather, state_gather_ref
-    from kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
-    from kernels.tree_scan import tree_scan, tree_scan_ref
+    from engine.kernels.ssd_update import ssd_update, ssd_update_ref
+    from engine.kernels.state_gather import state_gather, state_gather_ref
+    from engine.kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
+    from engine.kernels.tree_scan import tree_scan, tree_scan_ref
 
     s = shapes(smoke)
     H, P, N, G, C, K = s["H"], s["P"], s["N"], s["G"], s["C"], s["K"]
@@ -673,12 +673,12 @@ def tree_scan_bench(dev: torch.device, smoke: bool, reps: int) -> dict[str, Any]
     over the 161 rows of every root-to-leaf path as its own chain (the engine's --ssm-tree
     unrolled), and the 32 paths as a batch of 6-token chains through the fused multi-step update
     (what an engine without tree kernels would batch); plus the PyTorch quadratic form."""
-    import kernels
+    from engine import kernels
     from engine.generate import unroll
     from engine.models.mamba2 import tree_scan as torch_tree_scan
 
-    from kernels.ssd_update import ssd_update
-    from kernels.tree_scan import tree_scan
+    from engine.kernels.ssd_update import ssd_update
+    from engine.kernels.tree_scan import tree_scan
 
     s = shapes(smoke)
     H, P, N, G = s["H"], s["P"], s["N"], s["G"]
@@ -747,10 +747,10 @@ def multistep_bench(dev: torch.device, smoke: bool, reps: int) -> dict[str, Any]
     """6 tokens of one sequence from a given state: the fused multi-step update (one launch, the
     state in registers) vs six one-step launches (the state through memory each time), and the
     PyTorch paths (the engine's unrolled replay contraction, and a per-step loop)."""
-    import kernels
+    from engine import kernels
     from engine.models.mamba2 import replay_state
 
-    from kernels.ssd_update import ssd_update
+    from engine.kernels.ssd_update import ssd_update
 
     s = shapes(smoke)
     H, P, N, G = s["H"], s["P"], s["N"], s["G"]

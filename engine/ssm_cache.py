@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
-from kernels import use_triton
+from engine.kernels import use_triton
 
 from .cache import ScratchCache, index_to
 
@@ -229,7 +229,7 @@ class DraftBatch:
         idx = index_to(idx, next(iter(self.state.values())).device)  # once for every state tensor
         for k, t in self.state.items():
             if use_triton(t):
-                from kernels.state_gather import state_gather
+                from engine.kernels.state_gather import state_gather
 
                 state_gather(t, idx, out=state[k])
             else:

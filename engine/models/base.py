@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-import kernels
+from engine import kernels
 
 from ..cache import KVCache
 

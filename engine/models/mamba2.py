@@ -14,7 +14,7 @@ The target-side algorithms are the point of this page:
     state and step by the plain recurrence, batched over rows (engine/ssm_cache.py).
 
 Devices: the model lives where its weights are; caches and index tensors follow it. On CUDA the
-mixer runs the Triton ops of kernels/ (kernels.use_triton: the tree conv, the tree scan — or the
+mixer runs the Triton ops of engine/kernels/ (kernels.use_triton: the tree conv, the tree scan — or the
 fused multi-step update when the new nodes are one chain — the activation replay of commit, and
 the drafter's one-token update in place); on a CPU the PyTorch code below, unchanged. With CUDA
 graphs on (engine/cuda_graphs.py) the drafter's batched step and a fresh tree's verify pass are
@@ -35,7 +35,7 @@ from typing import Any, Sequence
 import torch
 import torch.nn.functional as F
 
-from kernels import use_triton
+from engine.kernels import use_triton
 
 from .. import cuda_graphs
 from ..errors import ModelLoadError
@@ -263,7 +263,7 @@ class SSMCache(RecurrentCache):
         fused = self.A is not None and use_triton(self.ssm)
         for layer, a in enumerate(path):
             if fused:  # the multi-step update from the committed state, written into the spare buffer
-                from kernels.ssd_update import ssd_update
+                from engine.kernels.ssd_update import ssd_update
 
                 ssd_update(self.ssm[layer][None], a["x"][None], a["B"][None], None, a["dt"][None], self.A[layer],
                            out=self._spare_ssm[layer][None])
@@ -430,9 +430,9 @@ class Mamba2Mixer:
         tree_conv1d walks each node's ancestors in place (no gathered (T, K, C) windows), then one
         chain takes the fused multi-step update (state in registers), any other tree the tree scan
         (STree §3). Returns y (T, H, P) fp32 with the D skip."""
-        from kernels.ssd_update import ssd_update
-        from kernels.tree_conv1d import tree_conv1d
-        from kernels.tree_scan import tree_scan as tree_scan_kernel
+        from engine.kernels.ssd_update import ssd_update
+        from engine.kernels.tree_conv1d import tree_conv1d
+        from engine.kernels.tree_scan import tree_scan as tree_scan_kernel
 
         state = cache.ssm[layer]
         xs, B, C, dt = self._activate(tree_conv1d(cache.conv[layer], xbc, self.conv_w, self.conv_b, plan.parents), dt, biased=True)
@@ -444,13 +444,13 @@ class Mamba2Mixer:
         return y + self.D * xs  # (T, H, P)
 
     def prefill_chain(self, h: torch.Tensor, cache: SSMCache, layer: int, backend: str) -> torch.Tensor:
-        """A long prefill's chunk through this mixer by dense kernels (kernels/causal_conv.py,
-        kernels/chunk_scan.py: mamba_ssm's on CUDA, ``backend="ref"`` in tests): h (T, D) normed
+        """A long prefill's chunk through this mixer by dense kernels (engine/kernels/causal_conv.py,
+        engine/kernels/chunk_scan.py: mamba_ssm's on CUDA, ``backend="ref"`` in tests): h (T, D) normed
         input of a chain continuing the committed state of ``layer`` -> (T, D); the state after
         the chain goes to the cache's spare buffers (SSMCache.adopt_spare makes it current). Keeps
         no activations: nothing replays a prefill."""
-        from kernels.causal_conv import causal_conv
-        from kernels.chunk_scan import chunk_scan
+        from engine.kernels.causal_conv import causal_conv
+        from engine.kernels.chunk_scan import chunk_scan
 
         z, xbc, dt = self._project(h)
         conv_y, new_conv = causal_conv(cache.conv[layer], xbc, self.conv_w, self.conv_b, backend)
@@ -468,8 +468,8 @@ class Mamba2Mixer:
         window = torch.cat([conv, xbc[:, :, None]], dim=2)  # (B, C, K): the last K-1 inputs, then this one
         xs, B, C, dt = self._activate((window.transpose(1, 2) * self.conv_w).sum(1), dt)
         conv.copy_(window[:, :, 1:])
-        if use_triton(h):  # one fused pass over the state, in place (kernels/ssd_update.py with out=state)
-            from kernels.ssd_update import ssd_update
+        if use_triton(h):  # one fused pass over the state, in place (engine/kernels/ssd_update.py with out=state)
+            from engine.kernels.ssd_update import ssd_update
 
             y = ssd_update(ssm, xs[:, None], B[:, None], C[:, None], dt[:, None], self.A, out=ssm)[0][:, 0]
             return self._output(y + self.D * xs, z)

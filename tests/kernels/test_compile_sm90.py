@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-import kernels
+from engine import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.HAS_TRITON, reason="triton is a dev dependency (pip install -e .[dev])")
 
@@ -29,10 +29,10 @@ try:
     from triton.compiler import ASTSource
 except ImportError as e:
     print("API:", e); sys.exit(3)
-from kernels.ssd_update import _ssd_update_kernel, state_block_p
-from kernels.state_gather import _state_gather_kernel
-from kernels.tree_conv1d import _tree_conv1d_kernel
-from kernels.tree_scan import _tree_scan_kernel
+from engine.kernels.ssd_update import _ssd_update_kernel, state_block_p
+from engine.kernels.state_gather import _state_gather_kernel
+from engine.kernels.tree_conv1d import _tree_conv1d_kernel
+from engine.kernels.tree_scan import _tree_scan_kernel
 
 P, N = 64, 128
 F32, I32, I64 = "*fp32", "i32", "*i64"

@@ -18,7 +18,7 @@ import random
 import pytest
 import torch
 
-import kernels
+from engine import kernels
 from engine.generate import Decoder, run_generation
 from engine.loading import build, load, read_config, read_state_dict
 from engine.strategy import preset

@@ -19,13 +19,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import kernels
+from engine import kernels
 from engine.generate import Decoder, run_generation
 from engine.loading import load
 from engine.models.mamba2 import replay_state, tree_scan
 from engine.strategy import preset
-from kernels.causal_conv import causal_conv, causal_conv_ref
-from kernels.chunk_scan import chunk_scan, chunk_scan_ref
+from engine.kernels.causal_conv import causal_conv, causal_conv_ref
+from engine.kernels.chunk_scan import chunk_scan, chunk_scan_ref
 
 from ..test_granite_hybrid import SPECS as GRANITE_SPECS, hf_granite
 from ..test_mamba2 import hf_mamba2

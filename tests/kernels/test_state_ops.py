@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import HAS_TRITON
-from kernels.ssd_update import ssd_update, ssd_update_ref
-from kernels.state_gather import state_gather, state_gather_ref
+from engine.kernels import HAS_TRITON
+from engine.kernels.ssd_update import ssd_update, ssd_update_ref
+from engine.kernels.state_gather import state_gather, state_gather_ref
 
 pytestmark = pytest.mark.skipif(not HAS_TRITON, reason="triton is a dev dependency (pip install -e .[dev])")
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
@@ -87,7 +87,7 @@ TREES = [[-1], [-1, 0, 1, 2], [-1, -1, 0, 0, 1, 2, 5], [-1, -1, -1, 0, 0, 1, 1, 
 @pytest.mark.parametrize("H, P, G, N", [(1, 1, 1, 1), (4, 16, 2, 16), (6, 7, 3, 9)])
 def test_tree_scan_equals_the_recurrence_and_the_engine_s_quadratic_form(parents, H, P, G, N):
     from engine.models.mamba2 import tree_scan as engine_tree_scan
-    from kernels.tree_scan import tree_scan, tree_scan_ref
+    from engine.kernels.tree_scan import tree_scan, tree_scan_ref
 
     T = len(parents)
     state, x, B, C, dt, A, _ = _inputs(1, T, H, P, G, N, seed=T + H)
@@ -107,7 +107,7 @@ def test_tree_scan_equals_the_recurrence_and_the_engine_s_quadratic_form(parents
 @pytest.mark.parametrize("parents", TREES, ids=lambda p: f"T{len(p)}")
 @pytest.mark.parametrize("C, K", [(1, 2), (37, 4), (300, 4), (8, 3)])
 def test_tree_conv1d_equals_its_reference(parents, C, K):
-    from kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
+    from engine.kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
 
     g = torch.Generator().manual_seed(C + K)
     T = len(parents)
@@ -121,7 +121,7 @@ def test_tree_conv1d_equals_its_reference(parents, C, K):
 def test_tree_conv1d_reference_on_a_chain_is_torch_s_causal_conv1d():
     """Independent oracle for the reference: on a chain the tree conv is an ordinary depthwise
     causal conv over the committed inputs followed by the chain."""
-    from kernels.tree_conv1d import tree_conv1d_ref
+    from engine.kernels.tree_conv1d import tree_conv1d_ref
 
     g = torch.Generator().manual_seed(0)
     C, K, T = 5, 4, 6
@@ -136,8 +136,8 @@ def test_tree_ops_in_bf16_are_as_close_as_torch_s_own_bf16(parents):
     """The tree scan and the tree conv fed bf16 inputs (the engine's model dtype): their error
     against the fp32 reference stays within a small multiple of the reference's own error on the
     same bf16-rounded inputs (STYLE.md item 5)."""
-    from kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
-    from kernels.tree_scan import tree_scan, tree_scan_ref
+    from engine.kernels.tree_conv1d import tree_conv1d, tree_conv1d_ref
+    from engine.kernels.tree_scan import tree_scan, tree_scan_ref
 
     T = len(parents)
     par = _tree(parents).to(DEV)

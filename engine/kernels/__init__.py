@@ -10,7 +10,7 @@ Flags, resolved once here (STYLE.md item 9: never a ``None`` left by a failed im
                  (TRITON_INTERPRET=1 must be set before triton is imported; tests/kernels does)
     HAS_MAMBA_SSM  mamba_ssm and causal_conv1d are installed (the ``cuda`` extra)
     USE_MAMBA_SSM  a long prefill of a Mamba-2 model on CUDA runs their chunked-scan and causal
-                 conv kernels (kernels/chunk_scan.py, kernels/causal_conv.py): HAS_MAMBA_SSM and
+                 conv kernels (engine/kernels/chunk_scan.py, engine/kernels/causal_conv.py): HAS_MAMBA_SSM and
                  the environment says SPECCHAT_MAMBA_SSM=1 (off unless asked for)
     LONG_PREFILL   the fewest prompt tokens that take that path (SPECCHAT_LONG_PREFILL, default 128)
 
