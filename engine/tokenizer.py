@@ -462,6 +462,11 @@ def _gguf_tokenizer(md: Mapping[str, Any], where: Any, backend: tokenizers.Token
     found = {t: i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _CONTROL and t in _LLAMA3_ENDS}
     if "<|eot_id|>" in found and "<|end_of_text|>" in found:
         extra += found.values()
+    # Qwen2/2.5/3 stop at <|im_end|> and <|endoftext|> (generation_config.json: [151645, 151643];
+    # llama.cpp too), but the file names one eos (Instruct: <|im_end|>). Keyed on the architecture:
+    # SmolLM2 (a llama file) has the same two tokens and its generation_config lists only <|im_end|>.
+    if str(md.get("general.architecture", "")).startswith("qwen"):
+        extra += [i for i, (t, ty) in enumerate(zip(tokens, types)) if ty == _CONTROL and t == "<|endoftext|>"]
     name = md.get("general.name") or (Path(where).name if where else "gguf")
     return Tokenizer(
         backend, bos_id=tid("tokenizer.ggml.bos_token_id"), eos_id=tid("tokenizer.ggml.eos_token_id"),

@@ -273,9 +273,14 @@ def test_llama3_instruct_stops_at_each_of_its_end_tokens():
 
 def test_chatml_files_keep_their_own_stop_ids(make_tiny_gguf):
     """The Llama 3 rule leaves ChatML files alone: eos (<|im_end|>) plus the end-of-turn tokens the
-    template writes (SmolLM2's generation_config.json lists only <|im_end|>)."""
+    template writes (SmolLM2's generation_config.json lists only <|im_end|>). A Qwen file also stops
+    at <|endoftext|> (Qwen2.5's generation_config.json: [151645, 151643]; llama.cpp stops there),
+    which it used to decode as text and run on past."""
     from engine.loading import load
 
-    path, _, _ = make_tiny_gguf("qwen2", pre="qwen2", tied=True)  # eos 2 = <|im_end|>, 0 = <|endoftext|>
+    path, _, _ = make_tiny_gguf("llama", tied=True)  # eos 2 = <|im_end|>, 0 = <|endoftext|>
     tok = load(str(path)).tokenizer
-    assert tok.eos_id == 2 and tok.eos_ids == {2}
+    assert tok.token_str(0) == "<|endoftext|>" and tok.eos_id == 2 and tok.eos_ids == {2}
+    path, _, _ = make_tiny_gguf("qwen2", pre="qwen2", tied=True, name="q.gguf")
+    tok = load(str(path)).tokenizer
+    assert tok.eos_id == 2 and tok.eos_ids == {2, 0}
