@@ -275,6 +275,23 @@ class ChatStore:
         except sqlite3.Error as exc:
             raise StoreError(f"could not save: {exc}", path=str(self.path or ":memory:")) from None
 
+    def _check_exists(self, db: sqlite3.Connection, chat_id: int) -> None:
+        """StoreError unless the chat is in the file (another specchat window may have deleted it:
+        the write then failed with "FOREIGN KEY constraint failed", or wrote nothing and said nothing)."""
+        if db.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone() is None:
+            raise StoreError("could not save: this chat was deleted (in another specchat window?); "
+                             "start a new chat (Ctrl+N) to keep what follows", path=str(self.path or ":memory:"))
+
+    def _check_count(self, db: sqlite3.Connection, chat_id: int, expect: int | None) -> None:
+        """ChatChanged unless the chat has ``expect`` messages (None: no check): the writer's view of
+        it is stale, another specchat window wrote to it."""
+        if expect is None:
+            return
+        n = int(db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0])
+        if n != expect:
+            raise ChatChanged(f"the chat has {n} saved messages, not {expect}: another window wrote to it",
+                              path=str(self.path or ":memory:"))
+
     def _read(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._db.execute(sql, args).fetchall()
@@ -337,10 +354,7 @@ class ChatStore:
         """
         stamp = now()
         with self._write() as db:
-            if db.execute("SELECT 1 FROM chats WHERE id = ?", (chat_id,)).fetchone() is None:
-                # (deleted in another specchat window: the insert failed with "FOREIGN KEY constraint failed")
-                raise StoreError("could not save: this chat was deleted (in another specchat window?); "
-                                 "start a new chat (Ctrl+N) to keep what follows", path=str(self.path or ":memory:"))
+            self._check_exists(db, chat_id)
             row = db.execute("SELECT COALESCE(MAX(idx) + 1, 0) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()
             idx = int(row[0])
             if at is not None and idx != at:
@@ -357,12 +371,22 @@ class ChatStore:
                 db.execute("UPDATE chats SET strategy = ? WHERE id = ?", (_json(strategy), chat_id))
         return idx
 
-    def set_system(self, chat_id: int, text: str) -> None:
+    def set_system(self, chat_id: int, text: str, *, expect: int | None = None, was: str | None = None) -> None:
         """The chat's system prompt, its message 0 with the role "system": set (the other messages
-        move one on, in order), replaced, or removed with ``text`` "" (they move back)."""
+        move one on, in order), replaced, or removed with ``text`` "" (they move back).
+
+        With ``expect`` (how many messages the writer knows the chat has) and ``was`` (the system
+        prompt it knows, "" for none), only where the chat still is so (else ChatChanged, nothing
+        written): a window's change made from what it read earlier replaced or removed the prompt
+        another specchat window had set since, and moved messages it had never seen."""
         with self._write() as db:
-            first = db.execute("SELECT role FROM messages WHERE chat_id = ? AND idx = 0", (chat_id,)).fetchone()
+            self._check_exists(db, chat_id)
+            self._check_count(db, chat_id, expect)
+            first = db.execute("SELECT role, content FROM messages WHERE chat_id = ? AND idx = 0", (chat_id,)).fetchone()
             has = first is not None and first[0] == "system"
+            if was is not None and (_text(first[1]) if has else "") != was:
+                raise ChatChanged("the chat's system prompt is not the one this window has: another window changed it",
+                                  path=str(self.path or ":memory:"))
             # two passes through negative indices: (chat_id, idx) stays unique row by row
             if text and has:
                 db.execute("UPDATE messages SET content = ? WHERE chat_id = ? AND idx = 0", (text, chat_id))
@@ -376,11 +400,23 @@ class ChatStore:
                 db.execute("UPDATE messages SET idx = -idx WHERE chat_id = ? AND idx > 0", (chat_id,))
                 db.execute("UPDATE messages SET idx = -idx - 1 WHERE chat_id = ? AND idx < 0", (chat_id,))
 
-    def replace_last(self, chat_id: int, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
+    def replace_last(self, chat_id: int, role: str, content: str, stats: dict[str, Any] | None = None, *,
+                     expect: int | None = None, was: str | None = None) -> None:
         """The chat's last message, if it has ``role``, takes ``content`` and ``stats`` (a continued
-        reply), in one write; StoreError if the last message has another role."""
+        reply), in one write; StoreError if the last message has another role.
+
+        With ``expect`` (how many messages the writer knows the chat has) and ``was`` (the text it
+        knows the last message, of ``role``, has), only where the chat still is so (else
+        ChatChanged, nothing written): a continuation overwrote whatever another specchat window
+        had saved last meanwhile (its own reply, or its own continuation of the same one)."""
         with self._write() as db:
-            row = db.execute("SELECT idx, role FROM messages WHERE chat_id = ? ORDER BY idx DESC LIMIT 1", (chat_id,)).fetchone()
+            self._check_exists(db, chat_id)
+            self._check_count(db, chat_id, expect)
+            row = db.execute("SELECT idx, role, content FROM messages WHERE chat_id = ? ORDER BY idx DESC LIMIT 1",
+                             (chat_id,)).fetchone()
+            if was is not None and (row is None or row[1] != role or _text(row[2]) != was):
+                raise ChatChanged("the chat's last message is not the one this window has: another window wrote to it",
+                                  path=str(self.path or ":memory:"))
             if row is None or row[1] != role:
                 found = "none" if row is None else repr(row[1])
                 raise StoreError(f"the chat's last message is {found}, not {role!r}", path=str(self.path or ":memory:"))
@@ -398,11 +434,7 @@ class ChatStore:
         """Delete the chat's messages from index ``keep`` on (regenerate, a failed send); returns how
         many. With ``expect``, only where the chat has that many (else ChatChanged, nothing deleted)."""
         with self._write() as db:
-            if expect is not None:
-                n = int(db.execute("SELECT COUNT(*) FROM messages WHERE chat_id = ?", (chat_id,)).fetchone()[0])
-                if n != expect:
-                    raise ChatChanged(f"the chat has {n} saved messages, not {expect}: another window wrote to it",
-                                      path=str(self.path or ":memory:"))
+            self._check_count(db, chat_id, expect)
             return db.execute("DELETE FROM messages WHERE chat_id = ? AND idx >= ?", (chat_id, keep)).rowcount
 
     def prompt_history(self, limit: int = HISTORY_MAX) -> list[str]:

@@ -23,7 +23,7 @@ from engine.strategy import StrategyError
 from ..gc_hold import FULL_COLLECTIONS
 from ..keys import app_keys
 from ..reply import ReplyRun, add_change
-from ..store import ChatChanged, ChatStore, StoreError, strategy_from_dict, title_from
+from ..store import ChatChanged, ChatRecord, ChatStore, StoreError, strategy_from_dict, title_from
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
@@ -208,7 +208,8 @@ class ChatScreen(Screen[None]):
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         chats = self._load(self.store.chats, [])
         # `--system`: a new chat with it (an old chat keeps the system prompt it was held with)
-        await self._show_chat(chats[0].id if chats and self._system_override is None else None)
+        # (announce: where the model came first, else attach_session says it)
+        await self._show_chat(chats[0].id if chats and self._system_override is None else None, announce=True)
 
     @property
     def prompt(self) -> PromptInput:
@@ -345,8 +346,9 @@ class ChatScreen(Screen[None]):
         self._save(self.store.set_setting, SETTING_THEME, theme)
 
     # ---- chats -------------------------------------------------------------------------------------
-    async def _show_chat(self, chat_id: int | None) -> None:
-        """Open the saved chat ``chat_id`` (None: a new, empty chat) in place of the current one."""
+    async def _show_chat(self, chat_id: int | None, announce: bool = False) -> None:
+        """Open the saved chat ``chat_id`` (None: a new, empty chat) in place of the current one;
+        ``announce``: say so where it last ran another model or strategy (:meth:`_ran_with_notice`)."""
         records = self._load(self.store.messages, [], chat_id) if chat_id is not None else []
         record = self._load(self.store.chat, None, chat_id) if chat_id is not None else None
         if record is None:
@@ -369,11 +371,33 @@ class ChatScreen(Screen[None]):
         if self.conversation and self.conversation[-1]["role"] == "user":
             self.notify(self._keys("The last message has no reply (the app closed while it was being written): "
                                    "press {regenerate} to ask again."), severity="warning", timeout=8)
+        ran_with = self._ran_with_notice(record) if announce and record is not None else None
+        if ran_with is not None:
+            self.notify(ran_with, timeout=10, markup=False)
         status = self.status_line.status
         status.last_event = status.summary = None
         if self.session is not None:
             status.state = "ready"
         self.status_line.refresh()
+
+    def _ran_with_notice(self, record: ChatRecord) -> str | None:
+        """What an opened chat last ran with and what its next reply will use, where they differ
+        (its replies so far came from another model or strategy, which nothing said; no other model
+        is loaded for it); None where they match, no model is loaded, or the chat recorded none. A
+        strategy saved damaged, or that no longer validates, is left out of the notice."""
+        session = self.session
+        if session is None or not record.model:
+            return None
+        label = strategy_label(session)
+        try:
+            saved: str | None = strategy_label(session, strategy_from_dict(record.strategy)) if record.strategy else None
+        except (StrategyError, ValueError):
+            saved = None
+        if record.model == session.description and (saved is None or saved == label):
+            return None
+        if saved is None:
+            return f"This chat last ran {record.model}; replies now come from {session.description}."
+        return f"This chat last ran {record.model} with {saved}; replies now come from {session.description} with {label}."
 
     def _keys(self, template: str, **values: object) -> str:
         """A notice naming keys by binding id, with the keys the user's keymap gives them (app/keys.py)."""
@@ -434,7 +458,7 @@ class ChatScreen(Screen[None]):
             self._hide_chats()
         elif not self._refuse_while_busy("switching chats"):
             self._hide_chats()
-            await self._show_chat(event.chat_id)
+            await self._show_chat(event.chat_id, announce=True)
 
     @on(ChatList.Closed)
     def _chats_closed(self) -> None:
@@ -563,6 +587,12 @@ class ChatScreen(Screen[None]):
         else:
             status.model, status.strategy, status.state = "No model loaded", "", "load failed"
         self.status_line.refresh()
+        # the chat open when the model comes (at start-up: the last one, which on_mount opens, mostly
+        # before a model is loaded) may have run another one: say so, as opening it from the list does
+        record = self._load(self.store.chat, None, self.chat_id) if session is not None and self.chat_id is not None else None
+        ran_with = self._ran_with_notice(record) if record is not None and self.conversation else None
+        if ran_with is not None:
+            self.notify(ran_with, timeout=10, markup=False)
 
     def _apply_saved_strategy(self, session: ChatEngine) -> None:
         """The strategy last picked with Ctrl+S / F2, if this session can run it (else a notice)."""
@@ -920,7 +950,6 @@ class ChatScreen(Screen[None]):
         text = before + run.text
         shown_reason = reason
         if run.text:
-            self.conversation[-1]["content"] = text
             self._replace_last_reply(text, continued_stats(stats, reply_stats(run, reason)))
             self._ar_baseline(run, failed)
         else:
@@ -942,9 +971,18 @@ class ChatScreen(Screen[None]):
         self._send_queued(True)
 
     def _replace_last_reply(self, text: str, stats: dict[str, Any]) -> None:
-        """The saved last reply becomes ``text`` (a continuation), in one write."""
-        if self.chat_id is not None:
-            self._save(self.store.replace_last, self.chat_id, "assistant", text, stats)
+        """The last reply becomes ``text`` (a continuation), in the conversation and, in one write,
+        in the store: only where the chat still ends with the reply this window has (another window
+        that saved a message or continued the same reply meanwhile had it overwritten); else the
+        other window's messages stay and this window's conversation goes on in a copy."""
+        was = self.conversation[-1]["content"]
+        self.conversation[-1]["content"] = text
+        if self.chat_id is None:
+            return
+        try:
+            self._save(self.store.replace_last, self.chat_id, "assistant", text, stats, expect=self._saved_n, was=was)
+        except ChatChanged:
+            self._fork(self.conversation, stats)
 
     def action_export_chat(self) -> None:
         """Ctrl+P "Export this chat as Markdown": to ``exports/`` beside the chat database (the
@@ -1033,16 +1071,24 @@ class ChatScreen(Screen[None]):
             self.notify("System prompt unchanged.", timeout=3)
             return
         if text != current:
+            changed = False  # another window wrote to this chat: the new prompt goes to a copy of this window's
             if self.chat_id is not None:
                 try:
-                    self.store.set_system(self.chat_id, text)
+                    self.store.set_system(self.chat_id, text, expect=self._saved_n, was=current)
+                except ChatChanged:
+                    changed = True
                 except StoreError as exc:
                     self.notify(str(exc), title="System prompt not changed", severity="error", timeout=10, markup=False)
                     return
+            mine = self._messages_from(self._n_system) if changed else []  # (with their finish marks, for the copy's screen)
             del self.conversation[: self._n_system]
             if text:
                 self.conversation.insert(0, {"role": "system", "content": text})
-            if self.chat_id is not None:
+            if changed:  # (not reloaded from the store: that would show the other window's messages as this one's)
+                self._fork(self.conversation, mine[-1][2] if mine else None)
+                await self.query_one(MessageList).show(
+                    [("system", text, None)] * bool(text) + [(r, c, (st or {}).get("finish_reason")) for r, c, st in mine])
+            elif self.chat_id is not None:
                 await self._show_chat(self.chat_id)  # from the store: the messages keep their finish marks
             else:
                 await self.query_one(MessageList).show((m["role"], m["content"], None) for m in self.conversation)

@@ -134,7 +134,7 @@ def script() -> list[StepEvent]:
 # ---- (a) the chat, idle, with a restored chat ------------------------------------------------------
 def test_chat_idle_with_a_restored_chat_80x24(snap_compare: Snap, data_dir: Path) -> None:
     store = ChatStore.open(data_dir / DB_NAME)
-    chat = store.new_chat(model="FakeLM-1M (test)")
+    chat = store.new_chat(model="FakeLM-1M (test) <- drafter: FakeDraft-100k")  # (what it runs: no "last ran" notice)
     store.add_message(chat, "user", "What is speculative decoding?")
     store.add_message(chat, "assistant", "A small model drafts tokens; the big one **verifies** them in one pass.",
                       {"tokens": 14, "finish_reason": "eos"})
