@@ -183,9 +183,10 @@ def cmd_topk(args: argparse.Namespace) -> int:
     """The target's top-``k`` next-token probabilities at every reply position (the position
     whose hidden state predicts reply token i, i.e. sequence positions start-1 .. n-2), written as
     DIR/topk{k}/part-NNNNN.pt = {"ids": [reply ids], "lens": [positions per reply], "tok": int32
-    (P, k), "p": fp16 (P, k)}. One part per ``--chunk`` replies; finished parts are skipped, so
-    an interrupted run resumes. Rows are right-padded and batched through the family's
-    ``forward_batch`` (full prefill, no decoding)."""
+    (P, k), "p": fp16 (P, k), "data": digest of the replies}. One part per ``--chunk`` replies;
+    finished parts are skipped, so an interrupted run resumes, but only with the target and
+    settings DIR/topk{k}/topk.json recorded (read_topk_record, check_topk_record). Rows are
+    right-padded and batched through the family's ``forward_batch`` (full prefill, no decoding)."""
     import torch
 
     from .errors import SpecchatError
@@ -197,22 +198,30 @@ def cmd_topk(args: argparse.Namespace) -> int:
     data_dir = Path(args.data)
     seqs = load_sequences(data_dir, with_ids=True)
     out = ensure_dir(data_dir / f"topk{args.k}", "the top-k directory")  # before the target loads
+    record = read_topk_record(out, args)  # parts of another --chunk, or unrecorded ones: refused before the load
     from .dtype_probe import slow_bf16_note
 
-    target = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models)).model
-    if note := slow_bf16_note(args.dtype, model=target):
-        print(note, file=sys.stderr)
+    loaded = load(args.target or "smollm2-135m-instruct", dtype=args.dtype, registry=load_registry(args.models))
+    target = loaded.model
     if not hasattr(target, "forward_batch"):
         raise SpecchatError(f"{type(target).__name__}: no batched forward; top-k distillation needs a Llama-family target")
     check_vocab((toks for _, toks, _ in seqs), target.vocab_size, data_dir)  # an id past it: an IndexError mid-run
+    check_topk_record(out, record, {"target": loaded.name, "weights": weights_digest(loaded.path),
+                                    "compute": loaded.compute, "k": args.k, "chunk": args.chunk})
+    if note := slow_bf16_note(args.dtype, model=target):  # once the run goes ahead: a refusal stays one line
+        print(note, file=sys.stderr)
     n_layers, KH, E = target.kv_dims
     t0, done_pos = time.perf_counter(), 0
     for c0 in range(0, len(seqs), args.chunk):
         part = out / f"part-{c0 // args.chunk:05d}.pt"
         chunk = seqs[c0:c0 + args.chunk]
+        digest = replies_digest(chunk)
         if part.exists():
-            try:  # done, unless the set grew since (a last part written short) or it is damaged: then redone
-                if torch.load(part, map_location="cpu", weights_only=True)["ids"] == [r[0] for r in chunk]:
+            # done, unless the set grew since (a last part written short), its replies are others
+            # under the same ids (`distill data` redone), or it is damaged: then redone
+            try:
+                d = torch.load(part, map_location="cpu", weights_only=True)
+                if d["ids"] == [r[0] for r in chunk] and d.get("data") == digest:
                     continue
             except Exception:
                 pass
@@ -239,10 +248,103 @@ def cmd_topk(args: argparse.Namespace) -> int:
             print(f"\r[{c0 + g + B}/{len(seqs)}] {done_pos / el:6.0f} positions/s", end="", file=sys.stderr, flush=True)
         ids = [r[0] for r in chunk]
         torch.save({"ids": ids, "lens": [res[i][0].shape[0] for i in ids], "tok": torch.cat([res[i][0] for i in ids]),
-                    "p": torch.cat([res[i][1] for i in ids])}, part.with_suffix(".tmp"))
+                    "p": torch.cat([res[i][1] for i in ids]), "data": digest}, part.with_suffix(".tmp"))
         part.with_suffix(".tmp").replace(part)
     print(file=sys.stderr)
     return 0
+
+
+TOPK_RECORD = "topk.json"  # what a top-k directory's parts were made with (cmd_topk)
+
+
+def read_topk_record(out: Path, args: argparse.Namespace) -> dict | None:
+    """What OUT's parts were made with (OUT/topk.json: {"target", "weights", "compute", "k",
+    "chunk"}), or None where OUT holds no part yet. Checked here, before the target loads: a part
+    of another --chunk (every part would be redone, the old layout's last ones left beside the new
+    for `train --kd` to read), a damaged record, and parts without one. Those were written before
+    runs recorded their target (session 42), so nothing says which target made them: resuming
+    with another would mix two targets' top-k in one set, silently (the defect this record fixes);
+    they are refused, never guessed at."""
+    from .errors import SpecchatError
+
+    start_over = f"remove {out} to start over"
+    parts = sorted(out.glob("part-*.pt"))
+    path = out / TOPK_RECORD
+    if not parts:
+        return None  # nothing to mix with: a record left by a run stopped before its first part binds nothing
+    if not path.exists():
+        raise SpecchatError(f"{out}: its {len(parts)} part(s) were written before `distill topk` recorded the target and "
+                            f"settings that made them ({TOPK_RECORD}), so they cannot be matched to this run; {start_over}")
+    try:
+        have = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(have, dict):
+            raise ValueError
+    except (OSError, UnicodeDecodeError, ValueError):
+        raise SpecchatError(f"{path}: damaged (the target and settings {out}'s parts were made with); fix it, "
+                            f"or {start_over}") from None
+    for key, value in (("k", args.k), ("chunk", args.chunk)):
+        if have.get(key) != value:
+            raise SpecchatError(f"{out}: its parts were made with --{key} {have.get(key)}, this run has {value}; give the same "
+                                f"to resume, or {start_over}")
+    return have
+
+
+def check_topk_record(out: Path, have: dict | None, want: dict) -> None:
+    """The loaded target (its name and weights, weights_digest) and compute type are the ones
+    OUT's parts were made with (a one-line error otherwise: parts of two targets, or of bf16 and
+    fp32, in one set); then OUT/topk.json records this run's (``want``)."""
+    from .errors import SpecchatError
+
+    if have is not None:
+        start_over = f"remove {out} to start over"
+        if (have.get("target"), have.get("weights")) != (want["target"], want["weights"]):
+            def who(r: dict) -> str:
+                return f"{r.get('target')!r} (weights sha256 {str(r.get('weights'))[:12]})"
+
+            raise SpecchatError(f"{out}: its parts were made by target {who(have)}, this run's is {who(want)}; resume with "
+                                f"that target, or {start_over}")
+        if have.get("compute") != want["compute"]:
+            raise SpecchatError(f"{out}: its parts were computed in {have.get('compute')}, this run's target computes in "
+                                f"{want['compute']}; give the --dtype that made them to resume, or {start_over}")
+    path, tmp = out / TOPK_RECORD, out / f".{TOPK_RECORD}.tmp"
+    try:
+        tmp.write_text(json.dumps(want) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise SpecchatError(f"{path}: cannot write ({e.strerror or e})") from None
+
+
+def weights_digest(path: Path) -> str:
+    """sha256 of the files that decide a model's numbers: a .gguf file, or a directory's
+    config.json and weights (*.safetensors, *.bin, *.gguf) in name order, contents only (a model
+    moved, renamed or on another machine is the same one). The name alone cannot tell two
+    checkpoints apart (runs/v1/model.gguf and runs/v2/model.gguf are both "model.gguf"); a full
+    read costs ~1 s a GB, little beside a top-k run's hours."""
+    import hashlib
+
+    from .errors import SpecchatError
+
+    files = [path] if path.is_file() else sorted(
+        f for f in path.iterdir() if f.is_file() and (f.name == "config.json" or f.suffix in (".safetensors", ".bin", ".gguf")))
+    h = hashlib.sha256()
+    for f in files:
+        try:
+            with f.open("rb") as fh:
+                h.update(f"{f.stat().st_size}\0".encode())
+                while block := fh.read(1 << 20):
+                    h.update(block)
+        except OSError as e:
+            raise SpecchatError(f"{f}: cannot read ({e.strerror or e})") from None
+    return h.hexdigest()
+
+
+def replies_digest(chunk: list) -> str:
+    """sha256 of a part's replies ((id, prompt + reply ids, reply start) each): a part is done only
+    for the very replies it was computed over, not for others that came to carry the same ids."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps([list(r) for r in chunk], separators=(",", ":")).encode()).hexdigest()
 
 
 def load_topk(data_dir: Path, k: int) -> dict:
@@ -804,6 +906,12 @@ def cmd_export(args: argparse.Namespace) -> int:
             raise SpecchatError(f"{dst}: holds other weights ({', '.join(other[:3])}) that would load with the export's; "
                                 "choose another --to or remove them")
     dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    if (args.shrink_vocab or args.head_top or args.head_data) and is_byte_drafter(src):
+        opt, why = (("--head-top", "it must be able to propose every byte for the vocabulary bridges to spell any text")
+                    if args.head_top or args.head_data else
+                    ("--shrink-vocab", "every byte needs an embedding row of its own for it to read any text"))
+        raise SpecchatError(f"{src}: a byte-level drafter (256 bytes + specials), which {opt} does not apply to: {why}, "
+                            f"and the replies it counts are in the target's tokens, not bytes; export it without {opt}")
     sd = read_state_dict(src)  # the loader's own checks: a damaged file is the one-line error `generate` gives
     shrunk = None
     if args.shrink_vocab:
@@ -865,6 +973,19 @@ def cmd_export(args: argparse.Namespace) -> int:
               file=sys.stderr)
     print(f"exported {src} -> {dst} ({args.dtype}, {total / 2**20:.1f} MiB of weights)", file=sys.stderr)
     return 0
+
+
+def is_byte_drafter(src: Path) -> bool:
+    """``src``'s tokenizer is a byte vocabulary (256 bytes + specials, `distill train --byte-level`;
+    engine/drafters/vocab.is_byte_tokenizer). Such a drafter has no token-level head to cut:
+    `--head-top` counted the target's token ids of --head-data's replies as if they were bytes (ids
+    5 and 6 kept as bytes 0x05 and 0x06; any id past 263 an "outside the target's vocabulary" error),
+    and the draft_vocab.json it wrote was then ignored by the bridge that drafts for a token target
+    (it builds its drafter without one) yet applied by `distill scorer` (session 42)."""
+    from .drafters.vocab import is_byte_tokenizer
+    from .tokenizer import Tokenizer
+
+    return (src / "tokenizer.json").is_file() and is_byte_tokenizer(Tokenizer.from_hf_dir(src))
 
 
 def head_top(src: Path, dv_json: dict | None, data_dirs: list[Path], n: int) -> tuple[dict, float]:
