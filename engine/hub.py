@@ -13,7 +13,9 @@ tqdm class and cannot be cancelled between chunks. The layout is huggingface_hub
 
 Only top-level weights / tokenizer / config files are fetched (``PATTERNS``), never ``*.py``
 (no remote code). Every failure is a one-line :class:`DownloadError`; a cancelled or broken
-transfer keeps ``<blob>.incomplete`` and the next run resumes it with a Range request.
+transfer keeps ``<blob>.incomplete`` and the next run resumes it with a Range request. A cancel
+takes effect within ~0.1 s even where the server has stopped sending (:class:`_Watch` cuts the
+connection), not after the read timeout.
 This module never imports textual or torch (the UI calls it from a thread worker).
 """
 
@@ -317,7 +319,102 @@ class _AuthOnSameHost(urllib.request.HTTPRedirectHandler):
         return new
 
 
-_opener = urllib.request.build_opener(_AuthOnSameHost)
+class _Watch:
+    """Cuts the connection a download is blocked on once its cancel event is set, from a small
+    thread of its own: a server that stops sending mid-file (or before its headers) held a cancel,
+    Ctrl-C, or quitting the app for the whole read timeout (HF_HUB_DOWNLOAD_TIMEOUT, 10 s), since
+    the downloading thread checks the event only between reads. Each connection the downloading
+    thread opens is followed through a dup of its socket: shutdown() of the dup wakes a recv()
+    blocked on the original (TLS handshakes included, as the TLS socket is the same kernel socket),
+    and the dup stays valid whatever urllib and ssl do with the original object (ssl detaches it)."""
+
+    POLL_S = 0.05  # how often the watch looks at the cancel event (an Event cannot call back)
+
+    def __init__(self, cancel: threading.Event) -> None:
+        self.cancel = cancel
+        self.lock = threading.Lock()
+        self.sock: socket.socket | None = None  # the dup of the newest connection's socket
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="specchat-download-cancel", daemon=True)
+        self.outer: _Watch | None = None
+
+    def __enter__(self) -> "_Watch":
+        self.outer, _watched.watch = getattr(_watched, "watch", None), self
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _watched.watch = self.outer
+        self.ended.set()
+        self.thread.join()
+        with self.lock:
+            self._drop()
+
+    def follow(self, sock: socket.socket) -> None:
+        """A new connection of the downloading thread. urllib opens one per request and closes the
+        previous one first (a redirect reads and closes its response), so only the newest is kept."""
+        with self.lock:
+            self._drop()
+            self.sock = sock.dup()
+            if self.cancel.is_set():
+                self._cut()
+
+    def _run(self) -> None:
+        while not self.ended.wait(self.POLL_S):
+            if self.cancel.is_set():
+                with self.lock:
+                    self._cut()
+                return
+
+    def _cut(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:  # not connected any more: nothing is blocked on it
+                pass
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+
+_watched = threading.local()  # .watch: the _Watch of the download this thread runs, if any
+
+
+def _watched_connection(*args: object, **kwargs: object) -> socket.socket:
+    """socket.create_connection, followed by the calling thread's download watch (if it has one)."""
+    sock = socket.create_connection(*args, **kwargs)  # type: ignore[arg-type]
+    watch = getattr(_watched, "watch", None)
+    if watch is not None:
+        try:
+            watch.follow(sock)
+        except OSError:  # out of file descriptors for the dup: the download goes on, unwatched
+            pass
+    return sock
+
+
+class _WatchedHTTPHandler(urllib.request.HTTPHandler):
+    def do_open(self, http_class, req, **kwargs):  # noqa: ANN001, ANN201 - urllib's signature
+        return super().do_open(_watched_class(http_class), req, **kwargs)
+
+
+class _WatchedHTTPSHandler(urllib.request.HTTPSHandler):
+    def do_open(self, http_class, req, **kwargs):  # noqa: ANN001, ANN201 - urllib's signature
+        return super().do_open(_watched_class(http_class), req, **kwargs)
+
+
+def _watched_class(http_class: type) -> Callable[..., http.client.HTTPConnection]:
+    """``http_class`` whose connections open through :func:`_watched_connection`; HTTPConnection
+    connects with its ``_create_connection`` attribute (HTTPSConnection too, before wrapping)."""
+    def make(*args: object, **kwargs: object) -> http.client.HTTPConnection:
+        conn = http_class(*args, **kwargs)
+        conn._create_connection = _watched_connection
+        return conn
+    return make
+
+
+_opener = urllib.request.build_opener(_AuthOnSameHost, _WatchedHTTPHandler, _WatchedHTTPSHandler)
 
 
 def _request(url: str, headers: dict[str, str] | None = None) -> urllib.request.Request:
@@ -528,14 +625,28 @@ def download(repo_id: str, revision: str | None = None, cache_dir: str | os.Path
     """Fetch (or resume, or just confirm) ``repo_id`` into the HF cache and return the snapshot dir.
 
     ``progress`` is called from this thread at most every PROGRESS_INTERVAL_S and at every file
-    boundary; ``cancel`` is checked between chunks (DownloadCancelled, partial files kept).
+    boundary; ``cancel`` is checked between chunks (DownloadCancelled, partial files kept), and
+    a connection the server has gone quiet on is cut when it is set (:class:`_Watch`).
     """
     check_repo_id(repo_id)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    cancel = cancel or threading.Event()
+    with _Watch(cancel):
+        return _download(repo_id, revision, cache, progress, cancel, include)
+
+
+def _download(repo_id: str, revision: str | None, cache: Path, progress: ProgressCallback | None,
+              cancel: threading.Event, include: Sequence[str] | None) -> Path:
     try:
-        p = plan(repo_id, revision, cache, include)
+        try:
+            p = plan(repo_id, revision, cache, include)
+        except DownloadError:
+            if cancel.is_set():  # the watch cut the listing's connection: that is not the Hub's failure
+                raise DownloadCancelled(f"download of {repo_id} cancelled while listing its files; "
+                                        "run it again to resume") from None
+            raise
         check_disk_space(p)
-        meter = _Meter(p, progress, cancel or threading.Event())
+        meter = _Meter(p, progress, cancel)
         meter.check_cancel()  # cancelled during the listing: so even where nothing is left to fetch
         for i, f in enumerate(p.files, start=1):
             meter.start_file(f, i)
@@ -674,7 +785,7 @@ def _fetch_locked(p: Plan, f: RepoFile, meter: _Meter) -> None:
                 raise DownloadError(f"connection to the Hub lost while downloading {f.path} of {p.repo_id} "
                                     f"({format_bytes(meter.file_done)} of {format_bytes(f.size)}: {e}); "
                                     "run it again to resume") from None
-            time.sleep(0.2 * attempt)
+            meter.cancel.wait(0.2 * attempt)  # (checked at the top of the next attempt)
     if part.stat().st_size > f.size:  # the file and the listing disagree: a rerun would fetch the same again
         part.unlink()
         raise DownloadError(f"{p.repo_id}: the server sent more than the {f.size} bytes its listing gives for {f.path} "
@@ -696,6 +807,7 @@ def _transfer(p: Plan, f: RepoFile, url: str, part: Path, start: int, hasher: "_
     try:
         resp = _open(_request(url, headers), _timeout("HF_HUB_DOWNLOAD_TIMEOUT"), p.repo_id, p.revision, f.path)
     except HubUnreachable as e:
+        meter.check_cancel()  # the watch cut the connection while it waited for the headers
         if start or meter.transferred:  # the Hub answered a moment ago: a blip, try to resume
             raise _Dropped(e.reason) from None
         raise
@@ -713,8 +825,10 @@ def _transfer(p: Plan, f: RepoFile, url: str, part: Path, start: int, hasher: "_
                 try:
                     chunk = resp.read1(CHUNK)
                 except (http.client.HTTPException, OSError) as e:  # reset, timeout, TLS: the network's
+                    meter.check_cancel()  # (or the watch's cut)
                     raise _Dropped(_reason(e)) from None
                 if not chunk:
+                    meter.check_cancel()  # the watch's cut reads as the end of the body
                     break
                 out.write(chunk)
                 hasher.update(chunk)
