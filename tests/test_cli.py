@@ -469,9 +469,9 @@ def test_generate_takes_a_system_prompt(smollm2_gguf_path, capsys, monkeypatch):
 
 
 def test_bench_compare_transformers_skips_what_transformers_refuses(tmp_path, capsys):
-    """transformers (in a child process at OpenMP's own wait policy) refuses prompt lookup for a
-    stateful (Mamba) model: that peer row is skipped with a note; the run's results (ours, and
-    transformers' plain decoding) are printed, not lost."""
+    """transformers (in a child process at OpenMP's own wait policy) refused prompt lookup for a
+    stateful (Mamba) model before 5.25 (which runs it): that peer row is skipped with a note; the
+    run's results (ours, and transformers' plain decoding) are printed, not lost."""
     prompts = tmp_path / "p.json"
     prompts.write_text(json.dumps([{"name": "a", "text": "Say hi."}]))
     drafter = str(Path(__file__).resolve().parents[1] / "assets" / "mamba-drafter-smollm2")
@@ -481,8 +481,9 @@ def test_bench_compare_transformers_skips_what_transformers_refuses(tmp_path, ca
     cap = capsys.readouterr()
     res = json.loads(cap.out)
     engines = {(r["strategy"], r["engine"]) for r in res["rows"]}
-    assert ("ar", "transformers") in engines and ("pld", "transformers") not in engines
-    assert "transformers pld skipped" in cap.err and "(transformers, own process)" in cap.err
+    assert ("ar", "transformers") in engines and "(transformers, own process)" in cap.err
+    # (either transformers ran it, or it refused and the row is skipped with a note)
+    assert (("pld", "transformers") in engines) != ("transformers pld skipped" in cap.err)
     peer = next(r for r in res["rows"] if r["engine"] == "transformers" and r["prompt"] == "a")
     assert peer["peak_mem_mb"] > 0  # the child's own peak
 
