@@ -470,6 +470,11 @@ def _load_hf_dir(name: str, path: Path, dtype: torch.dtype | str, max_context: i
             raise ModelLoadError(f"{path}/tokenizer.json: cannot load tokenizer ({str(e).splitlines()[0][:160]})") from None
         _check_tokenizer(tok, model, path)
     if dv is not None:
+        from .drafters.vocab import is_byte_tokenizer
+
+        if tok is not None and is_byte_tokenizer(tok):  # (`distill export --head-top` before session 42 wrote one)
+            raise ModelLoadError(f"{path / 'draft_vocab.json'}: a byte-level drafter must be able to propose every byte "
+                                 "(the vocabulary bridges spell any text with them); delete the file")
         if int(dv["token_ids"].max()) >= model.vocab_size:
             raise ModelLoadError(f"{path / 'draft_vocab.json'}: token ids must be distinct and within the model's "
                                  f"vocabulary (0..{model.vocab_size - 1})")

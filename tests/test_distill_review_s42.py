@@ -7,7 +7,10 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
+
 from engine.cli import main
+from engine.errors import ModelLoadError
 from tests.test_distill import _one_line_error, _tiny_replies
 from tests.test_distill_review_s41 import _SMALL, _target
 
@@ -125,3 +128,7 @@ def test_export_head_top_or_shrink_vocab_of_a_byte_drafter_is_refused(tmp_path, 
     assert main(["distill", "export", "--from", str(byte), "--to", str(top)]) == 0
     got = load(str(top))
     assert is_byte_tokenizer(got.tokenizer) and got.model.vocab_size == 264 and getattr(got.model, "draft_vocab", None) is None
+    # one an older export cut (a draft_vocab.json beside a byte tokenizer) is refused at load, in one line
+    (top / "draft_vocab.json").write_text(json.dumps({"token_ids": [5, 6, 257]}))
+    with pytest.raises(ModelLoadError, match="a byte-level drafter must be able to propose every byte"):
+        load(str(top))
