@@ -482,8 +482,27 @@ def _run_child(code: str, job: dict, peer: str) -> list[dict]:
     except ValueError:
         results = []
     if proc.returncode != 0 or not results or "version" not in results[-1]:
-        raise SpecchatError(f"{peer} peer failed: {(err.strip().splitlines() or ['no output'])[-1][:200]}")
+        raise SpecchatError(f"{peer} peer failed: {_child_failure(proc.returncode, err)}")
     return results
+
+
+def _child_failure(code: int | None, err: str) -> str:
+    """A peer child's failure in a line: its last line of stderr, or, where a signal killed it
+    silently, which one. A llama-cpp-python built with GGML_NATIVE on an AMX Xeon KVM guest died of
+    SIGILL at its first tile instruction (``tilezero``) with nothing on stderr (session 42): "no
+    output" said nothing of why."""
+    import signal
+
+    last = (err.strip().splitlines() or [""])[-1][:200]
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = (" (an instruction this CPU lacks or does not grant: rebuild the package for this machine,"
+                " e.g. CMAKE_ARGS=\"-DGGML_NATIVE=OFF ...\" with its CPU features named)") if name == "SIGILL" else ""
+        return f"killed by {name}{hint}" + (f": {last}" if last else "")
+    return last or (f"exit status {code}, no output" if code else "no output")
 
 
 def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals, info=None) -> list[Row]:

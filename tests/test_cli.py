@@ -454,6 +454,17 @@ def test_llama_cpp_peer_runs_in_its_own_process_at_its_own_wait_policy(monkeypat
         bench._bench_llama_cpp(session, [("a", [1, 2, 3])], 3, args, {"a": 100.0}, {"a": [5, 6, 7]}, {})
 
 
+def test_a_peer_killed_by_a_signal_says_which():
+    """A llama-cpp-python built for another CPU died of SIGILL with nothing on stderr: the error
+    said "no output"; it names the signal (and what SIGILL means)."""
+    from engine.bench import _child_failure
+
+    assert _child_failure(-4, "").startswith("killed by SIGILL (an instruction this CPU lacks")
+    assert _child_failure(-9, "Loading...\n") == "killed by SIGKILL: Loading..."
+    assert _child_failure(1, "x\nRuntimeError: boom\n") == "RuntimeError: boom"
+    assert _child_failure(3, "") == "exit status 3, no output" and _child_failure(0, "") == "no output"
+
+
 def test_generate_takes_a_system_prompt(smollm2_gguf_path, capsys, monkeypatch):
     from engine.session import ChatSession
 
