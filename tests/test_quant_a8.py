@@ -92,18 +92,20 @@ print(json.dumps({"path": native.a8_path(), "out": out}))
 
 @needs_native
 def test_a8_kernel_paths_agree_bit_for_bit():
-    """The AVX-512 VNNI kernel, the AVX2 one and the scalar loop (SPECCHAT_A8_PATH; what CPUs
-    without VNNI or AVX2 run) give the same bits: integer sums are exact and the fp32 steps run in
-    the same order. Paths this machine lacks fall back to the best it has."""
+    """The AMX-INT8 tiles, the AVX-512 VNNI kernel, the AVX2 one and the scalar loop
+    (SPECCHAT_A8_PATH; what CPUs without AMX, VNNI or AVX2 run) give the same bits: integer sums
+    are exact and the fp32 steps run in the same order. Paths this machine lacks fall back to the
+    best it has."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outs = {}
-    for path in ("vnni", "avx2", "scalar"):
+    for path in ("amx", "vnni", "avx2", "scalar"):
         env = dict(os.environ, SPECCHAT_A8_PATH=path, PYTHONPATH=root)
         r = subprocess.run([sys.executable, "-c", _PATH_CHILD], capture_output=True, text=True, env=env, cwd=root, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         outs[path] = json.loads(r.stdout.strip().splitlines()[-1])
     assert outs["scalar"]["path"] == "scalar"
-    assert outs["vnni"]["out"] == outs["avx2"]["out"] == outs["scalar"]["out"], {k: v["path"] for k, v in outs.items()}
+    assert outs["amx"]["out"] == outs["vnni"]["out"] == outs["avx2"]["out"] == outs["scalar"]["out"], \
+        {k: v["path"] for k, v in outs.items()}
 
 
 def test_pack_a8_rejects_what_it_cannot_hold():

@@ -227,10 +227,11 @@ def lib() -> ctypes.CDLL | None:
 
 
 def a8_path() -> str:
-    """Which kernel runs the q8 compute type's products here (quant_a8.c): "vnni" (AVX-512 VNNI),
-    "avx2", "scalar", or "off" without the library."""
+    """Which kernel runs the q8 compute type's products here (quant_a8.c): "amx" (AMX-INT8 tiles
+    for passes of 10 rows or more, AVX-512 VNNI below), "vnni" (AVX-512 VNNI), "avx2", "scalar", or
+    "off" without the library."""
     lb = lib()
-    return "off" if lb is None else ("scalar", "avx2", "vnni")[lb.a8_vectorized()]
+    return "off" if lb is None else ("scalar", "avx2", "vnni", "amx")[lb.a8_vectorized()]
 
 
 def status() -> str:

@@ -20,8 +20,10 @@
  *   Q4_1a8, 320 bytes: fp16 d[16], fp16 m[16], then 4 x 64 bytes: in vector g, byte 4 j + k holds
  *                      q[8 g + k][j] in its low nibble and q[8 g + 4 + k][j] in its high nibble;
  *   Q8_0a8, 544 bytes: fp16 d[16], then 8 x 64 bytes: in vector h, byte 4 j + k is q[4 h + k][j].
- * (A 512-bit lane j then holds four consecutive inputs of output j: VNNI's dpbusd shape.)
+ * (A 512-bit lane j then holds four consecutive inputs of output j: VNNI's dpbusd shape; 16
+ * lanes' worth is an AMX-INT8 weight tile, which passes of AMX_MIN rows or more use.)
  */
+#define _DEFAULT_SOURCE /* syscall() under -std=c11 (the AMX grant) */
 #include <math.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -36,6 +38,11 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define A8_VNNI 1
+#endif
+#if defined(A8_VNNI) && defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define A8_AMX 1
 #endif
 
 #define JB 16
@@ -69,9 +76,15 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-/* Which kernel runs: 2 = AVX-512 VNNI, 1 = AVX2 (maddubs), 0 = scalar; the best this build has,
- * or SPECCHAT_A8_PATH=vnni|avx2|scalar (tests compare them bit for bit on one machine). */
-enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_VNNI = 2 };
+#ifdef A8_AMX
+/* Linux hands out AMX's tile data state only on request (as bf16_rows.c; process-wide) */
+static int a8_amx_granted(void) { return syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0; }
+#endif
+
+/* Which kernel runs: 3 = AMX-INT8 tiles for passes of AMX_MIN rows or more (the VNNI kernel for
+ * fewer), 2 = AVX-512 VNNI, 1 = AVX2 (maddubs), 0 = scalar; the best this build has, or
+ * SPECCHAT_A8_PATH=amx|vnni|avx2|scalar (tests compare them bit for bit on one machine). */
+enum { PATH_SCALAR = 0, PATH_AVX2 = 1, PATH_VNNI = 2, PATH_AMX = 3 };
 static int a8_path(void) {
     static int v = -1;
     if (v < 0) {
@@ -83,14 +96,18 @@ static int a8_path(void) {
         best = PATH_VNNI;
 #endif
         const char *e = getenv("SPECCHAT_A8_PATH");
-        int want = best;
+        int want = PATH_AMX;
         if (e && !strcmp(e, "scalar")) want = PATH_SCALAR;
         else if (e && !strcmp(e, "avx2")) want = PATH_AVX2;
+        else if (e && !strcmp(e, "vnni")) want = PATH_VNNI;
+#ifdef A8_AMX
+        if (want == PATH_AMX && a8_amx_granted()) best = PATH_AMX;
+#endif
         v = want < best ? want : best;
     }
     return v;
 }
-static int vec_on(void) { return a8_path() == PATH_VNNI; }
+static int vec_on(void) { return a8_path() >= PATH_VNNI; }
 
 /* One row's activations, K / 32 blocks: qx (K int8), dx, mx = dx * sx, sx. */
 typedef struct {
@@ -403,6 +420,106 @@ static const a8_fn Q4G[GMAX + 1] = {NULL, q4_g1, q4_g2, q4_g3, q4_g4, q4_g5, q4_
 static const a8_fn Q8G[GMAX + 1] = {NULL, q8_g1, q8_g2, q8_g3, q8_g4, q8_g5, q8_g6, q8_g7, q8_g8};
 #endif
 
+#ifdef A8_AMX
+/* The AMX-INT8 path: one `tdpbssd` computes a 32-input block's integer sums for up to 16 rows x 16
+ * outputs (the VNNI kernel: 8 `vpdpbusd` a row). The records are already its weight tile: a
+ * Q8_0 record's 8 vectors are the 8 tile rows (row h, byte 4 j + k = q[4 h + k][j]: inputs 4h..4h+3
+ * of output j, tdpbssd's B layout), a Q4_1 record's nibbles unpack to the same (vector g's low
+ * nibbles are inputs 8g..8g+3, its high ones 8g+4..8g+7: tile rows 2g and 2g+1; nibbles <= 15 are
+ * valid signed bytes), and the rows' int8 activations are the A tile as they lie (row r at stride
+ * K). Integer sums are exact, and the fp32 steps after them are the VNNI kernel's, in its order:
+ * every output's bits are the other paths' for any row count, so a pass picks the path by its
+ * row count (AMX_MIN) and a 1-token step and a k-token verify pass still agree. */
+#define AMX_G 16 /* rows a group (a tile's rows) */
+/* Rows from which a pass runs on the tiles. SmolLM2-135M's linears, 2-core AMX Xeon, idle, paths
+ * alternated (`SPECCHAT_A8_PATH=vnni|amx python bench/quant_kernels.py --a8`, session 42), VNNI ->
+ * tiles ms: 4 rows 3.4-3.7 -> 4.7-4.8, 8 rows 4.5-5.1 -> 5.2-5.6, 10 rows 5.6-6.3 -> 5.4-5.8, 12
+ * rows 6.2-7.0 -> 5.7-6.5, 16 rows 7.3-8.5 -> 6.0-6.8, 32 rows 13.2-15.4 -> 11.4-11.6, 64 rows 24.6
+ * -> 19.6-21.2: each block's tile round trip (zero, two loads, tdpbssd, store, the sums read back)
+ * costs more than a few rows' vpdpbusd. End to end in q8 (`bench --dtype q8 --strategies
+ * ar,pld:auto,optimal`) the same tok/s either way: those passes stay under 10 rows there. */
+#define AMX_MIN 10
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed, aligned(64))) a8_amx_cfg;
+
+/* two stages (a block's products on the tiles while the previous block's sums go through the
+ * fp32 steps): C tiles 0 and 3 (G x 16 int32), the rows' activations 1 and 4 (G x 32 int8), the
+ * weights 2 and 5 (8 x 64 bytes). One stage alone left every block's zero -> load -> tdpbssd ->
+ * store -> fp32 chain waiting on the last (slower than the VNNI kernel at every row count). */
+static void a8_amx_config(int G) {
+    a8_amx_cfg c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 6; t += 3) {
+        c.rows[t] = (uint8_t)G, c.colsb[t] = 64;
+        c.rows[t + 1] = (uint8_t)G, c.colsb[t + 1] = QK;
+        c.rows[t + 2] = 8, c.colsb[t + 2] = 64;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* the weight tile of a record: a Q8_0 record's own 8 vectors, a Q4_1 record's nibbles unpacked into wt */
+static inline __attribute__((always_inline)) const void *amx_weights(const int qtype, const uint8_t *rec, uint8_t *wt) {
+    if (qtype != QT_Q4_1A8) return rec + 32;
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int g = 0; g < 4; g++) {
+        const __m512i p = _mm512_loadu_si512((const void *)(rec + 64 + 64 * g));
+        _mm512_store_si512((void *)(wt + 128 * g), _mm512_and_si512(p, low));
+        _mm512_store_si512((void *)(wt + 128 * g + 64), _mm512_and_si512(_mm512_srli_epi16(p, 4), low));
+    }
+    return wt;
+}
+
+/* a block onto a stage's tiles (named by literals: the intrinsics write them into the asm) */
+#define AMX_STAGE0(qrow, w) do { _tile_zero(0); _tile_loadd(1, (qrow), K); _tile_loadd(2, (w), 64); _tile_dpbssd(0, 1, 2); } while (0)
+#define AMX_STAGE1(qrow, w) do { _tile_zero(3); _tile_loadd(4, (qrow), K); _tile_loadd(5, (w), 64); _tile_dpbssd(3, 4, 5); } while (0)
+
+static inline __attribute__((always_inline)) void rows_amx(const int G, const int qtype, const a8_rows *X, int64_t r0, int64_t K,
+                                                           const uint8_t *rec, int64_t rb, float *acc) {
+    const int64_t nkb = K / QK;
+    __m512 a[AMX_G];
+    int32_t sums[AMX_G * JB] __attribute__((aligned(64)));
+    uint8_t wt[2][8 * 64] __attribute__((aligned(64)));
+    for (int r = 0; r < G; r++) a[r] = _mm512_loadu_ps(acc + r * JB);
+    const int8_t *qx = X->q + r0 * K;
+    AMX_STAGE0(qx, amx_weights(qtype, rec, wt[0]));
+    for (int64_t kb = 0; kb < nkb; kb++, rec += rb) {
+        for (int64_t o = 0; o < rb; o += 64) _mm_prefetch((const char *)(rec + nkb * rb + o), _MM_HINT_T1); /* (rows_vnni) */
+        if (kb + 1 < nkb) { /* the next block onto the other stage's tiles */
+            const void *w = amx_weights(qtype, rec + rb, wt[(kb + 1) & 1]);
+            if (kb & 1) AMX_STAGE0(qx + (kb + 1) * QK, w);
+            else AMX_STAGE1(qx + (kb + 1) * QK, w);
+        }
+        if (kb & 1) _tile_stored(3, sums, 64);
+        else _tile_stored(0, sums, 64);
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)rec));
+        const __m512 m = qtype == QT_Q4_1A8 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(rec + 32))) : _mm512_setzero_ps();
+        for (int r = 0; r < G; r++) {
+            const int64_t row = r0 + r;
+            const __m512i s = _mm512_load_si512((const void *)(sums + r * JB));
+            a[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(X->d[row * nkb + kb])), _mm512_cvtepi32_ps(s), a[r]);
+            if (qtype == QT_Q4_1A8) a[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(X->m[row * nkb + kb]), a[r]);
+        }
+    }
+    for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + r * JB, a[r]);
+}
+
+#define AMX_FN(G) \
+    static void q4_t##G(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, float *acc) { \
+        rows_amx(G, QT_Q4_1A8, X, r0, K, rec, rb, acc); } \
+    static void q8_t##G(const a8_rows *X, int64_t r0, int64_t K, const uint8_t *rec, int64_t rb, float *acc) { \
+        rows_amx(G, QT_Q8_0A8, X, r0, K, rec, rb, acc); }
+AMX_FN(4) AMX_FN(5) AMX_FN(6) AMX_FN(7) AMX_FN(8) AMX_FN(9) AMX_FN(10) AMX_FN(11) AMX_FN(12) AMX_FN(13) AMX_FN(14)
+AMX_FN(15) AMX_FN(16)
+static const a8_fn Q4T[AMX_G + 1] = {NULL, NULL, NULL, NULL, q4_t4, q4_t5, q4_t6, q4_t7, q4_t8, q4_t9, q4_t10, q4_t11,
+                                     q4_t12, q4_t13, q4_t14, q4_t15, q4_t16};
+static const a8_fn Q8T[AMX_G + 1] = {NULL, NULL, NULL, NULL, q8_t4, q8_t5, q8_t6, q8_t7, q8_t8, q8_t9, q8_t10, q8_t11,
+                                     q8_t12, q8_t13, q8_t14, q8_t15, q8_t16};
+#endif
+
 
 /* 2 where the products run the AVX-512 VNNI kernel, 1 the AVX2 one, 0 the scalar loop (slow: a
  * model only takes the q8 type there when asked to) */
@@ -420,20 +537,39 @@ typedef struct {
 static void a8_part(void *ctx, pool_region *region) {
     const a8_job *J = (const a8_job *)ctx;
     const int64_t R = J->R, K = J->K, N = J->N, rb = J->rb;
+    const int path = a8_path();
+#ifdef A8_AMX
+    const int tiles = path == PATH_AMX && R >= AMX_MIN;
+    float acc[AMX_G * JB];
+    int configured = 0; /* the tile configuration's row count (0: none loaded yet) */
+#else
+    const int tiles = 0;
     float acc[GMAX * JB];
+#endif
+    const int64_t gmax = tiles ? 16 : GMAX;
     int64_t b0, b1;
     while (pool_claim(region, &b0, &b1)) {
         for (int64_t b = b0; b < b1; b++) {
             const uint8_t *rec = J->Wq + b * (K / QK) * rb;
             const int64_t j0 = b * JB, nj = N - j0 < JB ? N - j0 : JB;
-            const int64_t groups = (R + GMAX - 1) / GMAX;
+            const int64_t groups = (R + gmax - 1) / gmax;
             int64_t r = 0;
             for (int64_t g = 0; g < groups; g++) {
                 const int64_t take = (R - r + (groups - g) - 1) / (groups - g); /* even groups: 10 -> 5 + 5 */
                 memset(acc, 0, sizeof(float) * (size_t)(take * JB));
-                const int path = a8_path();
+#ifdef A8_AMX
+                if (tiles) {
+                    /* loaded on every call, as bf16_rows.c: the configuration is thread state that
+                     * other AMX code on the thread (oneDNN, the bf16 tiles) replaces and releases */
+                    if (configured != take) {
+                        a8_amx_config((int)take);
+                        configured = (int)take;
+                    }
+                    (J->qtype == QT_Q4_1A8 ? Q4T : Q8T)[take](&J->X, r, K, rec, rb, acc);
+                } else
+#endif
 #ifdef A8_VNNI
-                if (path == PATH_VNNI)
+                if (path >= PATH_VNNI)
                     (J->qtype == QT_Q4_1A8 ? Q4G : Q8G)[take](&J->X, r, K, rec, rb, acc);
                 else
 #endif
@@ -456,6 +592,9 @@ static void a8_part(void *ctx, pool_region *region) {
             }
         }
     }
+#ifdef A8_AMX
+    if (configured) _tile_release(); /* tiles back to their initial state (as bf16_rows.c) */
+#endif
 }
 
 /* y (R, N) = x (R, K; row stride ldx) @ W (+ bias) with x quantised per 32 inputs (see above).
