@@ -61,10 +61,13 @@ class Toggle:
 
 
 def _carry(current: Strategy, name: str) -> Strategy:
-    """A preset with the sampling knobs carried over (as the ctrl+s cycle does)."""
+    """A preset with the sampling knobs carried over (as the ctrl+s cycle does); ersd keeps n-gram
+    drafts the user picked ("Drafter: ngram" on sd or tree), not pld's, which are pld itself (ersd
+    from pld raced n-gram drafts with a drafter model loaded). :func:`evaluate` gives ersd n-gram
+    drafts where no drafter model is loaded, as the cycle does."""
     s = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
                adaptive=current.adaptive and name in ADAPTIVE)
-    if current.drafter == "ngram" and s.drafter == "model" and name in ("ersd",):
+    if current.drafter == "ngram" and current.name != "pld" and s.drafter == "model" and name in ("ersd",):
         s = s.replace(drafter="ngram")
     return s
 
@@ -151,6 +154,10 @@ def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
         return None, why
     try:
         new = toggle.change(current)
+        if toggle.group == "Strategy" and new.name == "ersd" and new.drafter == "model" and not has_drafter:
+            # exponential races are lossless with any drafter: n-gram drafts, as Ctrl+S picks it
+            # (the palette refused ersd for want of a drafter model the cycle did without)
+            new = new.replace(drafter="ngram")
         if new.verify not in ("auto",) and toggle.group not in ("Verifier",) and new.name != current.name:
             new = new.replace(verify="auto")  # a new preset picks its own verifier
         return new.validate(has_drafter_model=has_drafter), None

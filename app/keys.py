@@ -18,6 +18,7 @@ notice, and that entry keeps its default keys; nothing else is lost.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import string
@@ -195,7 +196,9 @@ def parse_keymap(data: Mapping[str, object]) -> tuple[dict[str, str], list[str]]
     problems: list[str] = []
     for bid, value in data.items():
         if bid not in BINDINGS:
-            problems.append(f"unknown binding {bid!r} (see the README's key table)")
+            close = difflib.get_close_matches(str(bid).lower().replace("-", "_"), BINDINGS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""  # a typo named no binding to write instead
+            problems.append(f"unknown binding {bid!r} ({hint}see the README's key table)")
             continue
         raw = [value] if isinstance(value, str) else value
         if not isinstance(raw, list) or not raw or not all(isinstance(k, str) for k in raw):
@@ -281,8 +284,13 @@ def keys_of(keymap: Mapping[str, str], binding_id: str | tuple[str, ...] | None,
 
 
 def app_keys(node: object, template: str, **values: object) -> str:
-    """``with_keys`` with the keymap of the app ``node`` (a widget or screen) runs in."""
-    return with_keys(template, getattr(getattr(node, "app", None), "keymap", None), **values)
+    """``with_keys`` with the keymap of the app ``node`` (a widget or screen) runs in (none: the
+    default keys, as for a widget drawn outside an app)."""
+    try:
+        app = getattr(node, "app", None)
+    except RuntimeError:  # Textual's NoActiveAppError: a widget used on its own
+        app = None
+    return with_keys(template, getattr(app, "keymap", None), **values)
 
 
 def with_keys(template: str, keymap: Mapping[str, str] | None = None, **values: object) -> str:

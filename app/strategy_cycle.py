@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from engine.strategy import ADAPTIVE, CYCLE, Strategy, preset
@@ -34,7 +35,18 @@ def in_app(reason: str, models_key: str = "Ctrl+O") -> str:
     head, needs, _ = reason.partition("needs a drafter model")
     if needs:
         return f"{head}{needs}: {models_key} picks a target with its drafter (or use pld / Drafter: ngram)"
+    # the other refusals name command-line flags ("--verify greedy needs temperature 0"): the
+    # palette's entries instead, which is where the app changes them
+    reason = reason.replace("(--drafter REF)", f"({models_key} picks a target with its drafter)")
+    reason = reason.replace("(--drafter REF or ngram)", f"({models_key} picks a target with its drafter, or Drafter: ngram)")
+    reason = reason.replace("(:auto)", "(Draft length: auto)")
+    for flag, entry in _FLAG_ENTRIES.items():
+        reason = re.sub(rf"{flag} (\w+)", rf"{entry}: \1", reason)
     return reason
+
+
+_FLAG_ENTRIES = {"--verify": "Verifier", "--strategy": "Strategy", "--vocab": "Vocab bridge", "--drafter": "Drafter",
+                 "--ssm-tree": "SSM tree", "--backtrack": "Backtrack"}  # command-line flag -> palette group
 
 
 def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE, auto: bool | None = None) -> CycleResult:

@@ -7,13 +7,14 @@ from pathlib import Path
 
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
-from ..keys import KEYS, key_display, keys_of, with_keys
+from ..keys import BINDINGS as KEY_BINDINGS, KEYS, key_display, keys_of, with_keys
 
 
 def keys_table(keymap: Mapping[str, str] | None = None) -> Table:
@@ -49,6 +50,16 @@ class HelpScreen(ModalScreen[None]):
     """Lists :data:`app.keys.KEYS`; Esc, F1 or q closes it. Scrolls if the terminal is short."""
 
     BINDINGS = [Binding("escape,f1,q", "dismiss", "Close", id="close_help")]
+
+    def on_key(self, event: events.Key) -> None:
+        """The key that opened the help closes it, as F1 does by default: a keymap giving the help
+        another key (F1 is the terminal's own in some) left that key opening it and doing nothing
+        more, while F1, which no longer opens it, still closed it."""
+        keymap = getattr(self.app, "keymap", None) or {}
+        closing = keymap.get("close_help", KEY_BINDINGS["close_help"][0]).split(",")  # (those close it already)
+        if "help" in keymap and event.key in keymap["help"].split(",") and event.key not in closing:
+            event.stop()
+            self.dismiss()
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-dialog") as dialog:

@@ -15,14 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
+from textual.renderables._blend_colors import blend_colors
+from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
 from engine.events import StepEvent
 
 from ..dashboard_stats import DashboardStats
+from ..keys import app_keys
 from ..sysinfo import MemoryMonitor, memory_lines
 from .draft_tree import DraftTreeView
 from .fit_static import FitStatic
@@ -34,6 +40,7 @@ if TYPE_CHECKING:  # the annotation only
 REPAINT_HZ = 4  # dashboards refresh more slowly than the chat (see screens/chat.py: each repaint costs the decode)
 MEMORY_HZ = 2
 BAR_WIDTH = 12
+TREE_TITLE = "draft tree  ({tree_older} / {tree_newer} step, when focused)"
 
 
 def depth_bars(rows: list[tuple[int, float]]) -> Text:
@@ -203,6 +210,59 @@ def policy_only_text(policy: dict | None) -> Text:
     return out
 
 
+SPARK_TITLE = "tokens per step"
+
+
+def spark_title(per_step: Iterable[int]) -> str:
+    """The sparkline's title with its scale: a full bar is the reply's most tokens in one step."""
+    top = max(per_step, default=0)
+    return f"{SPARK_TITLE}  (full bar = {top})" if top else SPARK_TITLE
+
+
+class StepBars(SparklineRenderable):  # type: ignore[type-arg]
+    """Tokens per step as bars from 0 up to the reply's most, one column a step (the steps of a
+    column each, at most, once they outnumber the columns). Textual's sparkline scales from the
+    data's least to its most and stretches few values over the width: a one-step reply filled the
+    panel with one full-height block, and a reply emitting 4 tokens every step drew the same flat
+    line as plain decoding's 1."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = self.width or options.max_width
+        height = self.height or 1
+        data = list(self.data)
+        top = max(data, default=0)
+        if top <= 0:
+            yield from super().__rich_console__(console, options)
+            return
+        columns = data if len(data) <= width else [self.summary_function(b) for b in self._buckets(data, width)]
+        levels = len(self.BARS)
+        low, high = self.min_color.color, self.max_color.color
+        assert low is not None and high is not None
+        for row in reversed(range(height)):
+            for value in columns:
+                ratio = value / top
+                eighths = max(1, round(ratio * levels * height))  # a step's bar shows, however short
+                filled = eighths - row * levels
+                if filled <= 0:
+                    yield Segment(" ")
+                else:
+                    yield Segment(self.BARS[min(filled, levels) - 1], Style.from_color(blend_colors(low, high, ratio)))
+            if len(columns) < width:
+                yield Segment(" " * (width - len(columns)))
+            if row:
+                yield Segment.line()
+
+
+class StepSparkline(Sparkline):
+    """The dashboard's tokens per step (:class:`StepBars`)."""
+
+    def render(self) -> StepBars:
+        r = super().render()
+        assert isinstance(r, SparklineRenderable)
+        return StepBars(r.data, width=r.width, height=r.height, min_color=r.min_color.color,  # type: ignore[arg-type]
+                        max_color=r.max_color.color, summary_function=r.summary_function)  # type: ignore[arg-type]
+
+
 class Dashboard(VerticalScroll, can_focus=False):
     """Panel of live metrics for the reply in flight (it keeps the last reply's once done)."""
 
@@ -217,8 +277,8 @@ class Dashboard(VerticalScroll, can_focus=False):
 
     def compose(self) -> ComposeResult:
         yield FitStatic(id="dash-speed")
-        yield Static("tokens per step", classes="dash-title")
-        yield Sparkline([], id="dash-spark")
+        yield Static(SPARK_TITLE, id="dash-spark-title", classes="dash-title")
+        yield StepSparkline([], id="dash-spark")
         yield Static("acceptance by depth", classes="dash-title")
         yield FitStatic(id="dash-depth")
         yield Static("tree policy", classes="dash-title")
@@ -226,7 +286,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         yield FitStatic(id="dash-memory")
         yield Static("steps  (accepted · target)", classes="dash-title")
         yield StepView(id="dash-steps")
-        yield Static("draft tree  ([ / ] step, when focused)", classes="dash-title")
+        yield Static(app_keys(self, TREE_TITLE), classes="dash-title")  # the keys the user's keymap gives
         yield DraftTreeView(id="dash-tree")
 
     def on_mount(self) -> None:
@@ -280,6 +340,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         last = stats.last
         self.query_one("#dash-policy", Static).update(policy_text(last.policy if last else None, getattr(last, "bridge", None) if last else None))
         self.query_one("#dash-spark", Sparkline).data = list(stats.per_step)
+        self.query_one("#dash-spark-title", Static).update(spark_title(stats.per_step))
         self.query_one("#dash-depth", Static).update(depth_bars(stats.acceptance_by_depth()))
         events = list(stats.events)
         self.query_one(StepView).show(events)

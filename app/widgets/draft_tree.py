@@ -13,11 +13,13 @@ from textual.binding import Binding
 
 from engine.events import StepEvent
 
+from ..keys import app_keys
 from .fit_static import FitStatic
 
 ACCEPTED_STYLE = "bold green"
 REJECTED_STYLE = "dim"
 TARGET_STYLE = "bold magenta"
+STEPPED_BACK_HINT = "({tree_newer} newer, {tree_latest} latest)"  # the keys the user's keymap gives them
 MAX_TREE_NODES = 40  # a bigger draft tree (optimal:256, a datastore's) shows this many nodes and a count of the rest
 
 
@@ -91,7 +93,8 @@ class TokenRun:
 
 
 def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
-    """A Rich tree: ✓ marks the accepted path, → the target's token after it, the rest dimmed."""
+    """A Rich tree: ✓ marks the accepted path, → the target's token after it, the rest dimmed
+    (laid out at the width it is drawn at: :class:`StepTree`)."""
     title = Text(f"step {ev.step}", style="bold")
     title.append(f" · drafted {ev.drafted}, accepted {ev.accepted}{position}", style="")
     if not ev.tree_parents:
@@ -101,45 +104,94 @@ def render_tree(ev: StepEvent, position: str = "") -> RenderableType:
         if target is not None:
             body.append("\n→ " + target, style=TARGET_STYLE)
         return Text.assemble(title, "\n", body)
-    tree = Tree(title, guide_style="dim")
-    accepted = set(ev.accepted_nodes)
-    last_accepted = ev.accepted_nodes[-1] if ev.accepted_nodes else -1
-    keep = shown_nodes(ev.tree_parents, ev.accepted_nodes, MAX_TREE_NODES)
-    children: dict[int, list[int]] = {}
-    every: dict[int, int] = {}  # children of each node in the whole tree (a run never hides a cut sibling)
-    for i, parent in enumerate(ev.tree_parents):
-        parent = parent if 0 <= parent < i else -1
-        every[parent] = every.get(parent, 0) + 1
-        if keep is None or i in keep:
-            children.setdefault(parent, []).append(i)
-    target = target_label(ev)
+    return StepTree(ev, title)
 
-    def label(i: int) -> Text:
-        word = ev.tree_text[i] if i < len(ev.tree_text) else f"#{ev.tree_tokens[i]}" if i < len(ev.tree_tokens) else "?"
-        if i in accepted:
-            return Text("✓ " + token_label(word), style=ACCEPTED_STYLE)
-        return Text("  " + token_label(word), style=REJECTED_STYLE)
 
-    # a run of nodes with one child each (a chain: pld's and sd's drafts, a tree's tail) is one
-    # line of the tree, wrapped between tokens: a node a level, 4 columns of guides each, left a
-    # 12-deep chain no room in the panel (Rich dropped its last levels and cut labels mid-word).
-    # A run ends at the last accepted node, whose children are the target's token and the rest.
-    stack: list[tuple[int, Tree]] = [(i, tree) for i in reversed(children.get(-1, []))]
-    nodes: dict[int, Tree] = {}
-    while stack:
-        i, parent_node = stack.pop()
-        run = [label(i)]
-        while len(children.get(i, [])) == 1 and every.get(i, 0) == 1 and i != last_accepted:
-            i = children[i][0]
-            run.append(label(i))
-        node = parent_node.add(run[0] if len(run) == 1 else TokenRun(run))
-        nodes[i] = node
-        stack.extend((c, node) for c in reversed(children.get(i, [])))
-    if target is not None:
-        (nodes.get(last_accepted, tree)).add(Text("→ " + target + " (target)", style=TARGET_STYLE))
-    if keep is not None:
-        tree.add(Text(f"… {len(ev.tree_parents) - len(keep)} more draft nodes not shown", style=REJECTED_STYLE))
-    return tree
+GUIDE_WIDTH = 4  # columns a level of a Rich tree indents its labels by ("├── ")
+MIN_LABEL_WIDTH = 18  # columns a level's labels keep at least ("→ ' the' (target)"); deeper levels are folded
+
+
+class StepTree:
+    """One step's draft tree, built for the width it is drawn at: a level whose labels would keep
+    fewer than MIN_LABEL_WIDTH columns is not drawn as a level. The deepest level that fits shows
+    each node with the accepted path below it as one wrapped run (and the target's token), and a
+    count of the other nodes under it: a deep tree with a rejected sibling beside each accepted
+    node (an optimal or datastore tree) lost its deepest accepted tokens and the target's token
+    off the panel's edge (Rich drops what has no room), its labels cut mid-token."""
+
+    def __init__(self, ev: StepEvent, title: Text) -> None:
+        self.ev, self.title = ev, title
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        yield self.build(options.max_width)
+
+    def __rich_measure__(self, console: Console, options: ConsoleOptions) -> Measurement:
+        return Measurement.get(console, options, self.build(options.max_width))
+
+    def build(self, width: int) -> Tree:
+        ev = self.ev
+        max_level = max(1, (width - MIN_LABEL_WIDTH) // GUIDE_WIDTH)  # the title is level 0
+        tree = Tree(self.title, guide_style="dim")
+        accepted = set(ev.accepted_nodes)
+        last_accepted = ev.accepted_nodes[-1] if ev.accepted_nodes else -1
+        keep = shown_nodes(ev.tree_parents, ev.accepted_nodes, MAX_TREE_NODES)
+        children: dict[int, list[int]] = {}
+        every: dict[int, int] = {}  # children of each node in the whole tree (a run never hides a cut sibling)
+        for i, parent in enumerate(ev.tree_parents):
+            parent = parent if 0 <= parent < i else -1
+            every[parent] = every.get(parent, 0) + 1
+            if keep is None or i in keep:
+                children.setdefault(parent, []).append(i)
+        target = target_label(ev)
+        target_text = Text("→ " + target + " (target)", style=TARGET_STYLE) if target is not None else None
+
+        def label(i: int) -> Text:
+            word = ev.tree_text[i] if i < len(ev.tree_text) else f"#{ev.tree_tokens[i]}" if i < len(ev.tree_tokens) else "?"
+            if i in accepted:
+                return Text("✓ " + token_label(word), style=ACCEPTED_STYLE)
+            return Text("  " + token_label(word), style=REJECTED_STYLE)
+
+        def below(i: int) -> int:
+            """The shown nodes under ``i``."""
+            todo, n = list(children.get(i, [])), 0
+            while todo:
+                n += 1
+                todo.extend(children.get(todo.pop(), []))
+            return n
+
+        # a run of nodes with one child each (a chain: pld's and sd's drafts, a tree's tail) is one
+        # line of the tree, wrapped between tokens: a node a level, 4 columns of guides each, left a
+        # 12-deep chain no room in the panel (Rich dropped its last levels and cut labels mid-word).
+        # A run ends at the last accepted node, whose children are the target's token and the rest.
+        path = list(ev.accepted_nodes)
+        stack: list[tuple[int, Tree, int]] = [(i, tree, 1) for i in reversed(children.get(-1, []))]
+        nodes: dict[int, Tree] = {}
+        target_shown = False
+        while stack:
+            i, parent_node, level = stack.pop()
+            if level >= max_level and children.get(i):  # no room for another level: fold what is below
+                run_ids = [i] + (path[path.index(i) + 1:] if i in accepted else [])
+                run = [label(j) for j in run_ids]
+                if last_accepted in run_ids and target_text is not None:
+                    run.append(target_text)
+                    target_shown = True
+                hidden = below(i) - (len(run_ids) - 1)
+                if hidden:
+                    run.append(Text(f"(+{hidden} below)", style=REJECTED_STYLE))
+                parent_node.add(TokenRun(run))
+                continue
+            run = [label(i)]
+            while len(children.get(i, [])) == 1 and every.get(i, 0) == 1 and i != last_accepted:
+                i = children[i][0]
+                run.append(label(i))
+            node = parent_node.add(run[0] if len(run) == 1 else TokenRun(run))
+            nodes[i] = node
+            stack.extend((c, node, level + 1) for c in reversed(children.get(i, [])))
+        if target_text is not None and not target_shown:
+            (nodes.get(last_accepted, tree)).add(target_text)
+        if keep is not None:
+            tree.add(Text(f"… {len(ev.tree_parents) - len(keep)} more draft nodes not shown", style=REJECTED_STYLE))
+        return tree
 
 
 class DraftTreeView(FitStatic, can_focus=True):
@@ -182,7 +234,7 @@ class DraftTreeView(FitStatic, can_focus=True):
             return
         n = len(self.events)
         i = n - 1 if self.index is None else min(self.index, n - 1)
-        where = " · latest" if self.index is None else f" · {i + 1}/{n}  (] newer, End latest)"
+        where = " · latest" if self.index is None else f" · {i + 1}/{n}  " + app_keys(self, STEPPED_BACK_HINT)
         self.update(render_tree(ev, where))
 
     def reset(self) -> None:
