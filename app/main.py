@@ -239,7 +239,7 @@ class SpecChatApp(App[None]):
         session = self.session
         if session is None or not hasattr(session, "measure_baseline"):
             return False
-        self.chat.dashboard.set_baseline(None)
+        self.chat.dashboard.set_baseline(None, "measuring plain decoding…")
         self._measure_baseline(session, self.chat.busy)
         return True
 
@@ -260,6 +260,7 @@ class SpecChatApp(App[None]):
         if message.baseline is None:
             self.notify(f"Could not measure the plain-decoding baseline: {message.error}", severity="warning", timeout=6,
                         markup=False)
+            self.chat.dashboard.set_baseline(None, "plain-decoding baseline could not be measured: Ctrl+P, Measure, to retry")
             return
         b = message.baseline
         note = f"ar measured {getattr(self, '_baseline_when', 'at load')}, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")

@@ -24,6 +24,7 @@ from ..gc_hold import FULL_COLLECTIONS
 from ..keys import app_keys
 from ..reply import ReplyRun, add_change
 from ..store import ChatChanged, ChatRecord, ChatStore, StoreError, strategy_from_dict, title_from
+from ..strategy_cycle import in_app
 from ..widgets import ChatMessage, Dashboard, MessageList, PromptInput, StatusLine
 from ..widgets.chat_list import ChatList
 from ..widgets.status import FINISH_TEXT
@@ -602,7 +603,8 @@ class ChatScreen(Screen[None]):
         try:
             session.strategy = strategy_from_dict(saved).validate(has_drafter_model=session.has_drafter)
         except (StrategyError, ValueError) as exc:
-            self.notify(f"Saved strategy not used: {exc}; using {strategy_label(session)}",
+            why = in_app(str(exc), self._keys("{models}"))  # the app's advice, not the command line's flags
+            self.notify(f"Saved strategy not used: {why}; using {strategy_label(session)}",
                         severity="warning", timeout=8, markup=False)
 
     def show_strategy(self) -> None:

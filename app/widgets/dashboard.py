@@ -57,9 +57,11 @@ def depth_bars(rows: list[tuple[int, float]]) -> Text:
     return out
 
 
-def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, context_length: int | None = None) -> Text:
-    """tok/s now and averaged, speedup against the measured plain-decoding baseline, mean tokens
-    per step, the prompt's prefill (its new tokens: a chat's cached prefix is reused), how full the
+def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, context_length: int | None = None,
+               pending: str | None = None) -> Text:
+    """tok/s now and averaged, speedup against the measured plain-decoding baseline (``pending``,
+    without one: why there is none, e.g. it is being measured, or could not be), mean tokens per
+    step, the prompt's prefill (its new tokens: a chat's cached prefix is reused), how full the
     model's context is (``context_length``: yellow from CONTEXT_WARN on), the last step's
     drafted/accepted."""
     out = Text()
@@ -71,7 +73,7 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
         out.append("—\n", style="dim")
     out.append("speedup ", style="bold")
     if baseline is None or baseline.tokens_per_s <= 0:
-        out.append("— (plain-decoding baseline not measured yet)\n", style="dim")
+        out.append(f"— ({pending or 'plain-decoding baseline not measured yet'})\n", style="dim")
     else:
         avg, ref, note = stats.tokens_per_s_avg, baseline.tokens_per_s, baseline.note
         fit, ctx = baseline.fit, stats.mean_context
@@ -270,6 +272,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.stats = DashboardStats()
         self.baseline: BaselineInfo | None = None
+        self.baseline_pending: str | None = None  # without a baseline: why (being measured, or failed)
         self.monitor = monitor
         self.repaints = 0  # how many times the widgets were redrawn (tests bound it)
         self.context_length: int | None = None  # the session's context window (tokens), for the context line
@@ -312,9 +315,10 @@ class Dashboard(VerticalScroll, can_focus=False):
             self.stats.add(ev)
             self._dirty = True
 
-    def set_baseline(self, baseline: BaselineInfo | None) -> None:
-        """The measured plain-decoding speed (or None while it is being measured)."""
-        self.baseline = baseline
+    def set_baseline(self, baseline: BaselineInfo | None, pending: str | None = None) -> None:
+        """The measured plain-decoding speed, or None and ``pending``: why there is none (it is
+        being measured, or could not be: the two said the same "not measured yet" before)."""
+        self.baseline, self.baseline_pending = baseline, (pending if baseline is None else None)
         self._dirty = True
 
     def flush(self) -> None:
@@ -336,7 +340,7 @@ class Dashboard(VerticalScroll, can_focus=False):
         self._dirty = False
         self.repaints += 1
         stats = self.stats
-        self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline, self.context_length))
+        self.query_one("#dash-speed", Static).update(speed_text(stats, self.baseline, self.context_length, self.baseline_pending))
         last = stats.last
         self.query_one("#dash-policy", Static).update(policy_text(last.policy if last else None, getattr(last, "bridge", None) if last else None))
         self.query_one("#dash-spark", Sparkline).data = list(stats.per_step)

@@ -192,3 +192,51 @@ def test_an_unknown_binding_names_the_close_one() -> None:
     assert problems[0] == "unknown binding 'toggle_dashbaord' (did you mean 'toggle_dashboard'? see the README's key table)"
     assert "did you mean 'cycle_strategy'?" in problems[1]
     assert problems[2] == "unknown binding 'zzz' (see the README's key table)"
+
+
+async def test_the_speedup_line_says_whether_the_baseline_is_being_measured_or_failed() -> None:
+    """The dashboard said "not measured yet" both while the plain-decoding baseline was measured and
+    after its measure failed (a toast said so for 6 s, then nothing did)."""
+    import threading
+
+    from app.widgets.dashboard import speed_text
+
+    from .test_chat import wait_for
+    from .test_dashboard import WIDE, dashboard
+
+    gate = threading.Event()
+
+    class SlowThenFailing(ScriptedEngine):
+        def measure_baseline(self, new_tokens: int = 48, stop: object = None):
+            gate.wait(5)
+            raise RuntimeError("the cache is full")
+
+    app = make_app(SlowThenFailing([tree_step(1, ["a"], [-1], [0], "b")]))
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        dash = dashboard(app)
+        await wait_for(pilot, lambda: dash.baseline_pending is not None)
+        assert "measuring plain decoding" in speed_text(dash.stats, dash.baseline, None, dash.baseline_pending).plain
+        gate.set()
+        await wait_for(pilot, lambda: "could not be measured" in (dash.baseline_pending or ""))
+        assert dash.baseline is None
+        assert "could not be measured: Ctrl+P, Measure, to retry" in speed_text(dash.stats, None, None, dash.baseline_pending).plain
+
+
+async def test_a_saved_strategy_the_model_cannot_run_is_explained_with_the_apps_keys(data_dir: Path) -> None:
+    """The notice for a saved strategy the loaded model cannot run gave the command line's advice
+    ("pass --drafter REF"), in an app where the model picker is the way."""
+    from app.screens.chat import SETTING_STRATEGY
+    from app.store import DB_NAME, ChatStore
+
+    from .test_chat import notices
+
+    store = ChatStore.open(data_dir / DB_NAME)
+    store.set_setting(SETTING_STRATEGY, preset("sd").to_dict())
+    store.close()
+    engine = FakeEngine(strategy=preset("pld"), has_drafter=False)
+    app = make_app(engine)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await ready(pilot)
+        said = [m for m, _ in notices(app) if m.startswith("Saved strategy not used")]
+        assert said and "Ctrl+O picks a target with its drafter" in said[0] and "--drafter" not in said[0], said
