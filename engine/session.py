@@ -76,8 +76,9 @@ class ChatSession:
             drafter_tokenizer=drafter.tokenizer if drafter is not None else None,
         )
         self.strategy = strategy or default_strategy(self.has_drafter)
-        self._last_prompt: list[int] | None = None  # stream_chat: the prompt ids of the last reply
-        self._redraws = 0  # and how many times running it has been asked for again (regenerate)
+        # stream_chat: how many replies each recent prompt (a digest of its ids) has drawn, so a
+        # regenerate draws anew even after a Continue or another chat's turns came in between
+        self._draws: dict[bytes, int] = {}
 
     # ---- construction ------------------------------------------------------------------------------
     @classmethod
@@ -235,16 +236,27 @@ class ChatSession:
 
     def stream_chat(self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event) -> Iterator[StepEvent]:
         ids, dropped = self.fit_chat(messages, max_new_tokens)
-        # the same prompt again (regenerate): a sampled reply is drawn anew, not the last one again
-        # (the seed is the reply's random stream); a prompt's first reply keeps the seed as set
-        self._redraws = self._redraws + 1 if ids == self._last_prompt else 0
-        self._last_prompt, redraw = ids, self._redraws
+        # a sampled reply's random stream is the strategy's seed mixed with the prompt (``redrawn``: each
+        # turn draws its own numbers; the same seed and conversation write the same reply). A prompt
+        # asked again (regenerate) is drawn anew, not an earlier reply again: the draws are counted per
+        # prompt and seed, not only against the last prompt (a regenerate after Continue asked the
+        # continued prompt in between and wrote the first reply again), and only where a token came
+        # back (a send stopped in its prefill or failed drew nothing: its retry is the prompt's first)
+        key = _prompt_key(ids)
+        count = key + str(int(self.strategy.seed)).encode()  # a seed set anew: its first reply again
+        redraw = self._draws.get(count, 0)
         prefill_s = self.decoder.start(ids, stop)  # stoppable between prefill pieces (Esc on a long prompt)
-        first = True
-        for ev in self.decoder.steps(lambda: redrawn(self.strategy, redraw), max_new_tokens, stop):
+        first, drawn = True, False
+        for ev in self.decoder.steps(lambda: redrawn(self.strategy, redraw, key), max_new_tokens, stop):
             if first:  # the first event carries the prompt's prefill (the dashboard shows it)
                 ev.prefill_s, ev.prefill_tokens, first = prefill_s, self.decoder.prefilled, False
                 ev.dropped_messages = dropped
+            if ev.emitted and not drawn:
+                drawn = True
+                self._draws.pop(count, None)  # the most recent last (the oldest are forgotten first)
+                self._draws[count] = redraw + 1
+                while len(self._draws) > REMEMBERED_PROMPTS:
+                    del self._draws[next(iter(self._draws))]
             yield ev
 
     def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None,
@@ -264,6 +276,9 @@ class ChatSession:
         probe = self.target.model.with_own_cache()
         dec = Decoder(probe)  # no EOS: always ``new_tokens`` tokens
         ids = self.encode_chat([{"role": "user", "content": BASELINE_PROMPT}]) if self.tokenizer else list(range(1, 17))
+        # a context shorter than the prompt and its tokens (--max-context 64: "prompt is 68 tokens but the
+        # context holds 64 ... shorten it", of a prompt the user never wrote): its start, leaving the room
+        ids = ids[:max(1, min(len(ids), dec.context_length - new_tokens - 1))]
         long_tps = long_ctx = 0.0
         try:
             run_generation(dec, ids, preset("ar"), 4, stop)  # warm-up
@@ -284,12 +299,34 @@ class ChatSession:
                         long_tokens_per_s=long_tps, long_context=long_ctx)
 
 
-def redrawn(strategy: Strategy, n: int) -> Strategy:
+REMEMBERED_PROMPTS = 64  # prompts whose replies stream_chat counts (regenerate draws anew)
+
+
+def _prompt_key(ids: list[int]) -> bytes:
+    """A digest of prompt ids (a long conversation's prompt is thousands of ids: not kept whole)."""
+    import hashlib
+    from array import array
+
+    return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
+
+
+def redrawn(strategy: Strategy, n: int, prompt: bytes | None = None) -> Strategy:
     """``strategy`` for the ``n``-th repeated reply to one prompt (0: itself): its seed moved on
-    (greedy decoding draws nothing: unchanged)."""
-    if n <= 0 or strategy.greedy:
+    (greedy decoding draws nothing: unchanged). ``prompt`` (``_prompt_key`` of the prompt's ids):
+    the seed is first mixed with the prompt, so each prompt has a random stream of its own (the same
+    for the same seed and conversation: reproducible). Every reply used to start the same stream at
+    the seed: each turn of a chat drew with the same numbers, and at T = 1 SmolLM2 answered "Pick
+    another random number" six turns running with the very same reply, and other prompts' replies
+    opened alike ("Regulars, the banana bear", "Regulars, the common unic")."""
+    if strategy.greedy or (n <= 0 and prompt is None):
         return strategy
-    return strategy.replace(seed=(int(strategy.seed) + n * 0x9E3779B97F4A7C15) % (1 << 63))
+    seed = int(strategy.seed)
+    if prompt is not None:
+        import hashlib
+
+        mixed = hashlib.blake2b(str(seed).encode() + b"/" + prompt, digest_size=8).digest()
+        seed = int.from_bytes(mixed, "little") >> 1
+    return strategy.replace(seed=(seed + n * 0x9E3779B97F4A7C15) % (1 << 63))
 
 
 BASELINE_PROMPT = "Describe a quiet morning in a small harbour town."
