@@ -197,6 +197,9 @@ class Decoder:
             if room <= 0:
                 yield self._final(step, s, decoder, "context")
                 return
+            if produced >= max_new_tokens:  # (max_new_tokens 0: no draft, no verify pass for the gate to book)
+                yield self._final(step, s, decoder, "length")
+                return
             if (s.name in ("mab", "optimal") or s.adaptive) and self.verify_cost is None:
                 self.calibrate()
             t0 = time.perf_counter()
@@ -251,8 +254,8 @@ class Decoder:
             if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
                 self._pending = self._pending[: len(self.history) - 1 - self.target.cache.length]
             # Two segments, so the UI can colour drafted-and-accepted text apart from the target's own token.
-            if reason is None and len(self.history) >= self.context_length:
-                reason = "context"
+            if reason in (None, "length") and len(self.history) >= self.context_length:
+                reason = "context"  # (also at the token limit: the app offers Continue after "length", which a full context refuses)
             n_acc = min(len(path), len(emitted))  # drafted tokens cut after an EOS or the limit: not emitted, not counted
             seg_acc = decoder.push([t for t in emitted[:n_acc] if t not in self.eos_ids]) if decoder else ""
             seg_tgt = decoder.push([t for t in emitted[n_acc:] if t not in self.eos_ids]) if decoder else ""

@@ -139,8 +139,13 @@ def test_reply_edges_are_plain_decodings(models, drafter, strategy) -> None:
     ctx = 160
     s, ar = _session(models, drafter, strategy, ctx=ctx), _session(models, ctx=ctx)
     convo = [{"role": "system", "content": "sys"}, {"role": "user", "content": "hello"}]
+    passes = []
+    verify = s.decoder.target.verify
+    s.decoder.target.verify = lambda *a, **k: passes.append(1) or verify(*a, **k)
     zero = _run(s, convo, 0)
     assert [e.emitted for e in zero] == [[]] and zero[-1].finish_reason == "length" and _text(zero) == ""
+    assert passes == [] and zero[-1].drafted == 0  # no draft, no verify pass (it ran both, for nothing)
+    del s.decoder.target.verify
     one = _run(s, convo, 1)
     assert _toks(one) == _toks(_run(ar, convo, 1)) and one[-1].finish_reason == "length"
     empty = [{"role": "user", "content": ""}]
@@ -153,6 +158,10 @@ def test_reply_edges_are_plain_decodings(models, drafter, strategy) -> None:
     want = _run(ar, convo, 10_000)
     assert _toks(full) == _toks(want) and full[-1].finish_reason == "context" == want[-1].finish_reason
     assert len(s.decoder.history) == ctx
+    # the token limit landing on the context's last row: "context" (it said "length", for which the
+    # app offers Continue, which then failed: the prompt no longer fits)
+    exact = _run(s, convo, len(_toks(want)))
+    assert _toks(exact) == _toks(want) and exact[-1].finish_reason == "context"
     convo2 = convo + [{"role": "assistant", "content": _text(full)}, {"role": "user", "content": "next"}]
     got = _run(s, convo2, 16)
     assert got[0].dropped_messages == 2 and _toks(got) == _toks(_run(ar, convo2, 16))
