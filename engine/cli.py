@@ -192,6 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e, file=sys.stderr)
         return 2
     from . import USER_OMP_WAIT_POLICY
+    from .errors import SpecchatError
 
     # `distill data --batch N` (N > 1): its batched passes are torch ops over the whole batch
     # (forward_batch), which the bf16 C pass's fp32 activations and passive waits slow: 96 replies in
@@ -201,16 +202,65 @@ def main(argv: Sequence[str] | None = None) -> int:
     # For this command only (main() also runs in-process, in tests): restored on return.
     torch_bf16 = (args.cmd == "distill" and getattr(args, "distill_cmd", None) == "data" and (getattr(args, "batch", 1) or 1) > 1
                   and "SPECCHAT_NATIVE_BF16" not in os.environ and torch_bf16_native())
+    if sys.stdout is None and args.cmd != "chat":  # `specchat generate ... >&-`: the reply had nowhere to go
+        print("specchat: error: standard output is closed: nothing could be shown (redirect it, e.g. > FILE)", file=sys.stderr)
+        return EXIT_ERROR
     if torch_bf16:
         os.environ["SPECCHAT_NATIVE_BF16"] = "0"
+    guard = None
+    if args.cmd != "chat":  # the TUI drives the terminal itself
+        guard = sys.stdout = _GuardedStdout(sys.stdout)
     try:
-        return _run(args, USER_OMP_WAIT_POLICY)
+        code = _run(args, USER_OMP_WAIT_POLICY)
+        if guard is not None and not guard.failed:
+            try:  # the output's last block: written here, where a failure is one line, not at exit
+                guard.flush()
+            except SpecchatError as e:
+                print(f"specchat: error: {e}", file=sys.stderr)
+                return EXIT_ERROR
+        return code
     except BrokenPipeError:  # `specchat generate ... | head`: the reader is gone, nothing to say to it
+        if guard is not None:
+            sys.stdout = guard.stream
         _drop_stdout()
         return EXIT_BROKEN_PIPE
     finally:
+        if guard is not None:
+            sys.stdout = guard.stream
+            if guard.failed:  # its buffer would fail again at exit ("Exception ignored ... OSError")
+                _drop_stdout()
         if torch_bf16:
             os.environ.pop("SPECCHAT_NATIVE_BF16", None)
+
+
+class _GuardedStdout:
+    """stdout for the headless commands: a failed write (a full disk, an I/O error) is one line,
+    ``specchat: error: cannot write to standard output (No space left on device)`` and exit 2, not a
+    traceback; what was written before stays. A broken pipe passes as it is (exit 141, quietly)."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.failed = False
+
+    def _guard(self, call, *a):
+        from .errors import SpecchatError
+
+        try:
+            return call(*a)
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self.failed = True
+            raise SpecchatError(f"cannot write to standard output ({e.strerror or e})") from None
+
+    def write(self, text: str) -> int:
+        return self._guard(self.stream.write, text)
+
+    def flush(self) -> None:
+        return self._guard(self.stream.flush)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
 
 
 def _drop_stdout() -> None:
@@ -236,6 +286,7 @@ def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
         os.environ["OMP_WAIT_POLICY"] = "ACTIVE"
 
     try:
+        _check_not_empty(args)
         for opt in ("max_new_tokens", "max_context", "warmup"):  # argparse checks the type, not the sign
             if (getattr(args, opt, None) or 0) < 0:
                 raise SpecchatError(f"--{opt.replace('_', '-')} must be >= 0, got {getattr(args, opt)}")
@@ -278,6 +329,21 @@ def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
 
 
 SEED_RANGE = (-(1 << 63), (1 << 64) - 1)  # what torch.Generator.manual_seed takes
+
+# Options whose empty value (`--target "$T"` with T unset) was read as "not given" and ran the default
+# silently (--target, --drafter, --strategy, --prompts, --strategies, --compare, --revision) or as the
+# current directory (--models, --datastore: ".: cannot read models file (Is a directory)").
+NON_EMPTY_OPTS = ("target", "drafter", "models", "datastore", "strategy", "strategies", "prompts", "compare",
+                  "prompt_ids", "keymap", "revision")
+
+
+def _check_not_empty(args: argparse.Namespace) -> None:
+    from .errors import SpecchatError
+
+    for opt in NON_EMPTY_OPTS:
+        v = getattr(args, opt, None)
+        if isinstance(v, str) and not v.strip():
+            raise SpecchatError(f"--{opt.replace('_', '-')} is empty: give a value, or leave the option out for the default")
 
 
 def _check_sampling_args(args: argparse.Namespace) -> None:
@@ -367,9 +433,28 @@ def pool_starved_warning(model, environ) -> str | None:
             "(torch's spinning threads take its thread pool's cores); unset it")
 
 
+def check_default_target(args: argparse.Namespace):
+    """Without --target: the models file's default target must exist, else one line saying so (the
+    fallback name was reported as "'smollm2-135m-instruct': no such file or directory, and not a
+    models.toml name", a name the user never gave). Returns the registry."""
+    from .errors import ConfigError
+    from .registry import load_registry
+    from .session import default_target_name
+
+    reg = load_registry(args.models)
+    if not getattr(args, "target", None) and reg.path is not None and reg.default_target() is None:
+        name = default_target_name(reg)
+        if name not in reg.models:
+            raise ConfigError(("lists no models" if not reg.models else "no model has default = true") + ": pass --target NAME "
+                              "(a models.toml name, a .gguf file, an HF-format directory or a Hub id), "
+                              "or mark one model default = true", path=reg.path)
+    return reg
+
+
 def load_session(args: argparse.Namespace):
     from .session import ChatSession
 
+    check_default_target(args)
     session = ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
                                max_context=args.max_context, datastore=getattr(args, "datastore", None))
     warning = pool_starved_warning(session.target.model, os.environ)
@@ -413,12 +498,15 @@ def _read_stdin() -> str:
     from .errors import SpecchatError
 
     buf = getattr(sys.stdin, "buffer", None)
-    if buf is None:  # a text stream (tests)
-        text = sys.stdin.read(MAX_PROMPTS_BYTES + 1)
-        data_len = len(text.encode("utf-8", "surrogateescape"))
-    else:
-        data = buf.read(MAX_PROMPTS_BYTES + 1)
-        data_len = len(data)
+    try:
+        if buf is None:  # a text stream (tests)
+            text = sys.stdin.read(MAX_PROMPTS_BYTES + 1)
+            data_len = len(text.encode("utf-8", "surrogateescape"))
+        else:
+            data = buf.read(MAX_PROMPTS_BYTES + 1)
+            data_len = len(data)
+    except OSError as e:  # an I/O error, a socket reset: one line, not a traceback
+        raise SpecchatError(f"cannot read the prompt on stdin ({e.strerror or e})") from None
     if data_len > MAX_PROMPTS_BYTES:
         raise SpecchatError(f"the prompt on stdin is larger than {MAX_PROMPTS_BYTES >> 20} MB (not a prompt?)")
     if buf is None:
@@ -428,17 +516,31 @@ def _read_stdin() -> str:
     return data.decode(sys.stdin.encoding or "utf-8", "surrogateescape").removeprefix("\ufeff")
 
 
+def check_prompt_args(args: argparse.Namespace) -> None:
+    """generate's prompt options that cannot go together (before the seconds of loading): with
+    --prompt-ids, PROMPT and --system were dropped silently (the ids are fed as they are, no template)."""
+    from .errors import SpecchatError
+
+    if not args.prompt_ids:
+        return
+    if args.prompt is not None:  # one of them would be ignored
+        raise SpecchatError("give PROMPT or --prompt-ids, not both")
+    if getattr(args, "system", None):
+        raise SpecchatError("--system needs a text prompt (the chat template): --prompt-ids are fed as they are")
+    parse_prompt_ids(args.prompt_ids)
+
+
 def prompt_ids_from_args(args: argparse.Namespace, session) -> list[int]:
     from .errors import SpecchatError
 
     if args.prompt_ids:
-        if args.prompt is not None:  # one of them would be ignored
-            raise SpecchatError("give PROMPT or --prompt-ids, not both")
+        check_prompt_args(args)
         return parse_prompt_ids(args.prompt_ids)
     text = args.prompt
     what = "PROMPT"
     if text is None:
-        text, what = (_read_stdin() if not sys.stdin.isatty() else ""), "the prompt on stdin"
+        # `<&-` leaves sys.stdin None: no prompt there, as at a terminal
+        text, what = (_read_stdin() if sys.stdin is not None and not sys.stdin.isatty() else ""), "the prompt on stdin"
     if not text.strip():
         raise SpecchatError("empty prompt: pass PROMPT, pipe text on stdin, or use --prompt-ids")
     tok = session.tokenizer
@@ -463,6 +565,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     if args.samples is not None and args.samples < 1:
         raise ValueError("--samples must be >= 1")
+    check_prompt_args(args)
     if args.strategy:  # a malformed spec fails before the seconds of loading
         from .strategy import from_spec
 
@@ -570,7 +673,9 @@ def _print_sample(smp: dict[str, Any], session) -> None:
 def cmd_chat(args: argparse.Namespace) -> int:
     from .registry import load_registry
 
-    load_registry(args.models)  # a broken models.toml is reported before the UI starts
+    # a broken models.toml is reported before the UI starts (one without a default target is not: the
+    # app shows the load failure and Ctrl+O picks one of its models)
+    load_registry(args.models)
     if args.keymap and not Path(args.keymap).expanduser().is_file():
         from .errors import SpecchatError
 
@@ -672,10 +777,9 @@ def load_target(args: argparse.Namespace, **kw):
     """--target (a models.toml name of --models' file, a path, a Hub id), else that file's default
     target, loaded alone: the measuring modes of bench (--verify-cost, --tree-scaling)."""
     from .loading import load
-    from .registry import load_registry
     from .session import default_target_name
 
-    reg = load_registry(args.models)
+    reg = check_default_target(args)
     return load(args.target or default_target_name(reg), registry=reg, **kw)
 
 

@@ -34,6 +34,10 @@ PAIRING_KEYS = {"target": str, "drafter": str, "vocab": str, "note": str, "strat
                 "strategy_by_compute": dict}
 COMPUTE_TYPES = ("q8", "fp32", "bf16")  # strategy_by_compute's keys: the compute type the target loaded in
 ROLES = {"target", "drafter", "hybrid_target", "hybrid_drafter"}
+# --drafter's own words (prompt lookup, no drafter): a model of that name could never be loaded as a
+# drafter, and a pairing naming it silently drafted by prompt lookup (engine/session.py)
+RESERVED_NAMES = ("ngram", "none")
+POSITIVE_KEYS = ("vocab", "tok_real", "size_mb")
 
 
 @dataclass
@@ -192,6 +196,17 @@ def parse_registry(data: dict[str, Any], p: Path | None) -> Registry:
                 raise ConfigError(f"{where}: model {entry['name']!r}: unknown role(s) {bad} (expected {sorted(ROLES)})")
         if not entry.get("hub_id") and not entry.get("local"):
             raise ConfigError(f"{where}: model {entry['name']!r} needs hub_id or local")
+        if entry["name"] in RESERVED_NAMES:
+            raise ConfigError(f"{where}: model name {entry['name']!r} is reserved (--drafter {entry['name']} means "
+                              f"{'prompt lookup' if entry['name'] == 'ngram' else 'no drafter'}): choose another name")
+        from .hub import REPO_ID
+
+        for k in ("hub_id", "alt_hub_id"):  # else `specchat download NAME` later says it is no Hub id
+            if k in entry and not REPO_ID.match(entry[k]):
+                raise ConfigError(f"{where}: model {entry['name']!r}: {k} {entry[k]!r} is not a Hub id (owner/name)")
+        for k in POSITIVE_KEYS:
+            if k in entry and not entry[k] > 0:
+                raise ConfigError(f"{where}: model {entry['name']!r}: {k} must be a positive number, got {entry[k]!r}")
         if entry["name"] in reg.models:
             raise ConfigError(f"{where}: duplicate model name {entry['name']!r}")
         reg.models[entry["name"]] = ModelEntry(**entry)
@@ -238,7 +253,7 @@ def _typed(raw: Any, keys: dict[str, Any], where: str, required: tuple[str, ...]
         if k not in keys:
             raise ConfigError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(keys))})")
         typ = keys[k]
-        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+        if not isinstance(v, typ) or (typ is not bool and isinstance(v, bool)):  # true is an int to Python
             tname = typ.__name__ if isinstance(typ, type) else "number"
             raise ConfigError(f"{where}: key {k!r} should be {tname}, got {type(v).__name__}")
         out[k] = v
@@ -247,4 +262,6 @@ def _typed(raw: Any, keys: dict[str, Any], where: str, required: tuple[str, ...]
             raise ConfigError(f"{where}: missing required key {k!r}")
     if "name" in out and not out["name"].strip():
         raise ConfigError(f"{where}: empty name")
+    if "name" in out and out["name"] != out["name"].strip():  # --target NAME could never match it
+        raise ConfigError(f"{where}: name {out['name']!r} has spaces around it")
     return out

@@ -249,7 +249,9 @@ def preset(name: str, **overrides: Any) -> Strategy:
 
 
 def _count(param: str, what: str, most: int) -> int:
-    if not param.isdigit():  # int() would say "invalid literal for int() with base 10: '4:auto'"
+    # ASCII digits only: str.isdigit() is true of '²' (int() then fails with "invalid literal for
+    # int()") and of '٣' (which int() reads as 3, where a tree shape refuses it)
+    if not (param.isascii() and param.isdigit()):  # int() would say "invalid literal for int() with base 10: '4:auto'"
         raise ValueError(f"the {what} must be a whole number, not {param!r} (one ':auto' at most, after it)")
     if not 1 <= int(param) <= most:  # validate() says so too, but only once the models have loaded
         raise ValueError(f"the {what} must be between 1 and {most}, not {param}")
@@ -263,7 +265,11 @@ def from_spec(spec: str, base: Strategy | None = None) -> Strategy:
     K, engine/gate.py); a ``@BRIDGE`` suffix picks the vocabulary bridge (``sd:5@tli``, ``sd@slrs``).
     ``base``: the strategy NAME already built with the caller's other knobs (default: the
     preset). Not validated here."""
-    spec, _, vocab = spec.strip().partition("@")
+    if not spec.strip():  # `--strategy ""` (an unset shell variable) ran the default strategy
+        raise StrategyError(f"empty strategy: choose one of {', '.join(STRATEGIES)} (or a spec such as sd:4, tree:3-2-1, pld:auto)")
+    spec, at, vocab = spec.strip().partition("@")
+    if at and not vocab:  # "sd@" ran as plain sd
+        raise StrategyError(f"strategy {spec + '@'!r}: nothing after '@' (a vocab bridge: {', '.join(VOCAB_BRIDGES)})")
     name, _, param = spec.partition(":")
     s = base if base is not None else preset(name)
     if vocab:
