@@ -65,8 +65,13 @@ def load_prompts(path: str | Path | None) -> list[dict[str, str]]:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             raise SpecchatError(f"{p}: invalid JSON ({e})") from None
-        if not isinstance(data, list) or not all(isinstance(x, dict) and isinstance(x.get("text"), str) for x in data):
-            raise SpecchatError(f"{p}: expected a JSON list of {{\"text\": ...}} objects")
+        if not isinstance(data, list):
+            raise SpecchatError(f"{p}: expected a JSON list of {{\"text\": ...}} objects, got {type(data).__name__}")
+        for i, x in enumerate(data):  # which entry is wrong, and a blank text as the .txt reader's blank line
+            if not (isinstance(x, dict) and isinstance(x.get("text"), str)):
+                raise SpecchatError(f"{p}: entry {i + 1} is not a {{\"text\": ...}} object with a string text")
+            if not x["text"].strip():
+                raise SpecchatError(f"{p}: entry {i + 1} has an empty text (nothing to measure)")
         out = [{"text": x["text"], "name": x.get("name") or f"p{i}"} for i, x in enumerate(data)]
     else:
         lines = [ln for ln in text.splitlines() if ln.strip()]
@@ -108,6 +113,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     else:
         prompts = load_prompts(args.prompts)
     names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if not names:  # `--strategies ","` measured the ar baseline alone, silently
+        raise SpecchatError(f"--strategies {args.strategies!r} names no strategy (e.g. ar,pld:auto,sd:5)")
     asked_peers = [x.strip() for x in (args.compare or "").split(",") if x.strip()]
     if args.max_new_tokens < 1:
         raise SpecchatError(f"--max-new-tokens must be at least 1 to measure anything, got {args.max_new_tokens}")
@@ -119,7 +126,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                             f"(got --temperature {args.temperature:g}: our sampled rows against their greedy ones)")
     for spec in names:  # a typo fails before the peer's minutes
         try:
-            from_spec(spec.partition("@")[0])
+            from_spec(spec)  # (with its @bridge: "pld@" failed only after the model loaded)
         except ValueError as e:
             raise _spec_error(spec, e) from None
     early_llama = llama_cpp_first(args, prompts)  # before our model loads (see there)

@@ -315,3 +315,20 @@ def test_a_stdin_that_fails_to_read_is_one_line(tiny_chat, capsys, monkeypatch):
     code = main(["generate", "--target", str(tiny_chat), "--drafter", "none", "--dtype", "fp32"])
     err = capsys.readouterr().err
     assert code == 2 and err.strip() == "specchat: error: cannot read the prompt on stdin (Input/output error)", err
+
+
+# ---- bench's prompts and strategies, before anything loads ---------------------------------------------------------
+@pytest.mark.parametrize("prompts, strategies, says", [
+    ('[{"text": "hi"}, {"text": "  "}]', "ar", "entry 2 has an empty text"),
+    ('[{"text": "hi"}, {"name": "x"}]', "ar", "entry 2 is not a {\"text\": ...} object"),
+    ('{"text": "hi"}', "ar", "expected a JSON list of {\"text\": ...} objects, got dict"),
+    ('[{"text": "hi"}]', ",", "names no strategy"),
+    ('[{"text": "hi"}]', "ar,pld@", "nothing after '@'"),
+])
+def test_bench_refuses_what_it_cannot_measure_before_loading(tmp_path, capsys, no_loading, prompts, strategies, says):
+    """A JSON prompt with a blank text was measured (the .txt reader skips blank lines); a wrong
+    entry was not named; `--strategies ","` measured the ar baseline alone; `pld@` failed only after
+    the model had loaded."""
+    f = tmp_path / "p.json"
+    f.write_text(prompts)
+    assert says in one_error(capsys, "bench", "--prompts", str(f), "--strategies", strategies, "--max-new-tokens", "4")
