@@ -566,10 +566,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.samples is not None and args.samples < 1:
         raise ValueError("--samples must be >= 1")
     check_prompt_args(args)
-    if args.strategy:  # a malformed spec fails before the seconds of loading
-        from .strategy import from_spec
-
-        from_spec(args.strategy)
+    if args.strategy:  # a malformed spec, or a knob out of range for it (--draft-len 0, --top-p 0),
+        strategy_from_args(args, has_drafter_model=True)  # fails before the seconds (minutes) of loading
     session = load_session(args)
     if args.ignore_eos:
         session.decoder.eos_ids = set()

@@ -332,3 +332,14 @@ def test_bench_refuses_what_it_cannot_measure_before_loading(tmp_path, capsys, n
     f = tmp_path / "p.json"
     f.write_text(prompts)
     assert says in one_error(capsys, "bench", "--prompts", str(f), "--strategies", strategies, "--max-new-tokens", "4")
+
+
+@pytest.mark.parametrize("knobs, says", [
+    (("--strategy", "sd", "--draft-len", "0"), "draft length must be between 1 and 64"),
+    (("--strategy", "sd", "--temperature", "1", "--top-p", "0"), "top"),
+    (("--strategy", "optimal", "--node-budget", "-5"), "budget"),
+])
+def test_generate_refuses_a_knob_out_of_range_before_loading(capsys, no_loading, knobs, says):
+    """--draft-len 0, --top-p 0, --node-budget -5 with a --strategy were refused only once the models
+    had loaded (seconds for SmolLM2, minutes for a big model)."""
+    assert says in one_error(capsys, "generate", *knobs, "hi").lower()
