@@ -96,7 +96,15 @@ class TargetTrie:
 
     @classmethod
     def of_tokenizer(cls, tok) -> "TargetTrie":
-        return cls({i: tok.token_bytes(i) for i in range(tok.vocab_size) if not tok.is_special(i)})
+        """The trie of ``tok``'s non-special tokens. A sentencepiece byte-fallback piece (<0x74>)
+        whose bytes a normal piece also spells ("t") is left out: the encoder never writes it, so
+        the procedure must propose the normal piece (ψ of the byte piece is then 0, exactly)."""
+        strings = {i: tok.token_bytes(i) for i in range(tok.vocab_size) if not tok.is_special(i)}
+        is_byte = getattr(tok, "is_byte_piece", None)
+        if is_byte is not None:
+            normal = {s for i, s in strings.items() if not is_byte(i)}
+            strings = {i: s for i, s in strings.items() if not (is_byte(i) and s in normal)}
+        return cls(strings)
 
 
 # ---- the procedure -------------------------------------------------------------------------------------

@@ -178,6 +178,16 @@ class Tokenizer:
             self._bytes_cache[token_id] = b
         return b
 
+    def is_byte_piece(self, token_id: int) -> bool:
+        """A sentencepiece byte-fallback piece (``<0x41>``): the encoder writes one only for a byte
+        no other piece spells, so where a normal piece spells the same bytes (``A``) that piece is
+        the one the model produces (the vocabulary bridges pair and propose that one)."""
+        token_id = int(token_id)
+        if not self._metaspace or token_id in self._special:
+            return False
+        tok = self.backend.id_to_token(token_id)
+        return tok is not None and _BYTE_TOKEN.match(tok) is not None
+
     def token_str(self, token_id: int) -> str:
         """A readable form of one token: ``"Ġthe"`` -> ``" the"``; a lone byte of a multibyte
         character shows as ``"\\xe4"``; special tokens as written."""

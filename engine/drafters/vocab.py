@@ -96,20 +96,35 @@ class VocabMap:
     def __init__(self, target_tok, drafter_tok, drafter_vocab: int | None = None):
         self.target_tok, self.drafter_tok = target_tok, drafter_tok
         t_index: dict = {}
-        for i in range(target_tok.vocab_size):
+        # A sentencepiece vocabulary spells most bytes twice: a normal piece ("t") and a
+        # byte-fallback piece (<0x74>) the encoder never writes for them. Normal pieces first,
+        # so a spelling is paired with the token the target actually produces.
+        for i in _spelling_order(target_tok, range(target_tok.vocab_size)):
             k = token_key(target_tok, i)
             if k == ("bytes", b""):
                 continue  # unused ids
             t_index.setdefault(k, i)
         D = drafter_vocab or drafter_tok.vocab_size
         d2t = torch.full((D,), -1, dtype=torch.long)
-        for d in range(min(D, drafter_tok.vocab_size)):
-            k = token_key(drafter_tok, d)
-            if k != ("bytes", b""):
-                d2t[d] = t_index.get(k, -1)
         self.target_eos = _turn_end(target_tok)
-        if drafter_tok.eos_id is not None and drafter_tok.eos_id < D and d2t[drafter_tok.eos_id] < 0 and self.target_eos is not None:
-            d2t[drafter_tok.eos_id] = self.target_eos
+        # One drafter id per target id: two drafter tokens of one spelling (a sentencepiece
+        # drafter's "t" and <0x74>) would put two columns of q on one target id, where TLI's
+        # layout kept one of them (q understated: rejection sampling then accepts too often) and
+        # a tree drawn without replacement could draw the same target token twice. The drafter's
+        # EOS first (it ends the turn), then its normal pieces, then byte pieces; the others stay
+        # outside the intersection (TLI restricts them away, union counts a draw as outside T).
+        eos = drafter_tok.eos_id if drafter_tok.eos_id is not None and drafter_tok.eos_id < D else None
+        order = ([eos] if eos is not None else []) + [d for d in _spelling_order(drafter_tok, range(min(D, drafter_tok.vocab_size)))
+                                                      if d != eos]
+        used: set[int] = set()
+        for d in order:
+            k = token_key(drafter_tok, d)
+            t = t_index.get(k, -1) if k != ("bytes", b"") else -1
+            if t < 0 and d == eos and self.target_eos is not None:
+                t = self.target_eos
+            if t >= 0 and t not in used:
+                used.add(t)
+                d2t[d] = t
         self.d2t = d2t
         self.shared_d = torch.nonzero(d2t >= 0).flatten()
         self.shared_t = d2t[self.shared_d]
@@ -125,6 +140,15 @@ class VocabMap:
         out = torch.zeros(probs_d.shape[0], target_vocab, dtype=probs_d.dtype)
         out[:, self.shared_t] = probs_d[:, self.shared_d]
         return out
+
+
+def _spelling_order(tok, ids):
+    """``ids`` with sentencepiece byte-fallback pieces last (their order kept otherwise)."""
+    ids = list(ids)
+    is_byte = getattr(tok, "is_byte_piece", None)
+    if is_byte is None:
+        return ids
+    return [i for i in ids if not is_byte(i)] + [i for i in ids if is_byte(i)]
 
 
 def _turn_end(tok) -> int | None:
@@ -319,17 +343,42 @@ class BridgeDrafter:
         if data:
             tok = self.target_tok
             if root_bytes and not tok.is_special(root):
-                both = tok.encode((root_bytes + data).decode("utf-8", errors="replace"))
-                if both and both[0] == root:
-                    out = self._spelling(both[1:], data)
+                out = self._encode_after(root_bytes, data, root)
             if not out:
-                out = self._spelling(tok.encode(data.decode("utf-8", errors="replace")), data)
+                out = self._encode_after(b"", data)
         if cut_last:
             out = out[:-1]
         if eos and self.map.target_eos is not None:
             out.append(self.map.target_eos)
         return out
 
+
+    def _encode_after(self, lead: bytes, data: bytes, root: int | None = None) -> list[int]:
+        """The target's tokens for ``lead + data`` after those spelling ``lead``, as far as they
+        spell ``data``. An encoder may put bytes of its own in front of a text (sentencepiece's
+        prefix space: Llama-2's Prepend("▁") writes "lo" as "▁lo", " Hello" as "▁▁" "H" ...): a text
+        that begins with those bytes is encoded without them (" Hello" -> "Hello" -> "▁Hello"),
+        else they are skipped with ``lead`` where the tokens have a boundary right after them (and,
+        with ``root``, the last token before it is the root: the look-behind kept it); else []."""
+        tok = self.target_tok
+        text = (lead + data).decode("utf-8", errors="replace")
+        ids = tok.encode(text)
+        spelled = b"".join(tok.token_bytes(t) for t in ids)
+        said = text.encode("utf-8")
+        pre = spelled[: len(spelled) - len(said)] if len(spelled) > len(said) and spelled.endswith(said) else b""
+        if pre and said.startswith(pre):
+            # the text begins with what the encoder adds (" Hello" under a "▁" prefix, which
+            # "▁▁" would swallow): encoding it without those bytes spells it exactly, prefix-free
+            alt = tok.encode(said[len(pre):].decode("utf-8", errors="replace"))
+            if b"".join(tok.token_bytes(t) for t in alt) == said:
+                ids, pre = alt, b""
+        skip, n, k = len(pre) + len(lead), 0, 0
+        while k < len(ids) and n < skip:
+            n += len(tok.token_bytes(ids[k]))
+            k += 1
+        if n != skip or (root is not None and (k == 0 or ids[k - 1] != root)):
+            return []
+        return self._spelling(ids[k:], data)
 
     def _spelling(self, ids: list[int], data: bytes) -> list[int]:
         """The longest prefix of ``ids`` whose bytes spell a prefix of ``data``: an encoder may add
