@@ -9,7 +9,9 @@ depend on the proposal). What was wrong was the proposals: a sentencepiece vocab
 single bytes twice ("t" and <0x74>), and the bridges paired/proposed the byte-fallback piece (lower
 id), which the target never writes, so TLI/union/SLRS drafts of single-character tokens were always
 rejected; SLEM re-encoded drafts with the encoder's "▁" prefix and proposed nothing at all. On the
-drafter side the same double spelling put two q columns on one target id, of which TLI kept one.
+drafter side the same double spelling put two q columns on one target id, of which TLI kept one:
+sampling through TLI with a sentencepiece drafter is checked end to end (a reply's first tokens
+against the target's own sampling and its exact law), with the old map as the power check.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from engine.drafters.base import DraftRequest
 from engine.drafters.vocab import BridgeDrafter, VocabMap
 from engine.generate import Decoder, run_generation
 from engine.loading import load
@@ -26,8 +29,9 @@ from engine.slrs import TargetTrie
 from engine.strategy import preset
 from engine.tokenizer import ByteTokenizer, Tokenizer
 
-from .accept_util import bigram_model, chain_bigram
+from .accept_util import bigram_model, chain_bigram, exact_law_p
 from .test_gguf_spm import metadata, spm_vocab
+from .tiny import two_sample_p
 from .vocab_pairs import trained_bpe
 
 CHAT = "<s>[INST] Hi [/INST]"
@@ -224,3 +228,108 @@ def test_sentencepiece_drafter_on_a_byte_level_target_every_bridge_is_plain_gree
     dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=spm)
     assert dec.bridged
     _check_greedy(dec, prompt, BRIDGES)
+
+
+# ---- sampling through the decode loop: TLI with a sentencepiece drafter keeps the target's law ------------
+# A byte-level BPE target whose next-token law is a known table (one row after "t", one after
+# anything else), drafted by a context-free sentencepiece drafter that puts as much mass on the
+# byte-fallback twins <0x74>, <0x68> as on "t", "h": the pieces a bridge must not count twice.
+SPM_TWINS = {"t": "<0x74>", "h": "<0x68>"}
+_NEW_VOCAB_MAP_INIT = VocabMap.__init__
+
+
+def _old_vocab_map_init(self, target_tok, drafter_tok, drafter_vocab=None):
+    """VocabMap as before the one-column-per-target-id fix: every drafter token mapped to the target
+    id of its spelling, so both twins ("t" and <0x74>) mapped to the target's "t"."""
+    _NEW_VOCAB_MAP_INIT(self, target_tok, drafter_tok, drafter_vocab)
+    from engine.drafters.vocab import token_key
+
+    t_index: dict = {}
+    for i in range(target_tok.vocab_size):
+        t_index.setdefault(token_key(target_tok, i), i)
+    for d in range(min(len(self.d2t), drafter_tok.vocab_size)):
+        k = token_key(drafter_tok, d)
+        if self.d2t[d] < 0 and k != ("bytes", b""):
+            self.d2t[d] = t_index.get(k, -1)
+    self.shared_d = torch.nonzero(self.d2t >= 0).flatten()
+    self.shared_t = self.d2t[self.shared_d]
+
+
+@pytest.fixture(scope="module")
+def twin_pair(spm, root):
+    """(target model, drafter model, target tokenizer, prompt, the exact law of a reply's first two
+    tokens, reference samples of them drawn by the target's own plain sampling)."""
+    t = trained_bpe(1200, "bytelevel")
+    T = {c: t.encode(c) for c in "thae"}
+    assert all(len(v) == 1 for v in T.values())
+    T = {c: v[0] for c, v in T.items()}
+    first = {T["t"]: 1.0, T["a"]: 0.5, T["e"]: -0.5}  # after the prompt (and anything but "t")
+    after_t = {T["h"]: 1.0, T["t"]: 0.5, T["e"]: 0.0}
+    target = load(str(bigram_model(root / "twins-target", "llama", t.vocab_size, {T["t"]: after_t}, first))).model
+    S = {p: spm.token_to_id(p) for p in ["t", "<0x74>", "h", "<0x68>", "a", "e"]}
+    drafted = {S["t"]: 1.0, S["<0x74>"]: 1.0, S["h"]: 0.5, S["<0x68>"]: 0.5, S["a"]: 0.5, S["e"]: 0.0}
+    drafter = load(str(bigram_model(root / "twins-drafter", "llama", spm.vocab_size, {}, drafted))).model
+
+    def softmax(row):
+        return dict(zip(row, torch.softmax(torch.tensor(list(row.values())), 0).tolist()))
+
+    law = {(a, b): pa * pb for a, pa in softmax(first).items() for b, pb in softmax(after_t if a == T["t"] else first).items()}
+    prompt = t.encode("Hi:")
+    ref = _first_tokens(Decoder(target), prompt, preset("ar", temperature=1.0), 1000)
+    assert exact_law_p(ref, law) > 1e-3  # the law is the target's
+    return target, drafter, t, prompt, law, ref
+
+
+def _first_tokens(dec, prompt, strategy, n, length=2):
+    return [tuple(tokens_of(run_generation(dec, prompt, strategy.replace(seed=s), length)[0])) for s in range(n)]
+
+
+TWIN_SAMPLING = {"tli-sd": preset("sd", draft_len=3, vocab="tli", temperature=1.0),
+                 "tli-tree": preset("tree", tree=(2, 2), vocab="tli", temperature=1.0)}
+
+
+@pytest.mark.parametrize("case", list(TWIN_SAMPLING))
+def test_tli_sampling_with_a_sentencepiece_drafter_keeps_the_target_distribution(case, spm, twin_pair, monkeypatch):
+    """A reply's first two tokens sampled through TLI have the target's own law (two-sample test
+    against its plain sampling, and goodness of fit to the exact law). Power: with the map as it
+    was (both twins on the target's "t", TLI's q laying out one of them: q("t") halved) the same
+    test rejects it (measured, the same with the pre-fix engine/drafters/vocab.py: two-sample p 9e-16
+    sd, 2e-28 tree; exact law 1e-41, 2e-67; with the fix 0.50, 0.33 and 0.82, 0.26)."""
+    target, drafter, t, prompt, law, ref = twin_pair
+    s = TWIN_SAMPLING[case]
+
+    def bridged():
+        dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=spm)
+        assert dec.bridged
+        br = dec.drafters["model"]
+        # the drafter really drafts the twins: its q at the first position, over its own ids
+        hist_d, _ = br.drafter_history(prompt)
+        br.inner.restrict(None)
+        q = br.inner.propose(hist_d, DraftRequest(shape=(1,), mode="sample", temperature=1.0,
+                                                  generator=torch.Generator().manual_seed(0))).draft_probs[0]
+        for piece, twin in SPM_TWINS.items():
+            a, b = spm.token_to_id(piece), spm.token_to_id(twin)
+            assert spm.is_byte_piece(b) and spm.token_bytes(a) == spm.token_bytes(b)
+            assert float(q[a]) > 0.1 and float(q[b]) > 0.1, (piece, float(q[a]), float(q[b]))
+        # TLI's q there, laid out on the target's ids: whole when each target id has one column
+        tli = br.propose(prompt, DraftRequest(shape=(1,), mode="sample", temperature=1.0, vocab="tli",
+                                              generator=torch.Generator().manual_seed(0)))
+        return dec, br.map, float(tli.draft_probs[0].sum())
+
+    dec, m, mass = bridged()
+    runs = [run_generation(dec, prompt, s.replace(seed=i), 6)[0] for i in range(50)]
+    assert sum(e.accepted for r in runs for e in r) > 50  # the bridge's drafts do get accepted
+    got = _first_tokens(dec, prompt, s, 1000)
+    assert two_sample_p(ref, got) > 1e-3
+    assert exact_law_p(got, law) > 1e-3
+    assert int(m.d2t[spm.token_to_id("<0x74>")]) == -1 and int(m.d2t[spm.token_to_id("t")]) == t.encode("t")[0]
+    assert abs(mass - 1.0) < 1e-5
+
+    # the same test on the map as it was: both twins on one target id, one q column kept
+    monkeypatch.setattr(VocabMap, "__init__", _old_vocab_map_init)
+    dec, m, mass = bridged()
+    assert int(m.d2t[spm.token_to_id("<0x74>")]) == int(m.d2t[spm.token_to_id("t")]) == t.encode("t")[0]
+    assert mass < 0.8  # the twins' columns: one of them lost
+    bad = _first_tokens(dec, prompt, s, 1000)
+    assert two_sample_p(ref, bad) < 1e-6
+    assert exact_law_p(bad, law) < 1e-6
