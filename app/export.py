@@ -27,14 +27,72 @@ def close_fences(text: str) -> str:
     return text if not fence else text.rstrip("\n") + "\n" + fence
 
 
+# HTML blocks that end only at their terminator (CommonMark's kinds 1 to 5), not at a blank line:
+# one a message leaves open hid every later message of the export (a reply stopped in "<!-- ...")
+_HTML_OPEN = [(re.compile(r" {0,3}<(script|pre|style|textarea)(?:[\s>]|$)", re.I), None),
+              (re.compile(r" {0,3}<!--"), "-->"), (re.compile(r" {0,3}<\?"), "?>"),
+              (re.compile(r" {0,3}<!\[CDATA\["), "]]>"), (re.compile(r" {0,3}<![A-Za-z]"), ">")]
+
+
+def _parse(text: str):
+    from markdown_it import MarkdownIt
+
+    return MarkdownIt("gfm-like").parse(text)
+
+
+def close_html(text: str) -> str:
+    """``text`` with an HTML block it leaves open at its end (``<!--``, ``<pre>``, ``<script>``...)
+    closed, as :func:`close_fences` closes a code block."""
+    lines = text.splitlines()
+    last = next((t for t in reversed(_parse(text)) if t.level == 0 and t.map), None)
+    if last is None or last.type != "html_block" or last.map[1] < len(lines):
+        return text
+    first = lines[last.map[0]]
+    for pattern, end in _HTML_OPEN:
+        m = pattern.match(first)
+        if m is None:
+            continue
+        end = end or f"</{m.group(1).lower()}>"
+        block = "\n".join(lines[last.map[0]:])
+        found = block.lower().find(end, m.end())
+        return text if found >= 0 else text.rstrip("\n") + "\n" + end
+    return text
+
+
+def hard_breaks(text: str) -> str:
+    """``text`` with each line break inside a paragraph made a hard one (two spaces before it), as the
+    app shows messages: a Markdown viewer joined "01: Monday\n02: Tuesday", a poem or an address
+    into one line. Code blocks and HTML are left as they are."""
+    lines = text.split("\n")
+    if len(lines) < 2:
+        return text
+    verbatim: set[int] = set()
+    for token in _parse(text):
+        if token.type in ("fence", "code_block", "html_block") and token.map:
+            verbatim.update(range(*token.map))
+    for i in range(len(lines) - 1):
+        line = lines[i]
+        if (i in verbatim or not line.strip() or not lines[i + 1].strip() or line.endswith(("  ", "\\"))):
+            continue
+        lines[i] = line.rstrip(" \t") + "  "
+    return "\n".join(lines)
+
+
+def heading(title: str) -> str:
+    """A chat title as a level-1 heading: blank is "Chat"; a trailing run of ``#`` is escaped (a
+    heading's closing sequence: "Issue #" came out as "Issue", "#" as an empty heading)."""
+    title = title.strip() or "Chat"
+    return "# " + re.sub(r"(^|\s)(#+)$", r"\1\\\2", title)
+
+
 def chat_markdown(title: str, conversation: list[dict[str, str]], model: str = "") -> str:
     """The chat as Markdown: the title, which model answered, then each message under a heading."""
-    out = [f"# {title or 'Chat'}", ""]
+    out = [heading(title), ""]
     if model:
         out += [f"*{model}*", ""]
     for message in conversation:
         who = {"user": "You", "system": "System prompt"}.get(message["role"], "Assistant")
-        out += [f"## {who}", "", close_fences(message["content"].rstrip()), ""]
+        out += [f"## {who}", "", hard_breaks(close_html(close_fences(message["content"].rstrip()))), ""]
     return "\n".join(out)
 
 

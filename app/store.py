@@ -29,6 +29,8 @@ from typing import Any
 from engine.errors import SpecchatError
 from engine.strategy import Strategy, StrategyError
 
+from .text_safety import strip_controls
+
 DB_NAME = "specchat.db"
 DATA_DIR_ENV = "SPECCHAT_DATA_DIR"
 SCHEMA_VERSION = 1
@@ -61,8 +63,9 @@ def now() -> str:
 
 
 def title_from(text: str) -> str:
-    """A chat title from its first user message: one line, at most :data:`TITLE_MAX` characters."""
-    line = " ".join(text.split())
+    """A chat title from its first user message: one line, at most :data:`TITLE_MAX` characters,
+    nothing a terminal would act on (a pasted "\x1b[31m" reached the header and the chat list)."""
+    line = " ".join(strip_controls(text).split())
     return line if len(line) <= TITLE_MAX else line[: TITLE_MAX - 1].rstrip() + "…"
 
 

@@ -1007,7 +1007,8 @@ class ChatScreen(Screen[None]):
         try:
             path = export_chat(folder, self.chat_title, conversation, model)
         except OSError as exc:
-            self.notify(f"Could not export the chat: {exc.strerror or exc}", severity="error", timeout=8, markup=False)
+            where = f" ({exc.filename})" if getattr(exc, "filename", None) else ""  # which folder or file refused
+            self.notify(f"Could not export the chat: {exc.strerror or exc}{where}", severity="error", timeout=8, markup=False)
             return
         count = sum(m["role"] != "system" for m in conversation)
         self.notify(f"Exported {count} message{'s' if count != 1 else ''} to {path}", timeout=8, markup=False)

@@ -275,6 +275,11 @@ class ModelsScreen(ModalScreen[ModelChoice | None]):
         except hub.DownloadError as exc:
             self.notify(str(exc), severity="error", markup=False)  # the user's text ("org/x[/]" crashed the app)
             return
+        if ref == self.current_target and self.loading is None:
+            # the Hub id in use (loaded from this box, or `specchat chat org/x`): it was loaded again,
+            # seconds to minutes of a model already there, and without the drafter it had
+            self.notify(f"{ref} is already loaded.", markup=False)
+            return
         choice = ModelChoice(ref, NO_DRAFTER)
         if hub.cached_snapshot(ref, None, self.cache_dir) is not None:
             self.dismiss(choice)

@@ -8,6 +8,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Markdown
 
 from ..keys import with_keys
+from ..text_safety import safe_text
 
 # How a reply that did not end normally is marked (after its text) and styled (CSS class); keys by
 # binding id ({new_chat}), filled in with the user's keymap (app/keys.py).
@@ -36,6 +37,12 @@ def reply_markdown(text: str, finish_reason: str | None, keymap: Mapping[str, st
     return text + with_keys(FINISH_MARKS.get(finish_reason or "", ""), keymap)
 
 
+def _safe_source(state) -> None:
+    """markdown-it core rule, before ``normalize``: the text parsed is :func:`safe_text`'s (so
+    every block, code included, and every streamed append is covered; ``source`` keeps the original)."""
+    state.src = safe_text(state.src)
+
+
 def _hard_breaks(state) -> None:
     """markdown-it core rule: every soft line break becomes a hard one (what its ``breaks`` option
     does for HTML output; Textual's renderer reads the token types, so they are changed here)."""
@@ -52,6 +59,7 @@ def _parser():
     from markdown_it import MarkdownIt
 
     md = MarkdownIt("gfm-like")
+    md.core.ruler.before("normalize", "specchat_safe_source", _safe_source)
     md.core.ruler.push("specchat_hard_breaks", _hard_breaks)
     return md
 

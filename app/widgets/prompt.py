@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from rich.segment import Segment
 from textual import events
 from textual.message import Message
 from textual.strip import Strip
 from textual.widgets import TextArea
 
 from ..keys import app_keys, with_keys
+from ..text_safety import strip_controls
 
 NEWLINE_KEYS = ("shift+enter", "ctrl+j")
 PLACEHOLDER = "Message  (Enter send · Ctrl+J new line · ↑ earlier · {help} help)"  # fits 70 columns (the chat beside the dashboard at 120)
@@ -71,7 +73,24 @@ class PromptInput(TextArea):
         the app (the chat list open in a 31-34 column terminal)."""
         if not self.text and self.content_size.width <= 0:
             return Strip.blank(0)
-        return super().render_line(y)
+        strip = super().render_line(y)
+        # a control character in the text (a recalled prompt, an edited message) drawn as it was
+        # reached the terminal ("\x1b[2J" cleared it): dropped from what is drawn (they take no cell)
+        if any(strip_controls(segment.text, sequences=False) != segment.text for segment in strip):
+            strip = Strip([Segment(strip_controls(text, sequences=False), style, control)
+                           for text, style, control in strip], strip.cell_length)
+        return strip
+
+    async def _on_paste(self, event: events.Paste) -> None:
+        """A paste without terminal escape sequences and control characters (coloured output copied
+        from a log, a stray ESC): they were inserted as they were, drawn raw to the terminal (which
+        acted on them) and sent to the model."""
+        clean = strip_controls(event.text)
+        if clean != event.text:  # (else TextArea's handler, next in the MRO, pastes it as it is)
+            event.prevent_default()
+            if not self.read_only and (result := self._replace_via_keyboard(clean, *self.selection)):
+                self.move_cursor(result.end_location)
+                self.focus()
 
     # ---- history ---------------------------------------------------------------------------------
     def set_history(self, prompts: Iterable[str]) -> None:
