@@ -472,6 +472,8 @@ def parse_prompt_ids(text: str) -> list[int]:
     from .errors import SpecchatError
 
     try:
+        if not text.isascii():  # int() reads "٣" as 3: ASCII digits only, as the other number options
+            raise ValueError
         return [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise SpecchatError(f"--prompt-ids expects comma-separated integers, got {text!r}") from None
@@ -674,6 +676,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
     # a broken models.toml is reported before the UI starts (one without a default target is not: the
     # app shows the load failure and Ctrl+O picks one of its models)
     load_registry(args.models)
+    if args.max_new_tokens < 1:  # (every reply would end before its first token)
+        from .errors import SpecchatError
+
+        raise SpecchatError(f"--max-new-tokens must be at least 1 for chat, got {args.max_new_tokens}")
     if args.keymap and not Path(args.keymap).expanduser().is_file():
         from .errors import SpecchatError
 
@@ -708,6 +714,8 @@ def cmd_download(args: argparse.Namespace) -> int:
     from .hub import REPO_ID, DownloadCancelled, TerminalProgress, download
     from .registry import load_registry
 
+    if args.include is not None and any(not g.strip() for g in args.include):  # matched nothing, silently
+        raise SpecchatError("--include is empty: give a file pattern (e.g. '*.gguf'), or leave it out for the model's files")
     entry = load_registry(args.models).get(args.ref)
     repo = entry.hub_id if entry is not None else args.ref
     if not repo or not REPO_ID.match(repo):

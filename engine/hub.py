@@ -630,6 +630,13 @@ def download(repo_id: str, revision: str | None = None, cache_dir: str | os.Path
     """
     check_repo_id(repo_id)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        # huggingface_hub's offline switch: the cache only (it tried the network, then said "offline?")
+        snap = cached_snapshot(repo_id, revision, cache)
+        if snap is not None:
+            return snap
+        raise DownloadError(f"{repo_id} is not in the cache ({cache}) and HF_HUB_OFFLINE is set: "
+                            "unset it to download, or copy the model into the cache")
     cancel = cancel or threading.Event()
     with _Watch(cancel):
         return _download(repo_id, revision, cache, progress, cancel, include)

@@ -343,3 +343,31 @@ def test_generate_refuses_a_knob_out_of_range_before_loading(capsys, no_loading,
     """--draft-len 0, --top-p 0, --node-budget -5 with a --strategy were refused only once the models
     had loaded (seconds for SmolLM2, minutes for a big model)."""
     assert says in one_error(capsys, "generate", *knobs, "hi").lower()
+
+
+# ---- the last small ones ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("argv, says", [
+    (("generate", "--prompt-ids", "٣,4"), "--prompt-ids expects comma-separated integers"),
+    (("chat", "--max-new-tokens", "0"), "--max-new-tokens must be at least 1 for chat"),
+    (("download", "org/m", "--include", ""), "--include is empty"),
+])
+def test_what_could_only_do_nothing_is_refused(capsys, no_loading, argv, says):
+    """`--prompt-ids ٣,4` fed id 3 (int() reads Arabic-Indic digits); `chat --max-new-tokens 0`
+    started an app whose every reply ended before its first token; `download --include ''` matched
+    no file and said nothing of it."""
+    assert says in one_error(capsys, *argv)
+
+
+def test_hf_hub_offline_downloads_from_the_cache_only(tmp_path, monkeypatch):
+    """With HF_HUB_OFFLINE=1 (huggingface_hub's switch), `specchat download` still tried the network
+    and then said "cannot reach the Hub ... (offline?)": the cache's snapshot, or a line saying why not."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # nothing listens: a network attempt would fail otherwise
+    with pytest.raises(hub.DownloadError, match="not in the cache .* HF_HUB_OFFLINE is set"):
+        hub.download("org/x", cache_dir=tmp_path)
+    snap = tmp_path / hub.repo_folder("org/x") / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "m.gguf").write_bytes(b"GGUF")
+    (tmp_path / hub.repo_folder("org/x") / "refs").mkdir()
+    (tmp_path / hub.repo_folder("org/x") / "refs" / "main").write_text("a" * 40)
+    assert hub.download("org/x", cache_dir=tmp_path) == snap
