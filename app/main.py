@@ -152,6 +152,7 @@ class SpecChatApp(App[None]):
             lambda target, drafter: load_chat_session(target, drafter, models_file))
         self.switching_to: ModelChoice | None = None  # the last Ctrl+O pick, until its load ends
         self._loads = 0  # loads started (at start-up, then one a pick): only the last one's result is used
+        self._switch_after_reply: ModelChoice | None = None  # picked while a reply ran: loaded when it ends
         self._cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
@@ -340,9 +341,10 @@ class SpecChatApp(App[None]):
         keeps it."""
         if choice is None:
             return
-        if self.chat.busy:
-            self.notify(with_keys("A reply is running: stop it ({stop}), then pick the model again.", self.keymap),
-                        severity="warning", markup=False)
+        if self.chat.busy:  # loaded once the reply ends (it was refused: the picker closed, to be opened again)
+            self._switch_after_reply = choice
+            self.notify(with_keys(f"{choice.target} loads once this reply ends ({{stop}} stops it now).", self.keymap),
+                        timeout=6, markup=False)
             return
         if choice == self.switching_to:
             self.notify(f"{choice.target} is already loading.", timeout=4, markup=False)
@@ -359,6 +361,12 @@ class SpecChatApp(App[None]):
         self._start_load(lambda: loader(choice.target, choice.drafter_ref), choice)
         with_drafter = "" if choice.drafter == NO_DRAFTER else f" with drafter {choice.drafter}"
         self.notify(f"Loading {choice.target}{with_drafter}…", timeout=4, markup=False)
+
+    def reply_ended(self) -> None:
+        """The chat screen's reply is over: the model picked while it ran loads now."""
+        choice, self._switch_after_reply = self._switch_after_reply, None
+        if choice is not None:
+            self.switch_model(choice)
 
     def action_measure_baseline(self) -> None:
         self.measure_baseline("on request")

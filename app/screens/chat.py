@@ -914,6 +914,9 @@ class ChatScreen(Screen[None]):
             self._run = self._reply = None
             self._finishing = False
             self.refresh_bindings()
+            ended = getattr(self.app, "reply_ended", None)  # a model picked during the reply loads now
+            if ended is not None:
+                ended()
 
     async def action_continue_reply(self) -> None:
         """Ctrl+P "Continue the last reply": the model goes on from the end of the last reply (cut by

@@ -154,3 +154,38 @@ def test_a_title_from_a_message_with_escape_sequences_has_none() -> None:
 
     assert title_from("\x1b[1;31merror\x1b[0m: build \x07failed") == "error: build failed"
     assert title_from("plain words") == "plain words"
+
+
+async def test_a_model_picked_while_a_reply_runs_loads_when_it_ends(tmp_path) -> None:
+    """A pick during a reply closed the picker and was refused ("stop it, then pick the model
+    again"): it now loads once the reply ends, and the reply is not cut."""
+    import threading
+
+    from app.screens.models import ModelChoice
+
+    from .fakes import FakeEngine
+    from .test_chat import make_app as chat_app, notices, ready, send, wait_for
+
+    gate = threading.Semaphore(0)
+    first = FakeEngine(["a", "b", "c"], gate=gate)
+    loads: list[str] = []
+
+    def loader(target: str, drafter: object) -> FakeEngine:
+        loads.append(target)
+        return FakeEngine(["x"], description=f"{target} (fake)")
+
+    app = chat_app(first, model_loader=loader)
+    async with app.run_test(size=(100, 30), notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "go")
+        gate.release()
+        await wait_for(pilot, lambda: app.chat.busy)
+        app.switch_model(ModelChoice("other"))
+        await pilot.pause()
+        assert loads == [] and app.chat.busy
+        assert any("other loads once this reply ends" in m for m, _ in notices(app))
+        for _ in range(5):
+            gate.release()
+        await wait_for(pilot, lambda: loads == ["other"])
+        await wait_for(pilot, lambda: app.session is not None and "other" in app.session.description)
+        assert len(first.calls) == 1 and first.steps_done >= 3  # the reply ran to its end
