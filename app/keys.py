@@ -168,6 +168,8 @@ def key_problem(key: str) -> str | None:
         return f"arrives as {_SENT_AS[key]} in terminals"
     if key == "ctrl+p":
         return "is the command palette's key"
+    if key in ("tab", "shift+tab"):  # bound in a widget, the focus could no longer leave it that way
+        return "moves the focus between the app's parts"
     if key == "ctrl+at":
         return "cannot be bound by name (Textual calls it ctrl+@)"
     if "shift" in mods and char and "alt" not in mods:

@@ -240,3 +240,12 @@ async def test_a_saved_strategy_the_model_cannot_run_is_explained_with_the_apps_
         await ready(pilot)
         said = [m for m, _ in notices(app) if m.startswith("Saved strategy not used")]
         assert said and "Ctrl+O picks a target with its drafter" in said[0] and "--drafter" not in said[0], said
+
+
+def test_tab_and_shift_tab_stay_the_focus_keys() -> None:
+    """`tree_older = "tab"` was accepted, and Tab could then no longer move the focus out of the
+    draft tree (Shift+Tab still could); the focus keys are refused for every binding."""
+    keymap, problems = parse_keymap({"tree_older": "tab", "rename_chat": "shift+tab", "help": "f5"})
+    assert keymap == {"help": "f5"}
+    assert problems == ["tree_older: 'tab' moves the focus between the app's parts",
+                        "rename_chat: 'shift+tab' moves the focus between the app's parts"]
