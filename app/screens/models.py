@@ -86,7 +86,7 @@ def model_rows(registry: Registry, current_target: str | None = None, cache_dir:
         local = e.local_path(base)
         cached = hub.cached_snapshot(e.hub_id, e.revision, cache_dir) if e.hub_id and local is None else None
         where = local or cached
-        if e.name == current_target:
+        if e.name == current_target or (e.hub_id and e.hub_id == current_target):  # (`specchat chat org/x`: its Hub id)
             status = "loaded"
         elif local is not None:
             status = "local"

@@ -189,3 +189,16 @@ async def test_a_model_picked_while_a_reply_runs_loads_when_it_ends(tmp_path) ->
         await wait_for(pilot, lambda: loads == ["other"])
         await wait_for(pilot, lambda: app.session is not None and "other" in app.session.description)
         assert len(first.calls) == 1 and first.steps_done >= 3  # the reply ran to its end
+
+
+def test_an_entry_whose_hub_id_is_loaded_shows_as_loaded(tmp_path) -> None:
+    """Started as `specchat chat org/cached`, the session's target is the Hub id: the models.toml
+    entry with that hub_id showed "cached", and picking it loaded the same model again."""
+    from app.screens.models import model_rows
+    from engine.registry import load_registry
+
+    from .test_models_screen import MODELS_TOML, write_models_file
+
+    reg = load_registry(write_models_file(tmp_path, MODELS_TOML))
+    rows = {r.name: r.status for r in model_rows(reg, current_target="org/cached", cache_dir=tmp_path / "cache")}
+    assert rows["cached-model"] == "loaded" and rows["remote-model"] != "loaded"
