@@ -433,28 +433,14 @@ def pool_starved_warning(model, environ) -> str | None:
             "(torch's spinning threads take its thread pool's cores); unset it")
 
 
-def check_default_target(args: argparse.Namespace):
-    """Without --target: the models file's default target must exist, else one line saying so (the
-    fallback name was reported as "'smollm2-135m-instruct': no such file or directory, and not a
-    models.toml name", a name the user never gave). Returns the registry."""
-    from .errors import ConfigError
-    from .registry import load_registry
-    from .session import default_target_name
-
-    reg = load_registry(args.models)
-    if not getattr(args, "target", None) and reg.path is not None and reg.default_target() is None:
-        name = default_target_name(reg)
-        if name not in reg.models:
-            raise ConfigError(("lists no models" if not reg.models else "no model has default = true") + ": pass --target NAME "
-                              "(a models.toml name, a .gguf file, an HF-format directory or a Hub id), "
-                              "or mark one model default = true", path=reg.path)
-    return reg
-
-
 def load_session(args: argparse.Namespace):
     from .session import ChatSession
 
-    check_default_target(args)
+    if not args.target:  # a models file without a default target: one line before any loading
+        from .registry import load_registry
+        from .session import default_target_name
+
+        default_target_name(load_registry(args.models))
     session = ChatSession.load(target=args.target, drafter=args.drafter, models_file=args.models, dtype=args.dtype,
                                max_context=args.max_context, datastore=getattr(args, "datastore", None))
     warning = pool_starved_warning(session.target.model, os.environ)
@@ -783,9 +769,10 @@ def load_target(args: argparse.Namespace, **kw):
     """--target (a models.toml name of --models' file, a path, a Hub id), else that file's default
     target, loaded alone: the measuring modes of bench (--verify-cost, --tree-scaling)."""
     from .loading import load
+    from .registry import load_registry
     from .session import default_target_name
 
-    reg = check_default_target(args)
+    reg = load_registry(args.models)
     return load(args.target or default_target_name(reg), registry=reg, **kw)
 
 

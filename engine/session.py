@@ -17,7 +17,9 @@ stays valid.
 
 from __future__ import annotations
 
+import hashlib
 import threading
+from array import array
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Iterator, Protocol
@@ -247,7 +249,15 @@ class ChatSession:
         redraw = self._draws.get(count, 0)
         prefill_s = self.decoder.start(ids, stop)  # stoppable between prefill pieces (Esc on a long prompt)
         first, drawn = True, False
-        for ev in self.decoder.steps(lambda: redrawn(self.strategy, redraw, key), max_new_tokens, stop):
+        memo: list = [None, None]  # (the strategy, its redrawn form): once per strategy, not every step
+
+        def current() -> Strategy:
+            if memo[0] is not self.strategy:  # a live switch hands in a new Strategy object
+                memo[0] = self.strategy
+                memo[1] = redrawn(memo[0], redraw, key)
+            return memo[1]
+
+        for ev in self.decoder.steps(current, max_new_tokens, stop):
             if first:  # the first event carries the prompt's prefill (the dashboard shows it)
                 ev.prefill_s, ev.prefill_tokens, first = prefill_s, self.decoder.prefilled, False
                 ev.dropped_messages = dropped
@@ -304,9 +314,6 @@ REMEMBERED_PROMPTS = 64  # prompts whose replies stream_chat counts (regenerate 
 
 def _prompt_key(ids: list[int]) -> bytes:
     """A digest of prompt ids (a long conversation's prompt is thousands of ids: not kept whole)."""
-    import hashlib
-    from array import array
-
     return hashlib.blake2b(array("q", ids).tobytes(), digest_size=16).digest()
 
 
@@ -322,8 +329,6 @@ def redrawn(strategy: Strategy, n: int, prompt: bytes | None = None) -> Strategy
         return strategy
     seed = int(strategy.seed)
     if prompt is not None:
-        import hashlib
-
         mixed = hashlib.blake2b(str(seed).encode() + b"/" + prompt, digest_size=8).digest()
         seed = int.from_bytes(mixed, "little") >> 1
     return strategy.replace(seed=(seed + n * 0x9E3779B97F4A7C15) % (1 << 63))
@@ -504,9 +509,23 @@ def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt
                             f"conversation ({detail})") from None
 
 
+FALLBACK_TARGET = "smollm2-135m-instruct"
+
+
 def default_target_name(reg) -> str:
+    """The models file's default target; a file with none (and without the fallback's entry) is a
+    one-line ConfigError saying so (the fallback's name was reported as "no such file or directory,
+    and not a models.toml name", a name the user never gave)."""
     e = reg.default_target()
-    return e.name if e is not None else "smollm2-135m-instruct"
+    if e is not None:
+        return e.name
+    if reg.path is not None and FALLBACK_TARGET not in reg.models:
+        from .errors import ConfigError
+
+        raise ConfigError(("lists no models" if not reg.models else "no model has default = true") + ": pass --target NAME "
+                          "(a models.toml name, a .gguf file, an HF-format directory or a Hub id), "
+                          "or mark one model default = true", path=reg.path)
+    return FALLBACK_TARGET
 
 
 SSM_FAMILIES = ("mamba", "mamba2")  # pure state-space models: no positional limit, no per-token cache

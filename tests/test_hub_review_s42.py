@@ -99,6 +99,18 @@ def wait(condition: object, timeout: float = 10.0) -> None:
         time.sleep(0.01)
 
 
+def cancel_promptly(cancel: threading.Event, thread: threading.Thread, result: dict, server: str) -> BaseException:
+    """Cancel the download ``thread`` runs: it ends within PROMPT_S with DownloadCancelled, returned."""
+    asked = time.monotonic()
+    cancel.set()
+    thread.join(PROMPT_S + 5)
+    assert not thread.is_alive(), f"the download is still waiting on the {server} server"
+    assert result["ended"] - asked < PROMPT_S  # type: ignore[operator]
+    err = result["error"]
+    assert isinstance(err, hub.DownloadCancelled), err
+    return err
+
+
 def test_a_cancel_during_a_stalled_transfer_takes_effect_at_once(fake: FakeHub, tmp_path: Path) -> None:
     """The server sends 100 kB of the weights, then nothing: the cancel returned only when the read
     timed out. Now it returns at once, keeps the partial file for a resume, and links no snapshot."""
@@ -108,13 +120,7 @@ def test_a_cancel_during_a_stalled_transfer_takes_effect_at_once(fake: FakeHub, 
     wait(fake.held.is_set)
     wait(lambda: hub.has_partial("org/tiny"))
     time.sleep(0.2)  # the client is blocked in its read now
-    asked = time.monotonic()
-    cancel.set()
-    thread.join(PROMPT_S + 5)
-    assert not thread.is_alive(), "the download is still waiting on the stalled server"
-    assert result["ended"] - asked < PROMPT_S  # type: ignore[operator]
-    err = result["error"]
-    assert isinstance(err, hub.DownloadCancelled), err
+    err = cancel_promptly(cancel, thread, result, "stalled")
     assert "cancelled" in str(err) and "resume" in str(err) and "\n" not in str(err)
 
     storage = tmp_path / "cache" / "models--org--tiny"
@@ -143,13 +149,7 @@ def test_a_cancel_while_the_hub_does_not_answer_takes_effect_at_once(monkeypatch
         thread, result = download_in_thread(cancel)
         assert server.accepted.wait(10)
         time.sleep(0.2)
-        asked = time.monotonic()
-        cancel.set()
-        thread.join(PROMPT_S + 5)
-        assert not thread.is_alive(), "the download is still waiting on the silent server"
-        assert result["ended"] - asked < PROMPT_S  # type: ignore[operator]
-        err = result["error"]
-        assert isinstance(err, hub.DownloadCancelled), err
+        err = cancel_promptly(cancel, thread, result, "silent")
         assert str(err) == "download of org/tiny cancelled while listing its files; run it again to resume"
     finally:
         server.close()

@@ -148,7 +148,8 @@ def _spelling_order(tok, ids):
     is_byte = getattr(tok, "is_byte_piece", None)
     if is_byte is None:
         return ids
-    return [i for i in ids if not is_byte(i)] + [i for i in ids if is_byte(i)]
+    byte = {i for i in ids if is_byte(i)}  # (one pass over the vocabulary)
+    return [i for i in ids if i not in byte] + [i for i in ids if i in byte] if byte else ids
 
 
 def _turn_end(tok) -> int | None:

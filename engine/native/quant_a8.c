@@ -348,6 +348,16 @@ static void rows_avx2(int qtype, const a8_rows *X, int64_t r0, int64_t nr, int64
 #endif
 
 #ifdef A8_VNNI
+/* the fp32 steps after a block's integer sums ``s`` of one row (``at``: its block's index in X),
+ * in every vector kernel's order: y += (d_j dx) isum_j, then (Q4_1) y += m_j mx. The VNNI and AMX
+ * kernels share it, so their bits cannot drift apart. */
+static inline __attribute__((always_inline)) __m512 a8_fold(const int qtype, __m512 a, __m512 d, __m512 m, __m512i s,
+                                                            const a8_rows *X, int64_t at) {
+    a = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(X->d[at])), _mm512_cvtepi32_ps(s), a);
+    if (qtype == QT_Q4_1A8) a = _mm512_fmadd_ps(m, _mm512_set1_ps(X->m[at]), a);
+    return a;
+}
+
 /* acc += w (u8) . the four int8 at p broadcast to every lane: the broadcast folded into the
  * instruction's memory operand ({1to16}), which gcc does not do for _mm512_set1_epi32 (it spent
  * one vpbroadcastd per dpbusd, a third of the loop's instructions) */
@@ -402,8 +412,7 @@ static inline __attribute__((always_inline)) void rows_vnni(const int G, const i
             }
             __m512i s = _mm512_add_epi32(s0, s1);
             if (qtype == QT_Q8_0A8) s = _mm512_sub_epi32(s, _mm512_set1_epi32(128 * X->s[row * nkb + kb]));
-            a[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(X->d[row * nkb + kb])), _mm512_cvtepi32_ps(s), a[r]);
-            if (qtype == QT_Q4_1A8) a[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(X->m[row * nkb + kb]), a[r]);
+            a[r] = a8_fold(qtype, a[r], d, m, s, X, row * nkb + kb);
         }
     }
     for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + r * JB, a[r]);
@@ -500,8 +509,7 @@ static inline __attribute__((always_inline)) void rows_amx(const int G, const in
         for (int r = 0; r < G; r++) {
             const int64_t row = r0 + r;
             const __m512i s = _mm512_load_si512((const void *)(sums + r * JB));
-            a[r] = _mm512_fmadd_ps(_mm512_mul_ps(d, _mm512_set1_ps(X->d[row * nkb + kb])), _mm512_cvtepi32_ps(s), a[r]);
-            if (qtype == QT_Q4_1A8) a[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(X->m[row * nkb + kb]), a[r]);
+            a[r] = a8_fold(qtype, a[r], d, m, s, X, row * nkb + kb);
         }
     }
     for (int r = 0; r < G; r++) _mm512_storeu_ps(acc + r * JB, a[r]);

@@ -6,38 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 
 from app.commands import evaluate, toggles
 from app.keys import parse_keymap
 from app.screens import ChatScreen, HelpScreen
 from app.strategy_cycle import in_app, next_preset
-from app.sysinfo import GpuReading
 from app.widgets.draft_tree import DraftTreeView, render_tree
 from engine.strategy import preset
 
 from .fakes import FakeEngine, ScriptedEngine, tree_step
 from .test_chat import make_app, ready, reply_done, screen_text, send
+from .test_dashboard_review_s41 import no_gpu, plain  # noqa: F401 - no_gpu: its autouse fixture, here too
 
 WIDE = (140, 45)
-
-
-class NoGpu:
-    available = False
-
-    def read(self) -> list[GpuReading]:
-        return []
-
-
-@pytest.fixture(autouse=True)
-def no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("app.sysinfo.GpuProbe", NoGpu)
-
-
-def plain(renderable: object, width: int = 42) -> str:
-    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
-    console.print(renderable)
-    return console.export_text()
 
 
 def toggle(group: str, value: str):  # type: ignore[no-untyped-def]
