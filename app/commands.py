@@ -139,10 +139,13 @@ def inert(toggle: Toggle, current: Strategy) -> str | None:
 
 
 def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
-             family: str | None = None) -> tuple[Strategy | None, str | None]:
+             family: str | None = None, auto: bool | None = None) -> tuple[Strategy | None, str | None]:
     """(new strategy, None) if the toggle applies here, else (None, the one-line reason).
     ``family``: the target's (:func:`target_family`); on a Transformer the SSM-only modes are
-    refused, except the way back to the default where another mode was set (``--backtrack joint``)."""
+    refused, except the way back to the default where another mode was set (``--backtrack joint``).
+    ``auto``: whether a chain preset picked from a strategy without a draft length (tree, mab,
+    optimal, ar, ersd) gets the cost-aware one: the app's remembered choice, which Ctrl+S follows
+    too (the palette gave ``sd`` from ``tree`` a fixed length where Ctrl+S gave ``sd:auto``)."""
     field = SSM_ONLY.get(toggle.group)
     if field is not None and family in TRANSFORMER_FAMILIES:
         back_to_default = toggle.value == _DEFAULTS[field] != getattr(current, field)
@@ -153,7 +156,10 @@ def evaluate(toggle: Toggle, current: Strategy, has_drafter: bool,
     if (why := inert(toggle, current)) is not None:
         return None, why
     try:
-        new = toggle.change(current)
+        base = current
+        if toggle.group == "Strategy" and auto is not None and current.name not in ADAPTIVE:
+            base = current.replace(adaptive=auto)  # only read by _carry: the preset's own draft length
+        new = toggle.change(base)
         if toggle.group == "Strategy" and new.name == "ersd" and new.drafter == "model" and not has_drafter:
             # exponential races are lossless with any drafter: n-gram drafts, as Ctrl+S picks it
             # (the palette refused ersd for want of a drafter model the cycle did without)
@@ -176,11 +182,13 @@ class StrategyCommands(Provider):
         if session is None:
             self.app.notify("No model loaded yet.", severity="warning")
             return
-        new, reason = evaluate(toggle, session.strategy, session.has_drafter, target_family(session))
+        new, reason = evaluate(toggle, session.strategy, session.has_drafter, target_family(session), self._auto())
         if new is None:
             self.app.notify(f"{toggle.label} is unavailable: {self._advice(reason)}", severity="warning", timeout=8)
             return
         session.strategy = new
+        if new.name in ADAPTIVE and isinstance(getattr(self.app, "cycle_auto", None), bool):
+            self.app.cycle_auto = new.adaptive  # what Ctrl+S and the next palette preset keep
         show = getattr(getattr(self.app, "chat", None), "show_strategy", None)
         if show is not None:
             show()
@@ -190,11 +198,16 @@ class StrategyCommands(Provider):
         """The refusal with the app's advice (the model picker's key), not the command line's."""
         return in_app(reason or "", app_keys(self, "{models}"))
 
+    def _auto(self) -> bool | None:
+        """The app's remembered cost-aware draft length for chain presets (None: the app keeps none)."""
+        auto = getattr(self.app, "cycle_auto", None)
+        return auto if isinstance(auto, bool) else None
+
     def _display(self, toggle: Toggle, current: Strategy | None, has_drafter: bool,
                  family: str | None = None) -> tuple[Text, str]:
         if current is None:
             return Text(toggle.label), toggle.help
-        new, reason = evaluate(toggle, current, has_drafter, family)
+        new, reason = evaluate(toggle, current, has_drafter, family, self._auto())
         if new is None:
             return Text(toggle.label, style="dim"), f"unavailable: {self._advice(reason)}"
         mark = " (current)" if new == current else ""

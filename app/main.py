@@ -153,7 +153,7 @@ class SpecChatApp(App[None]):
         self.switching_to: ModelChoice | None = None  # the last Ctrl+O pick, until its load ends
         self._loads = 0  # loads started (at start-up, then one a pick): only the last one's result is used
         self._switch_after_reply: ModelChoice | None = None  # picked while a reply ran: loaded when it ends
-        self._cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
+        self.cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
         self.session: ChatEngine | None = None
@@ -298,8 +298,8 @@ class SpecChatApp(App[None]):
             return
         current = session.strategy
         if current.name in ADAPTIVE:  # a chain preset says whether the cycle runs cost-aware lengths
-            self._cycle_auto = current.adaptive
-        result = next_preset(current, session.has_drafter, auto=self._cycle_auto)
+            self.cycle_auto = current.adaptive
+        result = next_preset(current, session.has_drafter, auto=self.cycle_auto)
         if result.strategy is None:
             self.notify("No other strategy is usable here.\n" + result.notice(self._models_key()), severity="warning",
                         markup=False)
