@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from rich.color import Color
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.segment import Segment
 from rich.style import Style
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.containers import VerticalScroll
-from textual.renderables._blend_colors import blend_colors
 from textual.renderables.sparkline import Sparkline as SparklineRenderable
 from textual.widgets import Sparkline, Static
 
@@ -221,6 +221,24 @@ def spark_title(per_step: Iterable[int]) -> str:
     return f"{SPARK_TITLE}  (full bar = {top})" if top else SPARK_TITLE
 
 
+def step_columns(data: list[int], width: int) -> list[int]:
+    """One column a step, or the most of each run of steps once they outnumber ``width``: the steps
+    split into ``width`` contiguous groups as evenly as integers allow (sizes differ by at most one)."""
+    n = len(data)
+    if n <= width:
+        return list(data)
+    return [max(data[i * n // width:(i + 1) * n // width]) for i in range(width)]
+
+
+def blend(low: Color, high: Color, ratio: float) -> Color:
+    """The colour ``ratio`` of the way from ``low`` to ``high`` in RGB (``high`` where either has no RGB
+    form, as a named terminal colour)."""
+    if low.triplet is None or high.triplet is None:
+        return high
+    (r1, g1, b1), (r2, g2, b2) = low.triplet, high.triplet
+    return Color.from_rgb(r1 + (r2 - r1) * ratio, g1 + (g2 - g1) * ratio, b1 + (b2 - b1) * ratio)
+
+
 class StepBars(SparklineRenderable):  # type: ignore[type-arg]
     """Tokens per step as bars from 0 up to the reply's most, one column a step (the steps of a
     column each, at most, once they outnumber the columns). Textual's sparkline scales from the
@@ -236,7 +254,7 @@ class StepBars(SparklineRenderable):  # type: ignore[type-arg]
         if top <= 0:
             yield from super().__rich_console__(console, options)
             return
-        columns = data if len(data) <= width else [self.summary_function(b) for b in self._buckets(data, width)]
+        columns = step_columns(data, width)  # (our own: Textual's bucketing and blending are private)
         levels = len(self.BARS)
         low, high = self.min_color.color, self.max_color.color
         assert low is not None and high is not None
@@ -248,7 +266,7 @@ class StepBars(SparklineRenderable):  # type: ignore[type-arg]
                 if filled <= 0:
                     yield Segment(" ")
                 else:
-                    yield Segment(self.BARS[min(filled, levels) - 1], Style.from_color(blend_colors(low, high, ratio)))
+                    yield Segment(self.BARS[min(filled, levels) - 1], Style.from_color(blend(low, high, ratio)))
             if len(columns) < width:
                 yield Segment(" " * (width - len(columns)))
             if row:

@@ -45,3 +45,28 @@ async def test_palette_and_ctrl_s_agree_on_the_draft_length() -> None:
         assert engine.strategy.name == "tree"
         await palette(pilot, "Strategy: hybrid")
         assert engine.strategy.name == "hybrid" and not engine.strategy.adaptive
+
+
+def test_step_bars_use_no_private_textual_api() -> None:
+    """The tokens-per-step bars bucketed and blended with Textual's private helpers
+    (``textual.renderables._blend_colors``, ``Sparkline._buckets``), which a Textual release may
+    move or drop: our own now, with the same results."""
+    import ast
+    from pathlib import Path
+
+    from rich.color import Color
+
+    from app.widgets import dashboard
+    from app.widgets.dashboard import blend, step_columns
+
+    tree = ast.parse(Path(dashboard.__file__).read_text())
+    imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+    assert not [m for m in imported if m != "__future__" and any(p.startswith("_") for p in m.split("."))], imported
+    assert "._buckets" not in Path(dashboard.__file__).read_text()
+    assert step_columns([1, 2, 3], 5) == [1, 2, 3]
+    assert step_columns([1, 5, 2, 2, 3, 1, 4], 3) == [5, 2, 4]  # groups of 2, 2, 3: each group's most
+    cols = step_columns(list(range(100)), 7)
+    assert len(cols) == 7 and cols[-1] == 99 and cols == sorted(cols)
+    mid = blend(Color.from_rgb(0, 0, 0), Color.from_rgb(200, 100, 50), 0.5)
+    assert mid.triplet is not None and tuple(mid.triplet) == (100, 50, 25)
+    assert blend(Color.parse("red"), Color.from_rgb(1, 2, 3), 0.5) == Color.from_rgb(1, 2, 3)  # no RGB form: the top colour
