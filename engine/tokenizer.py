@@ -126,6 +126,26 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
 
+    def encode_unprefixed(self, text: str) -> list[int]:
+        """``encode(text)`` without the space the encoder puts in front of a text of its own accord,
+        so the ids spell ``text`` itself, as the vocabulary writes it inside a longer text.
+
+        Sentencepiece-style encoders add a "▁" (``add_dummy_prefix``): Llama-2's and Mistral's
+        ``Prepend("▁")`` normaliser, also in front of the text after each special token (ours from
+        GGUF too), ``Metaspace(prepend_scheme="first"/"always")``, and GPT-2's ByteLevel
+        ``add_prefix_space``. The vocabulary bridges hand a drafter the target's history this way
+        (engine/drafters/vocab.py ``drafter_history``): through ``encode`` a sentencepiece drafter
+        saw " Hi:" for the target's "Hi:", and "[INST]  Hi" for "[INST] Hi", a space the target
+        never wrote. Only that prefix goes: a text that starts with a space keeps it (" Hi" is
+        "▁Hi"), and a normaliser that changes the text (lowercasing) still does."""
+        backend = getattr(self, "_unprefixed", None)
+        if backend is None:
+            state = json.loads(self.backend.to_str())
+            changed = _drop_prefix_space(state)
+            backend = tokenizers.Tokenizer.from_str(json.dumps(state)) if changed else self.backend
+            self._unprefixed = backend
+        return backend.encode(text, add_special_tokens=False).ids
+
     def last_piece_start(self, text: str) -> int | None:
         """Where ``text``'s last pre-tokenizer piece starts (a character index), or None where that
         cannot be told from the text itself (no pre-tokenizer, or a normaliser that may move
@@ -777,6 +797,39 @@ def _pick_template(t: Any) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------------------------
+def _drop_prefix_space(state: dict[str, Any]) -> bool:
+    """Take the encoder's own prefix space out of a ``tokenizer.json`` state, in place
+    (``Tokenizer.encode_unprefixed``): ``Prepend("▁")`` normalisers go, Metaspace pre-tokenizers
+    prepend ``never``, ByteLevel ones add no prefix space. True if anything changed."""
+    changed = False
+
+    def walk(node: Any, list_key: str) -> Any:
+        nonlocal changed
+        if not isinstance(node, dict):
+            return node
+        kind = node.get("type")
+        if kind == "Sequence" and isinstance(node.get(list_key), list):
+            kept = [walk(n, list_key) for n in node[list_key]]
+            node[list_key] = [n for n in kept if n is not None]
+        elif kind == "Prepend" and node.get("prepend") == "\u2581":
+            changed = True
+            return None
+        elif kind == "Metaspace":
+            if node.get("prepend_scheme", "never") != "never" or node.get("add_prefix_space"):
+                changed = True
+                node["prepend_scheme"] = "never"
+                if "add_prefix_space" in node:
+                    node["add_prefix_space"] = False
+        elif kind == "ByteLevel" and node.get("add_prefix_space"):
+            changed = True
+            node["add_prefix_space"] = False
+        return node
+
+    state["normalizer"] = walk(state.get("normalizer"), "normalizers")
+    state["pre_tokenizer"] = walk(state.get("pre_tokenizer"), "pretokenizers")
+    return changed
+
+
 def _decoder_kind(backend: tokenizers.Tokenizer) -> tuple[bool, bool]:
     """(byte_level, sentencepiece-like) from the backend's decoder description."""
     dec = backend.decoder

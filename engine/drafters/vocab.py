@@ -223,12 +223,14 @@ class BridgeDrafter:
     # ---- history ----------------------------------------------------------------------------------
     def drafter_history(self, history: Sequence[int]) -> tuple[list[int], bytes]:
         """The drafter's ids for the target's history, and the trailing bytes it does not see yet
-        (an unfinished UTF-8 character, for text tokenizers)."""
+        (an unfinished UTF-8 character, for text tokenizers). The ids spell the history's text
+        itself: a sentencepiece drafter's encoder would put a "▁" of its own in front of it (and
+        after each special token), a space the target never wrote (``encode_unprefixed``)."""
         data = self.bytes.of(history)
         if self.byte_level:
             return list(data), b""
         cut = _utf8_complete(data)
-        ids = self.drafter_tok.encode(data[:cut].decode("utf-8", errors="replace"))
+        ids = self.drafter_tok.encode_unprefixed(data[:cut].decode("utf-8", errors="replace"))
         return ids or [self.drafter_tok.bos_id or 0], data[cut:]
 
     # ---- proposals --------------------------------------------------------------------------------
