@@ -4,8 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from textual.containers import VerticalScroll
+from markdown_it.token import Token
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.widget import Widget
 from textual.widgets import Markdown
+
+try:  # the list blocks Textual rebuilds whole on every append (below): its private module, so guarded
+    from textual.widgets._markdown import (
+        MarkdownBlock, MarkdownBullet, MarkdownBulletList, MarkdownFence, MarkdownList, MarkdownListItem,
+        MarkdownOrderedList, MarkdownParagraph,
+    )
+except ImportError:  # a Textual release that moved them: lists are rebuilt per append, as Textual does
+    MarkdownBulletList = MarkdownOrderedList = None  # type: ignore[assignment,misc]
 
 from ..keys import with_keys
 from ..text_safety import safe_text
@@ -52,16 +62,199 @@ def _hard_breaks(state) -> None:
                 child.type = "hardbreak"
 
 
+# Deep nesting. markdown-it stops parsing at ``maxNesting`` token levels (20 in "gfm-like": a list
+# and its item are two, so past ~9 list levels everything after, the rest of the reply included, was
+# dropped); Textual gives every list level a list, a row, a bullet and a column widget, so a deep list
+# is a deep widget tree whose layout grows with the depth, and 2 columns of width go per level.
+MAX_NESTING = 256  # markdown-it's limit, raised: a list 127 levels deep still parses (tests: no RecursionError)
+MAX_LIST_DEPTH = 6  # deeper list items are shown as lines in their level-6 ancestor (_clamp_nesting)
+MAX_QUOTE_DEPTH = 6  # deeper block quotes are shown as the level-6 quote
+DEEP_MARK = "›"  # one per level past MAX_LIST_DEPTH before a flattened item's bullet ("›››"), or "›5" from 5 on
+
+
+def _deep_marker(depth: int, item: Token, ordered: bool) -> str:
+    bullet = f"{item.info}{item.markup} " if ordered else Markdown.BULLETS[(depth - 1) % len(Markdown.BULLETS)]
+    extra = depth - MAX_LIST_DEPTH
+    return (DEEP_MARK * extra if extra < 5 else f"{DEEP_MARK}{extra}") + " " + bullet
+
+
+def _marker_paragraph(marker: str, level: int) -> list[Token]:
+    text = Token("text", "", 0, content=marker)
+    return [Token("paragraph_open", "p", 1, level=level, block=True),
+            Token("inline", "", 0, level=level + 1, content=marker, children=[text], block=True),
+            Token("paragraph_close", "p", -1, level=level, block=True)]
+
+
+def _clamp_nesting(state) -> None:
+    """markdown-it core rule, last: lists nested deeper than :data:`MAX_LIST_DEPTH` and quotes deeper
+    than :data:`MAX_QUOTE_DEPTH` are flattened into their ancestor at that depth.
+
+    Every item keeps its text and its place in the reply; what is traded is the exact indentation:
+    an item at depth ``d`` past the limit is a line of its level-``MAX_LIST_DEPTH`` ancestor's item,
+    its text after ``d - MAX_LIST_DEPTH`` marks (:data:`DEEP_MARK`; "›5" for 5 and more) and its
+    own bullet or number ("›› • item", "›7 1. item"); its nested content (paragraphs, code) follows it in the same column. A quote
+    deeper than the limit is shown inside the limit's quote, without more bars. (Textual lays out a
+    deep widget tree slowly, and a 30-level list leaves 80 columns no width for its text.)"""
+    tokens = state.tokens
+    if not any(t.level >= min(MAX_LIST_DEPTH, MAX_QUOTE_DEPTH) for t in tokens):  # none deeper than a limit
+        return
+    out: list[Token] = []
+    lists: list[bool] = []  # the open lists, outermost first: ordered or not
+    quotes = 0
+    pending: tuple[str, int] | None = None  # a flattened item's marker, until its first text
+    for token in tokens:
+        kind = token.type
+        if pending is not None and kind not in ("paragraph_open", "inline"):
+            out.extend(_marker_paragraph(*pending))  # an item with no text first (empty, a code block)
+            pending = None
+        if kind in ("bullet_list_open", "ordered_list_open"):
+            lists.append(kind == "ordered_list_open")
+            if len(lists) > MAX_LIST_DEPTH:
+                continue
+        elif kind in ("bullet_list_close", "ordered_list_close"):
+            lists.pop()
+            if len(lists) >= MAX_LIST_DEPTH:
+                continue
+        elif kind == "list_item_open" and len(lists) > MAX_LIST_DEPTH:
+            pending = (_deep_marker(len(lists), token, lists[-1]), token.level + 1)
+            continue
+        elif kind == "list_item_close" and len(lists) > MAX_LIST_DEPTH:
+            continue
+        elif kind == "blockquote_open":
+            quotes += 1
+            if quotes > MAX_QUOTE_DEPTH:
+                continue
+        elif kind == "blockquote_close":
+            quotes -= 1
+            if quotes >= MAX_QUOTE_DEPTH:
+                continue
+        elif kind == "inline" and pending is not None:
+            token.children = [Token("text", "", 0, content=pending[0]), *(token.children or ())]
+            token.content = pending[0] + token.content
+            pending = None
+        out.append(token)
+    if pending is not None:
+        out.extend(_marker_paragraph(*pending))
+    state.tokens = out
+
+
 def _parser():
     """GitHub-flavoured Markdown with a line break kept wherever the text has one (as chat apps
     render replies): a model's list written "01: Monday\n02: Tuesday", a poem or an address stay
-    on their lines instead of running into one paragraph. Code blocks are unaffected."""
+    on their lines instead of running into one paragraph. Code blocks are unaffected. Lists and
+    quotes nested past a depth are flattened (:func:`_clamp_nesting`), never dropped."""
     from markdown_it import MarkdownIt
 
-    md = MarkdownIt("gfm-like")
+    md = MarkdownIt("gfm-like", {"maxNesting": MAX_NESTING})
     md.core.ruler.before("normalize", "specchat_safe_source", _safe_source)
     md.core.ruler.push("specchat_hard_breaks", _hard_breaks)
+    md.core.ruler.push("specchat_clamp_nesting", _clamp_nesting)
     return md
+
+
+# Streaming a list. Textual's Markdown.append re-parses the reply from its last top-level block and,
+# for any block but a paragraph or a code block, removes that block's widget and mounts the new
+# one: a list is one top-level block, so every frame of a list reply unmounted and remounted every
+# item so far (5 widgets per item and level: CSS, compose, layout, render), a frame's cost growing
+# with the list (nested 30 levels, 60 items: ~230 ms a frame; flat, 60 items: ~500 ms at the end).
+# The list blocks below update the mounted list in place instead: unchanged items are kept, a
+# changed paragraph gets its new text, new items are mounted; anything else is rebuilt as before.
+def _same_content(old: MarkdownBlock, new: MarkdownBlock) -> bool:
+    if isinstance(old, MarkdownFence) and isinstance(new, MarkdownFence):  # (an unmounted fence has no _content)
+        return (old.code, old.lexer) == (new.code, new.lexer)
+    return old._content.plain == new._content.plain and list(old._content.spans) == list(new._content.spans)
+
+
+async def _sync_blocks(column: Widget, blocks: list[MarkdownBlock]) -> None:
+    """Make ``column``'s mounted blocks show ``blocks`` (unmounted, just parsed): the leading ones of
+    the same kind are updated in place, the rest replaced."""
+    shown = list(column.children)
+    kept = 0
+    for old, new in zip(shown, blocks):
+        if type(old) is not type(new):
+            break
+        if isinstance(old, MarkdownList):
+            if not await _sync_list(old, new):
+                break
+        elif isinstance(old, (MarkdownParagraph, MarkdownFence)):
+            if not _same_content(old, new):
+                await old._update_from_block(new)  # both update in place (same kind)
+            old._copy_context(new)
+        else:
+            break
+        old.source_range = new.source_range
+        kept += 1
+    if kept < len(shown):
+        await column.remove_children(shown[kept:])
+    if kept < len(blocks):
+        await column.mount_all(blocks[kept:])
+
+
+def _bullets(block: MarkdownList, items: list[MarkdownListItem]) -> list[str]:
+    """The symbols Textual's list ``compose`` gives ``items`` (numbers right-aligned when ordered)."""
+    if not isinstance(block, MarkdownOrderedList):
+        return [item.bullet for item in items]
+    try:
+        start = int(items[0].bullet) if items else 1
+    except ValueError:
+        start = 1
+    numbers = [f"{number}. " for number in range(start, start + len(items))]
+    width = max((len(number) for number in numbers), default=0) + 1
+    return [number.rjust(width) for number in numbers]
+
+
+async def _sync_list(old: MarkdownList, new: MarkdownList) -> bool:
+    """Update the mounted list ``old`` to show ``new`` in place; False (nothing changed) where its
+    widgets are not the rows Textual's list ``compose`` makes (a Horizontal of a bullet and a column)."""
+    rows = list(old.children)
+    if not all(isinstance(row, Horizontal) and len(row.children) == 2
+               and isinstance(row.children[0], MarkdownBullet) and isinstance(row.children[1], Vertical)
+               for row in rows):
+        return False
+    items = [block for block in new._blocks if isinstance(block, MarkdownListItem)]
+    symbols = _bullets(new, items)
+    for row, item, symbol in zip(rows, items, symbols):
+        bullet, column = row.children
+        if bullet.symbol != symbol:
+            bullet.symbol = symbol
+        await _sync_blocks(column, item._blocks)
+    if len(rows) > len(items):
+        await old.remove_children(rows[len(items):])
+    added = []
+    for item, symbol in zip(items[len(rows):], symbols[len(rows):]):
+        bullet = MarkdownBullet()
+        bullet.symbol = symbol
+        added.append(Horizontal(bullet, Vertical(*item._blocks)))
+    if added:
+        await old.mount_all(added)
+    old._copy_context(new)
+    new._blocks.clear()
+    return True
+
+
+class _InPlaceList:
+    """A list block that a streamed append updates in place (:func:`_sync_list`). It reads Textual's
+    private widget state (``_blocks``, ``_content``, ``_update_from_block``; Textual is pinned in
+    scripts/constraints.txt): where a release changed that, the list is rebuilt whole, as Textual does."""
+
+    async def _update_from_block(self, block: MarkdownBlock) -> None:
+        try:
+            done = type(block) is type(self) and await _sync_list(self, block)  # type: ignore[arg-type]
+        except (AttributeError, TypeError):
+            done = False
+        if not done:
+            await super()._update_from_block(block)  # type: ignore[misc]
+
+
+_STREAMING_LISTS: dict[str, type] = {}
+if MarkdownBulletList is not None and MarkdownOrderedList is not None:
+    class StreamingBulletList(_InPlaceList, MarkdownBulletList):  # type: ignore[misc,valid-type]
+        pass
+
+    class StreamingOrderedList(_InPlaceList, MarkdownOrderedList):  # type: ignore[misc,valid-type]
+        pass
+
+    _STREAMING_LISTS = {"bullet_list_open": StreamingBulletList, "ordered_list_open": StreamingOrderedList}
 
 
 class ChatMessage(Markdown):
@@ -69,7 +262,11 @@ class ChatMessage(Markdown):
 
     ``source`` is what is displayed (user text with hard line breaks, a reply with its marks);
     the conversation sent to the engine is kept by the chat screen, not read back from here.
+    Lists are the :class:`StreamingBulletList` / :class:`StreamingOrderedList` blocks, which a
+    streamed append updates in place rather than rebuilds.
     """
+
+    BLOCKS = {**Markdown.BLOCKS, **_STREAMING_LISTS}
 
     def __init__(self, role: str, content: str = "", finish_reason: str | None = None,
                  keymap: Mapping[str, str] | None = None, **kwargs: object) -> None:
