@@ -42,6 +42,11 @@ def _spelled(tok: Tokenizer, ids) -> bytes:
     return b"".join(tok.token_bytes(i) for i in ids)
 
 
+def _text_ids(tok: Tokenizer, ids):  # type: ignore[no-untyped-def]
+    """The ids after the BOS a Llama-style drafter's context starts with (test_a_bos_...)."""
+    return ids[1:] if ids and ids[0] == tok.bos_id and tok.add_bos else ids
+
+
 @pytest.mark.parametrize("drafter", ["gguf-spm", "metaspace"])
 @pytest.mark.parametrize("text", TEXTS)
 def test_a_sentencepiece_drafter_sees_the_targets_text_without_an_extra_leading_space(drafter, text, spm):
@@ -55,6 +60,8 @@ def test_a_sentencepiece_drafter_sees_the_targets_text_without_an_extra_leading_
     assert _spelled(target, hist) == text.encode()
     ids, held = _history_of(target, d)(hist)
     assert held == b""
+    if not text.startswith("<s>"):  # (a history spelling "<s>" has the BOS as its own first token)
+        ids = _text_ids(d, ids)
     assert _spelled(d, ids) == text.encode(), [d.id_to_token(i) for i in ids]
     if not text.startswith(" "):  # (a decoder strips one leading space: the prefix it assumes)
         assert d.decode(ids) == target.decode(hist) == text
@@ -76,7 +83,7 @@ def test_the_drafter_context_grows_by_its_tail(spm):
     prev: list[int] = []
     for k in range(1, len(hist) + 1):
         ids, _ = of(hist[:k])
-        assert _spelled(spm, ids) == _spelled(target, hist[:k])
+        assert _spelled(spm, _text_ids(spm, ids)) == _spelled(target, hist[:k])
         common = 0
         while common < min(len(ids), len(prev)) and ids[common] == prev[common]:
             common += 1
@@ -128,3 +135,20 @@ def test_encode_unprefixed_byte_level_prefix_space_and_plain_encoders():
     assert _spelled(spaced, spaced.encode(text)) == b" " + text.encode()
     assert spaced.encode_unprefixed(text) == plain.encode(text)
     assert plain.encode_unprefixed(text) == plain.encode(text) and plain._unprefixed is plain.backend
+
+
+def test_a_bos_drafter_reads_the_history_after_its_bos(spm):
+    """A drafter whose tokenizer starts every text with its BOS (Llama-2's "<s>") was trained on
+    texts after it; the target's history, in another vocabulary, has none: the drafter's context
+    starts with one (once: a history already spelling "<s>" keeps its own). A drafter without a BOS
+    of its own (Metaspace BPE here, byte-level BPE) is unchanged."""
+    target = trained_bpe(1200, "bytelevel")
+    of = _history_of(target, spm)
+    ids, _ = of(target.encode("Hello world"))
+    assert ids[0] == spm.bos_id and _spelled(spm, ids[1:]) == b"Hello world"
+    ids, _ = of(target.encode("<s>[INST] Hi [/INST]"))
+    assert ids[0] == spm.bos_id and ids[1] != spm.bos_id
+    assert of([])[0] == [spm.bos_id]
+    meta = trained_bpe(1200, "metaspace")
+    ids, _ = _history_of(target, meta)(target.encode("Hello world"))
+    assert _spelled(meta, ids) == b"Hello world"

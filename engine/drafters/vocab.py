@@ -231,7 +231,21 @@ class BridgeDrafter:
             return list(data), b""
         cut = _utf8_complete(data)
         ids = self.drafter_tok.encode_unprefixed(data[:cut].decode("utf-8", errors="replace"))
-        return ids or [self.drafter_tok.bos_id or 0], data[cut:]
+        bos = self.drafter_tok.bos_id
+        if bos is not None and (not ids or ids[0] != bos) and (not ids or self._drafter_adds_bos()):
+            ids = [bos, *ids]  # a drafter that reads every text after its BOS (Llama's <s>) gets one
+        return ids or [0], data[cut:]
+
+    def _drafter_adds_bos(self) -> bool:
+        """Whether the drafter's tokenizer puts its BOS in front of a text it encodes (Llama-2's and
+        Mistral's do: such a drafter was trained on texts after "<s>", and predicts worse without one;
+        the target's history, spelled in the target's vocabulary, rarely has it)."""
+        adds = getattr(self, "_adds_bos", None)
+        if adds is None:
+            tok = self.drafter_tok
+            probe = tok.encode("a", add_special_tokens=True)
+            adds = self._adds_bos = bool(probe) and tok.bos_id is not None and probe[0] == tok.bos_id
+        return adds
 
     # ---- proposals --------------------------------------------------------------------------------
     @drafter_numerics
