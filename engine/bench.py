@@ -112,7 +112,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         prompts = [{"name": "ids", "text": "", "ids": parse_prompt_ids(args.prompt_ids)}]
     else:
         prompts = load_prompts(args.prompts)
-    names = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    if args.strategy is not None and args.strategies is not None:  # --strategy was ignored, silently
+        raise SpecchatError(f"give --strategies (bench's list) or --strategy, not both (got --strategy {args.strategy!r} "
+                            f"and --strategies {args.strategies!r})")
+    # `bench --strategy sd:7` measured the default ar,pld and nothing of sd:7: one spec is a list of one
+    listed = args.strategies if args.strategies is not None else (args.strategy or "ar,pld")
+    args.strategies, args.strategy = listed, None
+    names = [s.strip() for s in listed.split(",") if s.strip()]
     if not names:  # `--strategies ","` measured the ar baseline alone, silently
         raise SpecchatError(f"--strategies {args.strategies!r} names no strategy (e.g. ar,pld:auto,sd:5)")
     asked_peers = [x.strip() for x in (args.compare or "").split(",") if x.strip()]
@@ -138,10 +144,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     names = ["ar"] + [n for n in names if n != "ar"]
     strategies = []
     labels = {}
+    seen: dict[str, int] = {}
     for spec in names:
         s = _strategy_of_spec(spec, args, session.has_drafter, strategy_from_args)
+        _check_bridge(spec, s, session)
         strategies.append(s)
-        labels[id(s)] = spec
+        # a spec given twice (an A/A run, to see the noise) is a strategy of its own: `pld,pld` merged
+        # both into one label, the ALL row summing their tokens and times
+        seen[spec] = seen.get(spec, 0) + 1
+        labels[id(s)] = spec if seen[spec] == 1 else f"{spec}#{seen[spec]}"
     encoded = []
     for p in prompts:
         if "ids" in p:
@@ -261,7 +272,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
                            whole.identical, statistics.median(rates) if rates else None))
     if rows and args.json:
         res = {"rows": [r.to_json() for r in rows + summary],
-               "settings": _settings(session, args, done, [labels[id(s)] for s in strategies], peer_info)}
+               "settings": _settings(session, args, done, [labels[id(s)] for s in strategies], peer_info,
+                                     {labels[id(s)]: s.to_dict() for s in strategies})}
         print(json.dumps({**res, "interrupted": True} if interrupted else res))
     elif rows:
         _print_table(rows + summary, session, args, done)
@@ -313,7 +325,18 @@ def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, st
 
     name, _, param = spec.partition("@")[0].partition(":")
     args.strategy = name
-    s = strategy_from_args(args, has_drafter)
+    if name == "ar":  # the baseline, which bench adds itself: --vocab and a drafter's verifier are the
+        # other rows' (`--vocab slem` or `--verify mss` refused every run, naming plain decoding)
+        kept = args.vocab, args.verify
+        args.vocab = None
+        if args.verify not in (None, "auto", "greedy", "race"):
+            args.verify = None
+        try:
+            s = strategy_from_args(args, has_drafter)
+        finally:
+            args.vocab, args.verify = kept
+    else:
+        s = strategy_from_args(args, has_drafter)
     if not param and "@" not in spec:
         return s
     try:
@@ -322,19 +345,53 @@ def _strategy_of_spec(spec: str, args: argparse.Namespace, has_drafter: bool, st
         raise _spec_error(spec, e) from None
 
 
+def _check_bridge(spec: str, s, session) -> None:
+    """A vocabulary bridge asked for (``sd:4@slrs``, ``--vocab tli``) with a drafter model that shares
+    the target's vocabulary: there is nothing to bridge, and the row (labelled with the bridge) ran
+    without one. Refused, as --vocab with pld or ar is."""
+    from .cli import check_bridge
+
+    try:
+        check_bridge(s, session)
+    except SpecchatError as e:
+        raise SpecchatError(f"--strategies {spec!r}: {e}") from None
+
+
 def _spec_error(spec: str, e: ValueError) -> SpecchatError:
     """A --strategies entry's error, in one line naming the entry (StrategyError's own text names it)."""
     msg = str(e)
     return SpecchatError(msg if msg.startswith("strategy ") else f"--strategies {spec!r}: {msg}")
 
 
+def _datastore_of(session) -> str | None:
+    """The n-gram datastore pld:auto / hybrid drafted from (None: prompt lookup alone)."""
+    return getattr(session, "datastore", None)
+
+
+def _drafter_of(session) -> dict[str, Any] | None:
+    d = getattr(session, "drafter", None)
+    if d is None:
+        return None
+    return {"name": d.name, "path": str(Path(d.path).resolve()), "description": d.description,
+            "bridged": bool(getattr(session.decoder, "bridged", False))}
+
+
 def _settings(session, args, n_prompts: int, strategies: list[str] | None = None,
-              peers: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+              peers: dict[str, dict[str, Any]] | None = None,
+              strategy_settings: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """What a run's numbers depend on, to reproduce it: a row's label alone (``sd``) left out the
+    --draft-len, --verify, --vocab... it ran with, and the datastore pld:auto drafted from."""
     import platform
 
     import torch
 
-    return {"target": session.description, "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
+    from .cli import parse_prompt_ids
+
+    return {"target": session.description, "drafter": _drafter_of(session), "datastore": _datastore_of(session),
+            "max_context": args.max_context, "context_length": session.decoder.context_length,
+            "prompt_ids": parse_prompt_ids(args.prompt_ids) if getattr(args, "prompt_ids", None) else None,
+            "strategy_settings": strategy_settings or {},
+            "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "top_p": getattr(args, "top_p", None), "seed": getattr(args, "seed", None),
             "ignore_eos": bool(getattr(args, "ignore_eos", False)), "raw": bool(getattr(args, "raw", False)),
             "strategies": strategies, "prompts_file": str(args.prompts) if getattr(args, "prompts", None) else None,
@@ -581,13 +638,16 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
                 samples.append((time.perf_counter() - t0) * 1000.0)
         out[label] = statistics.median(samples)
     ratio = out["tree32211"] / out["chain5"]
-    res = {"drafter": session.drafter.description if session.drafter else "", "dtype": str(session.decoder.target.compute_dtype),
+    # the target's compute type as bench's settings name it (q8, bfloat16, float32): its torch dtype
+    # said torch.float32 of a q8 target (the drafter itself runs in fp32 whatever the target's)
+    res = {"drafter": session.drafter.description if session.drafter else "", "target": session.target.description,
+           "target_dtype": session.target.compute,
            "chain5_ms": round(out["chain5"], 3), "tree32211_ms": round(out["tree32211"], 3), "ratio": round(ratio, 3),
            "threads": _threads(), "repeats": repeats}
     if args.json:
         print(json.dumps(res))
     else:
-        print(f"drafter: {res['drafter']} ({res['dtype']}, {res['threads']} threads)")
+        print(f"drafter: {res['drafter']} beside target {res['target']}; {res['threads']} threads")
         print(f"chain of 5: {out['chain5']:.2f} ms · tree (3,2,2,1,1): {out['tree32211']:.2f} ms · ratio {ratio:.2f}x")
     return 0
 

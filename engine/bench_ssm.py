@@ -142,31 +142,50 @@ def backtrack_steps(model, draft: int = 6, repeats: int = 7, prefix: int = 64) -
     return rows
 
 
+def _speed_line(nodes: int, stree_ms: float, unrolled_ms: float) -> str:
+    """stree against unrolled in words that hold either way ("0.84x faster" was said of a slower one)."""
+    r = unrolled_ms / stree_ms if stree_ms else float("inf")
+    if r >= 1:
+        return f"  {nodes} nodes: stree is {r:.2f}x faster than unrolled"
+    return f"  {nodes} nodes: stree is {1 / r:.2f}x slower than unrolled"
+
+
 def cmd_tree_scaling(args: argparse.Namespace) -> int:
     from .loading import parse_dtype
 
-    dtype = parse_dtype(args.dtype)
     ref = Path(args.target) if args.target else None
     if ref is not None and (ref.suffix == ".json" or (ref.is_dir() and not any(ref.glob("*.safetensors")) and not any(ref.glob("*.bin")))):
+        if args.dtype == "q8":  # parse_dtype's q8 is fp32: a q8 request measured fp32, silently
+            raise SpecchatError("--dtype q8 multiplies a GGUF's quantised blocks; random weights have none (use fp32 or bf16)")
+        model_type = None
+        try:
+            model_type = json.loads((ref / "config.json" if ref.is_dir() else ref).read_text()).get("model_type")
+        except (OSError, ValueError, AttributeError):
+            pass  # random_model says what is wrong with the config
+        dtype = parse_dtype(args.dtype, model_type=model_type if isinstance(model_type, str) else None)
         model, label = random_model(ref, dtype), f"{ref} (random weights, timing only)"
+        compute = str(dtype).replace("torch.", "")
     else:
-        from .cli import load_target
+        from . import cli
 
-        loaded = load_target(args, dtype=dtype, max_context=4096)
-        model, label = loaded.model, loaded.description
+        # the compute type as `bench` and `generate` load it: load() decides auto with the model's own
+        # type (q8 for such a GGUF) and keeps q8's blocks; parse_dtype here turned q8 into fp32 and
+        # auto into the probe's choice without the model
+        loaded = cli.load_target(args, dtype=args.dtype, max_context=4096)
+        model, label, compute = loaded.model, loaded.description, loaded.compute
     scaling = tree_scaling(model)
     steps = backtrack_steps(model)
     if args.json:
-        print(json.dumps({"target": label, "rows": scaling, "backtrack": steps}))
+        print(json.dumps({"target": label, "dtype": compute, "threads": torch.get_num_threads(), "rows": scaling, "backtrack": steps}))
         return 0
-    print(f"target: {label}; {torch.get_num_threads()} threads, dtype {str(dtype).replace('torch.', '')}")
+    print(f"target: {label}; {torch.get_num_threads()} threads, dtype {compute}")
     print(f"{'mode':<10} {'nodes':>5} {'rows':>5} {'ms':>9} {'peak MB':>8}")
     for r in scaling:
         print(f"{r['mode']:<10} {r['nodes']:>5} {r['rows']:>5} {r['ms']:>9.2f} {r['peak_mem_mb']:>8.1f}")
     for n in SIZES:
         a = next(r for r in scaling if r["mode"] == "stree" and r["nodes"] == n)
         b = next(r for r in scaling if r["mode"] == "unrolled" and r["nodes"] == n)
-        print(f"  {n} nodes: stree is {b['ms'] / a['ms']:.2f}x faster than unrolled")
+        print(_speed_line(n, a["ms"], b["ms"]))
     print(f"\n{'backtrack':<10} {'tokens/step':>11} {'ms/step':>9} {'ms/token':>9}")
     for r in steps:
         print(f"{r['mode']:<10} {r['tokens_per_step']:>11} {r['ms_per_step']:>9.2f} {r['ms_per_step'] / r['tokens_per_step']:>9.2f}")

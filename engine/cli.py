@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="tokens/s, speedup vs ar, mean accepted, peak memory")
     _add_model_opts(bench)
     _add_strategy_opts(bench)
-    bench.add_argument("--strategies", default="ar,pld", help="comma-separated strategies; NAME:PARAM for variants (tree:3-2-2-1-1, sd:4)")
+    bench.add_argument("--strategies", default=None, help="comma-separated strategies; NAME:PARAM for variants (tree:3-2-2-1-1, sd:4); "
+                       "default ar,pld (--strategy SPEC alone: ar and SPEC)")
     bench.add_argument("--prompts", default=None, metavar="FILE", help=".json list of {\"text\"} or .txt lines")
     bench.add_argument("--compare", default=None, metavar="PEERS", help="comma-separated peers measured in the same run: transformers (plain generate() and prompt lookup, same dtype), llama.cpp (plain decoding of the same GGUF via llama-cpp-python)")
     bench.add_argument("--warmup", type=int, default=1, metavar="N", help="warm-up generations excluded from timing")
@@ -296,6 +297,8 @@ def _run(args: argparse.Namespace, user_omp_wait_policy: str | None) -> int:
             return cmd_chat(args)
         if args.cmd == "generate":
             return cmd_generate(args)
+        if args.cmd == "bench":
+            _check_bench_mode(args)
         if args.cmd == "bench" and args.draft_cost:
             from .bench import cmd_draft_cost
 
@@ -344,6 +347,27 @@ def _check_not_empty(args: argparse.Namespace) -> None:
         v = getattr(args, opt, None)
         if isinstance(v, str) and not v.strip():
             raise SpecchatError(f"--{opt.replace('_', '-')} is empty: give a value, or leave the option out for the default")
+
+
+BENCH_MODES = ("verify_cost", "draft_cost", "tree_scaling")  # bench's measuring modes, each a run of its own
+BENCH_RUN_OPTS = ("strategies", "strategy", "prompts", "prompt_ids", "compare")  # what only a strategies run reads
+
+
+def _check_bench_mode(args: argparse.Namespace) -> None:
+    """One measuring mode at a time, and none with what only a strategies run reads: `--verify-cost
+    --draft-cost` ran the drafter's measure alone, and `--verify-cost --strategies sd:4` (or
+    --prompts, --compare) measured without them, silently."""
+    from .errors import SpecchatError
+
+    modes = [m for m in BENCH_MODES if getattr(args, m, False)]
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    if len(modes) > 1:
+        raise SpecchatError(f"{' and '.join(map(flag, modes))}: give one of {', '.join(map(flag, BENCH_MODES))} per run")
+    if modes:
+        extra = [flag(o) for o in BENCH_RUN_OPTS if getattr(args, o, None) is not None]
+        if extra:
+            raise SpecchatError(f"{flag(modes[0])} measures on its own: {', '.join(extra)} would be ignored "
+                                "(they are for a strategies run)")
 
 
 def _check_sampling_args(args: argparse.Namespace) -> None:
@@ -407,6 +431,20 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
         changes["drafter"] = "ngram"
     s = s.replace(**changes)
     return s.validate(has_drafter_model=has_drafter_model)
+
+
+def check_bridge(s, session) -> None:
+    """A vocabulary bridge picked (``--vocab tli``, ``sd:4@slrs``) for a drafter model that shares the
+    target's vocabulary: nothing is bridged, so the pick was silently not used (the decoder bridges
+    only a drafter of another vocabulary). Refused, as --vocab with pld or ar is."""
+    from .errors import SpecchatError
+
+    if (s.vocab == "auto" or s.name == "ar" or s.drafter != "model" or not session.has_drafter
+            or session.decoder.bridged):
+        return
+    raise SpecchatError(f"vocab bridge {s.vocab!r} (--vocab, or @{s.vocab} in a spec): the drafter {session.drafter.name} shares "
+                        f"{session.target.name}'s vocabulary, so there is nothing to bridge (a bridge is for a drafter of "
+                        "another vocabulary)")
 
 
 def _parse_arms(text: str) -> tuple[tuple[int, ...], ...]:
@@ -560,6 +598,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.ignore_eos:
         session.decoder.eos_ids = set()
     strategy = strategy_from_args(args, session.has_drafter, default=session.strategy)
+    check_bridge(strategy, session)
     session.strategy = strategy
     ids = prompt_ids_from_args(args, session)
     dec = session.decoder
