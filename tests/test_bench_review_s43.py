@@ -29,19 +29,15 @@ from engine.cli import main
 from .tiny import saved
 
 
+from .test_cli_review_s42 import no_loading  # noqa: E402,F401 - its fixture: a model loaded fails the test
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("tiny43"))
     return saved("llama", root), saved("draft", root)
 
 
-@pytest.fixture
-def no_loading(monkeypatch):
-    def refuse(*a, **kw):
-        raise AssertionError("a model was loaded instead of refusing the command line")
-
-    monkeypatch.setattr(session.ChatSession, "load", classmethod(refuse))
-    monkeypatch.setattr(loading, "load", refuse)
 
 
 def _bench(capsys, target, *extra):
