@@ -48,7 +48,7 @@ KEYS: list[tuple[str | tuple[str, ...] | None, tuple[str, ...], str]] = [
     ("help", ("f1",), "this help"),
     (None, ("ctrl+p",), "command palette: every knob, live; baseline"),
     (None, ("tab", "shift+tab"), "move the focus"),
-    (None, ("ctrl+c",), "copy the selected text"),
+    (None, ("ctrl+c",), "copy the selected text (none: stop the reply, as {stop})"),
     ("quit", ("ctrl+q",), "quit"),
 ]
 

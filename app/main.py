@@ -201,6 +201,8 @@ class SpecChatApp(App[None]):
         session is attached."""
         self._loads += 1
         self.switching_to = choice
+        if choice is not None:  # sends wait for it: the status line says so (it said "ready" beside the old model)
+            self.chat.show_loading(choice.target)
         self._load_session(factory, self._loads)
 
     @work(thread=True, group="load", exit_on_error=False)
@@ -225,7 +227,9 @@ class SpecChatApp(App[None]):
         for line in load_warnings(session):
             self.notify(line, title="Loaded with less", severity="warning", timeout=12, markup=False)
         self.session, self.load_error = session, None
-        self.switching_to = None
+        picked, self.switching_to = self.switching_to, None
+        if picked is not None:  # (sends were refused until now, "send when it is ready": it is)
+            self.notify(f"{session.description} is ready.", timeout=5, markup=False)
         self.chat.attach_session(session)
         freeze_heap()
         self.measure_baseline()
@@ -273,6 +277,7 @@ class SpecChatApp(App[None]):
         choice, self.switching_to = self.switching_to, None
         title = f"Could not load {choice.target}" if choice is not None else "Could not load the model"
         if choice is not None and self.session is not None:  # a switch failed: keep chatting with the old model
+            self.chat.show_loading(None)
             self.notify(f"{message.error}; still using {self.session.description}",
                         title=title, severity="error", timeout=10, markup=False)
             return
@@ -356,6 +361,7 @@ class SpecChatApp(App[None]):
                         timeout=6, markup=False)
             self._loads += 1  # the load in flight is superseded: its result is dropped when it comes
             self.switching_to = None
+            self.chat.show_loading(None)
             return
         loader = self.model_loader
         self._start_load(lambda: loader(choice.target, choice.drafter_ref), choice)

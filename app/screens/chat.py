@@ -10,6 +10,7 @@ from typing import Any
 from rich.text import Text
 from textual import events, on, work
 from textual.app import ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
@@ -53,6 +54,8 @@ TOO_LONG_NOTICE = "This message does not fit the model's context window, even wi
 READING_STATE = "reading the prompt…"
 EDITING_STATE = "editing your last message: Enter replaces it and its reply, {stop} cancels"
 REGENERATE_EMPTY_NOTICE = "The new reply brought nothing back: the previous reply is kept."
+REGENERATE_TOO_LONG_NOTICE = ("Your last message no longer fits the model's context window, even with the chat's earlier "
+                              "messages left out: the previous reply is kept. Ctrl+P \"Edit the last message\" shortens it.")
 STOPPED_EMPTY_NOTICE = "Stopped before the first token: your message is back in the prompt."
 STOPPED_DRAFT_NOTICE = "Stopped before the first token: your message is back in the prompt, above what you were typing."
 BUSY_NOTICE = "A reply is still running: wait for it, or press {stop} to stop it."
@@ -378,7 +381,7 @@ class ChatScreen(Screen[None]):
         status = self.status_line.status
         status.last_event = status.summary = None
         if self.session is not None:
-            status.state = "ready"
+            status.state = self._idle_state()
         self.status_line.refresh()
 
     def _ran_with_notice(self, record: ChatRecord) -> str | None:
@@ -621,6 +624,18 @@ class ChatScreen(Screen[None]):
         self.status_line.status.state = state
         self.status_line.refresh()
 
+    def _idle_state(self) -> str:
+        """The status line's state with no reply running: "ready", or the model picked with Ctrl+O
+        loading (sends wait for it)."""
+        switching = getattr(self.app, "switching_to", None)
+        return f"loading {switching.target}…" if switching is not None else "ready"
+
+    def show_loading(self, target: str | None) -> None:
+        """A model picked with Ctrl+O is loading (``target``), or that load ended without a switch
+        (None: it failed, or was dropped): the status line says so (it said "ready" beside the old
+        model while every send was refused until the new one was ready)."""
+        self._set_state(f"loading {target}…" if target is not None else "ready")
+
     def _ready_to_generate(self) -> bool:
         """True if a reply can start now; otherwise says why."""
         if self.busy:
@@ -844,8 +859,9 @@ class ChatScreen(Screen[None]):
         self._ar_baseline(run, failed)
         if failed:
             self.notify(failure_notice(run), severity="error", timeout=8, markup=False)
-        elif reason == "context":
-            self.notify(self._keys(TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE), severity="warning", timeout=12)
+        elif reason == "context":  # (a regenerate refused: the message is in the chat, not the prompt, to shorten)
+            notice = REGENERATE_TOO_LONG_NOTICE if restore else TOO_LONG_NOTICE if nothing_back else CONTEXT_NOTICE
+            self.notify(self._keys(notice), severity="warning", timeout=12)
         elif restore:
             self.notify(REGENERATE_EMPTY_NOTICE, timeout=5)
         elif nothing_back and not kept:
@@ -1026,8 +1042,22 @@ class ChatScreen(Screen[None]):
         elif self._run is None and self._editing is not None:
             self._editing = None
             self._restore_draft()
-            self._set_state("ready")
+            self._set_state(self._idle_state())
             self.notify("Edit cancelled.", timeout=3)
+
+    def action_copy_text(self) -> None:
+        """Ctrl+C (Textual's Screen binding, after the prompt's own copy of a selection in it): the
+        text selected on the screen to the clipboard, as Textual does; with none, while a reply runs,
+        stop it as Esc does (the terminal's interrupt answered "Do you want to quit? Press Ctrl+Q"
+        and the reply ran on); else Textual's quit hint, as before."""
+        selection = self.get_selected_text()
+        if selection:
+            self.app.copy_to_clipboard(selection)
+        elif self._run is not None and not self._finishing:
+            if not self._run.stop.is_set():
+                self.action_stop()
+        else:
+            raise SkipAction()
 
     def _restore_draft(self) -> None:
         """The prompt as it was before "Edit the last message" (a half-written message is not lost)."""
