@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecchatError
-from .generate import peak_rss_mb, run_generation
+from .generate import peak_rss_mb, reset_peak_rss, run_generation
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
 
@@ -122,6 +122,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if not names:  # `--strategies ","` measured the ar baseline alone, silently
         raise SpecchatError(f"--strategies {args.strategies!r} names no strategy (e.g. ar,pld:auto,sd:5)")
     asked_peers = [x.strip() for x in (args.compare or "").split(",") if x.strip()]
+    for peer in asked_peers:  # a typo fails before the model's seconds of loading, not after
+        if peer != "transformers" and peer not in LLAMA_CPP_NAMES:
+            raise SpecchatError(f"--compare {peer!r}: unknown peer (transformers, llama.cpp)")
     if args.max_new_tokens < 1:
         raise SpecchatError(f"--max-new-tokens must be at least 1 to measure anything, got {args.max_new_tokens}")
     if asked_peers and args.max_new_tokens < 2:  # (n - 1) / (t_n - t_1): a peer's first token holds its prefill
@@ -205,6 +208,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
             left_out = " (the one cut midway is left out)"
             prompt_rows, prompt_totals = [], []
             for s in strategies:
+                reset_peak_rss()  # each row's peak is its own run's, not the process's so far
                 evs, summ = run_as(s, ids, N)  # same cold-prefix conditions for every strategy
                 out = [t for e in evs for t in e.emitted]
                 if s.name == "ar":
@@ -249,8 +253,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     summary = []
     for (sname, engine), (ntok, secs, steps, drafted, accepted) in totals.items():
         rate = ntok / secs if secs else 0.0
-        # a peer's memory is its child process's own peak (its per-prompt rows), not ours
-        mem = peak_rss_mb() if engine == "specchat" else max((r.peak_mem_mb for r in rows if r.strategy == sname and r.engine == engine), default=0.0)
+        # the most of its rows' peaks (ours: each row's own run; a peer's: its child process's)
+        mem = max((r.peak_mem_mb for r in rows if r.strategy == sname and r.engine == engine), default=0.0)
         # the tokens the rows say (a peer's rate counts n - 1 a prompt: its first token holds its prefill)
         emitted = sum(r.new_tokens for r in rows if r.strategy == sname and r.engine == engine)
         summary.append(Row(sname, engine, "ALL", rate, rate / ar_rate if ar_rate else 0.0, (ntok / steps if steps else 0.0) if engine == "specchat" else None, mem, emitted,

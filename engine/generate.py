@@ -33,8 +33,29 @@ PREFILL_PIECE = 256  # tokens of prefill between checks of a stop request (Decod
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: Linux's VmHWM, which :func:`reset_peak_rss`
+    restarts from the current size (bench: each row's own peak), else ``ru_maxrss`` (the peak since
+    the process began, which nothing resets)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
     r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def reset_peak_rss() -> bool:
+    """Restart :func:`peak_rss_mb`'s peak from the current resident size (Linux: "5" to
+    /proc/self/clear_refs). False where that cannot be done: the peak then stays the process's."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def torch_gpu_mb() -> tuple[float, float] | None:

@@ -228,3 +228,52 @@ def test_verify_mss_runs_with_its_ar_baseline(tiny, capsys):
     assert code == 0, err
     st = _json(out)["settings"]["strategy_settings"]
     assert st["tree:2-1"]["verify"] == "mss" and st["ar"]["verify"] == "auto"
+
+
+# ---- the lead's follow-ups of the review (each failed before its fix) ------------------------------------------------
+def test_tree_scaling_refuses_a_config_too_big_to_build_before_taking_memory(tmp_path, capsys):
+    """A config naming only its model_type took transformers' defaults (llama: 6.7B parameters) and
+    built them in fp32 with random weights: the process took the machine's memory and died silently."""
+    cfg = tmp_path / "config.json"
+    cfg.write_text('{"model_type": "llama"}')
+    code = main(["bench", "--tree-scaling", "--target", str(cfg)])
+    err = capsys.readouterr().err
+    line = _one_error(code, err)
+    assert "6.7B-parameter" in line and "no sizes" in line and "hidden_size" in line, line
+
+
+def test_bench_rows_report_their_own_peak_memory(tiny, capsys, monkeypatch):
+    """Every row reported the process's high-water mark so far (each strategy's peak the largest
+    any earlier row reached); now each row's run starts its own peak, and ALL is its rows' most."""
+    from engine import bench, generate
+
+    resets = []
+    real = generate.reset_peak_rss
+    monkeypatch.setattr(bench, "reset_peak_rss", lambda: resets.append(1) or real())
+    code, out, err = _bench(capsys, tiny[0], "--strategies", "pld,pld", "--json")
+    assert code == 0, err
+    d = _json(out)
+    assert len(resets) == 3  # one a row: ar, pld, pld#2 on the one prompt
+    for name in ("ar", "pld", "pld#2"):
+        per = [r["peak_mem_mb"] for r in d["rows"] if r["strategy"] == name and r["prompt"] == "ids"]
+        whole = next(r["peak_mem_mb"] for r in d["rows"] if r["strategy"] == name and r["prompt"] == "ALL")
+        assert whole == max(per) > 0
+
+
+def test_reset_peak_rss_restarts_the_peak_from_the_current_size():
+    import numpy as np
+
+    from engine.generate import peak_rss_mb, reset_peak_rss
+
+    if not reset_peak_rss():
+        pytest.skip("no /proc/self/clear_refs here")
+    buf = np.ones(64 << 20, dtype=np.uint8)  # 64 MiB, touched
+    high = peak_rss_mb()
+    del buf
+    assert reset_peak_rss()
+    assert peak_rss_mb() < high - 32
+
+
+def test_an_unknown_peer_is_refused_before_the_model_loads(tiny, capsys, no_loading):
+    code, _, err = _bench(capsys, tiny[0], "--compare", "transformers,lama.cpp")
+    assert "unknown peer" in _one_error(code, err)
