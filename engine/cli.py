@@ -18,6 +18,7 @@ import os
 import re
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -615,6 +616,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     stream = not args.json
     ids_only = session.tokenizer is None  # no text to show: the ids, as --samples prints them
     interrupted = False
+    t0 = time.perf_counter()
     try:
         for ev in dec.steps(strategy, args.max_new_tokens, stop):
             summary.add(ev)
@@ -630,6 +632,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 sys.stdout.flush()
     except KeyboardInterrupt:
         interrupted = True
+    # tokens/s on bench's clock: the decode loop's wall time, prefill left out (the steps' own ms
+    # summed leave out the work between them: the two commands' figures differed for one run)
+    summary.decode_s = time.perf_counter() - t0 if summary.new_tokens else 0.0
     if stream:
         sys.stdout.write("\n")
         sys.stdout.flush()

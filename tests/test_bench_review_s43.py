@@ -277,3 +277,29 @@ def test_reset_peak_rss_restarts_the_peak_from_the_current_size():
 def test_an_unknown_peer_is_refused_before_the_model_loads(tiny, capsys, no_loading):
     code, _, err = _bench(capsys, tiny[0], "--compare", "transformers,lama.cpp")
     assert "unknown peer" in _one_error(code, err)
+
+
+def test_generate_reports_tokens_per_s_on_the_decode_loops_wall_clock(tiny, capsys, monkeypatch):
+    """generate's tokens/s summed the steps' own ms, bench's is the decode loop's wall clock: for the
+    same run the two commands disagreed. Here the work between steps (a 30 ms pause after each
+    event) counts, as it does in bench and for the reader."""
+    import time as time_mod
+
+    from engine.generate import Decoder
+
+    real = Decoder.steps
+
+    def slow(self, *a, **kw):  # type: ignore[no-untyped-def]
+        for ev in real(self, *a, **kw):
+            yield ev
+            time_mod.sleep(0.03)
+
+    monkeypatch.setattr(Decoder, "steps", slow)
+    capsys.readouterr()
+    code = main(["generate", "--target", str(tiny[0]), "--prompt-ids", "1,2,3", "--dtype", "fp32",
+                 "--max-new-tokens", "6", "--ignore-eos", "--json"])
+    out = capsys.readouterr().out
+    assert code == 0
+    d = json.loads(out.strip().splitlines()[-1])
+    assert len(d["token_ids"]) == 6
+    assert d["tokens_per_s"] < 6 / (5 * 0.03), d["tokens_per_s"]  # at least 5 pauses between the 6 steps' events
