@@ -274,7 +274,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         summary.append(Row(sname, engine, "MEDIAN", statistics.median(r.tokens_per_s for r in per), statistics.median(r.speedup for r in per),
                            statistics.median(acc) if acc else None, whole.peak_mem_mb, int(statistics.median(r.new_tokens for r in per)),
                            whole.identical, statistics.median(rates) if rates else None))
-    if rows and args.json:
+    if args.json and (rows or interrupted):  # (interrupted before a prompt was done: an empty run a script can read)
         res = {"rows": [r.to_json() for r in rows + summary],
                "settings": _settings(session, args, done, [labels[id(s)] for s in strategies], peer_info,
                                      {labels[id(s)]: s.to_dict() for s in strategies})}

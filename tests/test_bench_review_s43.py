@@ -303,3 +303,19 @@ def test_generate_reports_tokens_per_s_on_the_decode_loops_wall_clock(tiny, caps
     d = json.loads(out.strip().splitlines()[-1])
     assert len(d["token_ids"]) == 6
     assert d["tokens_per_s"] < 6 / (5 * 0.03), d["tokens_per_s"]  # at least 5 pauses between the 6 steps' events
+
+
+def test_ctrl_c_before_the_first_prompt_ends_still_prints_json(tiny, capsys, monkeypatch):
+    """--json printed nothing at all when Ctrl-C came before the first prompt was measured: a script
+    reading stdout got no object to say the run was interrupted."""
+    from engine import bench
+
+    def interrupt(*a, **kw):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bench, "run_generation", interrupt)
+    code, out, err = _bench(capsys, tiny[0], "--json")
+    assert code == 130, err
+    d = _json(out)
+    assert d["interrupted"] is True and d["rows"] == [] and d["settings"]["strategies"] == ["ar", "pld"]
+    assert "0 of 1 prompts measured" in err
