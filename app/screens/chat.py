@@ -702,12 +702,13 @@ class ChatScreen(Screen[None]):
         """The conversation's messages from index ``start`` on, each with its saved stats (a reply's
         finish mark as shown, where the chat is not saved)."""
         saved = self._load(self.store.messages, [], self.chat_id) if self.chat_id is not None else []
-        widgets = list(self.query_one(MessageList).query_children(ChatMessage))
+        shown = self.query_one(MessageList)  # (by the chat's index: its first messages may not be mounted)
         out: list[tuple[str, str, dict[str, Any] | None]] = []
         for i, m in enumerate(self.conversation[start:], start=start):
             stats = saved[i].stats if i < len(saved) and (saved[i].role, saved[i].content) == (m["role"], m["content"]) else None
-            if stats is None and m["role"] == "assistant" and i < len(widgets) and widgets[i].finish_reason:
-                stats = {"finish_reason": widgets[i].finish_reason}
+            reason = shown.finish_reason_at(i) if stats is None and m["role"] == "assistant" else None
+            if reason:
+                stats = {"finish_reason": reason}
             out.append((m["role"], m["content"], stats))
         return out
 
@@ -1132,13 +1133,23 @@ class ChatScreen(Screen[None]):
         self.notify(f"System prompt {'set' if text else 'cleared'} for {where}.", timeout=4)
 
     def action_copy_reply(self) -> None:
-        """Ctrl+Y: the last finished reply to the clipboard (OSC 52, as Textual copies)."""
-        reply = next((m["content"] for m in reversed(self.conversation) if m["role"] == "assistant"), "")
+        """Ctrl+Y: the last reply to the clipboard (OSC 52, as Textual copies); while a reply is being
+        written, that reply as far as it is shown (it copied the one before, saying "the last reply")."""
+        run = self._run
+        if run is not None and not self._reply_saved:  # streaming: what the screen shows of it
+            reply = (self._continuing[0] if self._continuing is not None else "") + run.text
+            if not reply:
+                self.notify("The reply being written has no text yet: nothing copied.", timeout=3)
+                return
+            what = "the reply being written, as far as it has come"
+        else:
+            reply = next((m["content"] for m in reversed(self.conversation) if m["role"] == "assistant"), "")
+            what = "the last reply"
         if not reply:
             self.notify("No reply to copy yet.", timeout=3)
             return
         self.app.copy_to_clipboard(reply)
-        self.notify(f"Copied the last reply ({len(reply)} characters) with OSC 52; "
+        self.notify(f"Copied {what} ({len(reply)} characters){',' if run is not None and not self._reply_saved else ''} with OSC 52; "
                     "if it does not paste, your terminal does not allow OSC 52.", timeout=5)
 
     def _release_gc(self) -> None:

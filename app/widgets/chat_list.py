@@ -269,6 +269,9 @@ class ChatList(Vertical):
         self._end_rename()
         if chat_id is not None and title:
             self.post_message(self.Renamed(chat_id, title))
+        elif chat_id is not None:  # (it closed the box and said nothing: the rename looked lost)
+            was = next((chat.title for chat in self.chats if chat.id == chat_id), "")
+            self.notify(f"A chat's title cannot be empty: it stays “{was or '(untitled)'}”.", timeout=4, markup=False)
 
     # ---- actions ---------------------------------------------------------------------------------
     def action_close(self) -> None:

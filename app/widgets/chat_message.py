@@ -5,9 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 
 from markdown_it.token import Token
+from textual import events
+from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widget import Widget
-from textual.widgets import Markdown
+from textual.widgets import Markdown, Static
 
 try:  # the list blocks Textual rebuilds whole on every append (below): its private module, so guarded
     from textual.widgets._markdown import (
@@ -292,31 +294,159 @@ class ChatMessage(Markdown):
         self._mark_finish(finish_reason)
 
 
+# A long chat. Every message mounted is a Markdown widget with a widget per block, list item and
+# code line (a reply with a paragraph, a list and a code block: ~290 widgets), and Textual's CSS and
+# layout run over the whole tree: opening a 600-message chat mounted ~170k widgets and froze the UI
+# for ~25 s on the 2-core machine (57 s with a training job running), at start-up too (the last chat
+# opens). Only the latest OPEN_MESSAGES are mounted when a chat is shown (more, in batches, while
+# they do not fill the list's height); the earlier ones come EARLIER_BATCH at a time when the list
+# is scrolled to its top, or the line above the messages (:class:`EarlierMessages`) is clicked.
+OPEN_MESSAGES = 12
+EARLIER_BATCH = 12
+EARLIER_TEXT = "▲ {n} earlier message{s}: scroll up, or click here, to show more"
+
+
+class EarlierMessages(Static):
+    """The line above the mounted messages while earlier ones are not: how many, and how to show them."""
+
+    def on_click(self) -> None:
+        parent = self.parent
+        if isinstance(parent, MessageList):
+            parent.load_earlier()
+
+
 class MessageList(VerticalScroll, can_focus=False):
-    """The message column. Anchored to the bottom while a reply streams, until the user scrolls."""
+    """The message column. Anchored to the bottom while a reply streams, until the user scrolls.
+
+    A chat is shown (:meth:`show`) with only its latest messages mounted; the others wait in
+    ``_earlier`` (oldest first, as (role, content, finish reason)) until :meth:`load_earlier` mounts
+    the latest batch of them above the mounted ones, the view kept on what it showed. A message's
+    index in the chat shown is its index among ``_earlier`` and then the mounted ChatMessages
+    (:meth:`finish_reason_at`); the chat screen's conversation indices are these.
+    """
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self._earlier: list[tuple[str, str, str | None]] = []
+        self._loading = False  # a batch of earlier messages is being mounted
+        self._shown_at = 0  # counts show()s: a batch or a fill check begun for a chat no longer shown stops
+        self.earlier_line = EarlierMessages("", id="earlier-messages", markup=False)
+        self.earlier_line.display = False
+
+    def compose(self) -> ComposeResult:
+        yield self.earlier_line
 
     @property
     def _keymap(self) -> Mapping[str, str] | None:
         """The user's keys (app/keys.py), for the marks that name one."""
         return getattr(self.app, "keymap", None)
 
+    @property
+    def earlier_count(self) -> int:
+        """How many of the chat's first messages are not mounted (yet)."""
+        return len(self._earlier)
+
+    def finish_reason_at(self, index: int) -> str | None:
+        """How the message at ``index`` of the chat shown ended, as its mark says, mounted or not."""
+        if index < 0:
+            return None
+        if index < len(self._earlier):
+            return self._earlier[index][2]
+        shown = list(self.query_children(ChatMessage))
+        index -= len(self._earlier)
+        return shown[index].finish_reason if index < len(shown) else None
+
+    def _message(self, role: str, content: str, finish_reason: str | None) -> ChatMessage:
+        return ChatMessage(role, content, finish_reason, self._keymap)
+
+    def _show_earlier_line(self) -> None:
+        n = len(self._earlier)
+        self.earlier_line.display = n > 0
+        if n:
+            self.earlier_line.update(EARLIER_TEXT.format(n=n, s="" if n == 1 else "s"))
+
     async def add_message(self, role: str, content: str = "", finish_reason: str | None = None) -> ChatMessage:
-        message = ChatMessage(role, content, finish_reason, self._keymap)
+        message = self._message(role, content, finish_reason)
         await self.mount(message)
         self.anchor()
         return message
 
     async def show(self, messages: Iterable[tuple[str, str, str | None]]) -> None:
-        """Replace what is shown by ``messages``: (role, content, finish reason) each."""
-        await self.remove_children()
-        widgets = [ChatMessage(role, content, reason, self._keymap) for role, content, reason in messages]
+        """Replace what is shown by ``messages``: (role, content, finish reason) each; only the last
+        OPEN_MESSAGES are mounted (then more while they do not fill the list: :meth:`_fill`)."""
+        self._shown_at += 1
+        every = list(messages)
+        split = max(0, len(every) - OPEN_MESSAGES)
+        self._earlier = every[:split]
+        await self.remove_children(list(self.query_children(ChatMessage)))
+        self._show_earlier_line()
+        widgets = [self._message(*m) for m in every[split:]]
         if widgets:
             await self.mount_all(widgets)
         self.scroll_end(animate=False)
         self.anchor()
+        if self._earlier:
+            self.call_after_refresh(self._fill, self._shown_at)
+
+    def _fill(self, shown_at: int) -> None:
+        """While the mounted messages do not fill the list's height, the earlier ones come in."""
+        if shown_at == self._shown_at and self._earlier and self.max_scroll_y <= 0 and self.size.height > 0:
+            self.load_earlier(keep_view=False)
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self._earlier:  # (a taller terminal: the messages may no longer fill it)
+            self.call_after_refresh(self._fill, self._shown_at)
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        # scrolled to the top: the earlier messages (not where the messages do not fill the list: the
+        # compositor puts an anchored list's short content at 0, and _fill is at work there)
+        if self._earlier and new_value <= 0 < old_value and self.max_scroll_y > 0 and not self._loading:
+            self.load_earlier()
+
+    def load_earlier(self, keep_view: bool = True) -> None:
+        """Mount the latest EARLIER_BATCH of the messages not mounted, above the mounted ones (one
+        batch at a time). ``keep_view``: the view stays on the messages it showed (False: filling a
+        list the messages do not fill, which stays at its bottom while anchored)."""
+        if self._loading or not self._earlier:
+            return
+        self._loading = True
+        self.run_worker(self._load_earlier(self._shown_at, keep_view), group="earlier-messages", exit_on_error=False)
+
+    async def _load_earlier(self, shown_at: int, keep_view: bool) -> None:
+        try:
+            first = next(iter(self.query_children(ChatMessage)), None)
+            if shown_at != self._shown_at or first is None or not self._earlier:
+                return
+            top = first.virtual_region.y - self.scroll_y  # where the first mounted message is in the view
+            split = max(0, len(self._earlier) - EARLIER_BATCH)
+            batch, self._earlier = self._earlier[split:], self._earlier[:split]  # (indices stay right meanwhile)
+            with self.app.batch_update():
+                self._show_earlier_line()
+                await self.mount_all([self._message(*m) for m in batch], before=first)
+            if keep_view:
+                self.call_after_refresh(self._keep_view, first, top, shown_at)
+            else:
+                self.call_after_refresh(self._fill, shown_at)
+        finally:
+            self._loading = False
+            if shown_at != self._shown_at:  # another chat was shown meanwhile: its fill waited for this one
+                self.call_after_refresh(self._fill, self._shown_at)
+
+    def _keep_view(self, first: ChatMessage, top: int, shown_at: int) -> None:
+        """Scroll so that ``first`` is where it was in the view before the batch above it came."""
+        if shown_at == self._shown_at and first.is_attached:
+            self.scroll_to(y=first.virtual_region.y - top, animate=False, immediate=True)
+        self._fill(shown_at)
 
     async def remove_last(self, count: int = 1) -> None:
         """Remove the last ``count`` messages (regenerate, a send that got nothing back)."""
+        if count <= 0:
+            return
         shown = list(self.query_children(ChatMessage))
-        if count > 0 and shown:
+        if shown:
             await self.remove_children(shown[-count:])
+        past = count - len(shown)  # (more than are mounted: the earlier ones too)
+        if past > 0 and self._earlier:
+            del self._earlier[-past:]
+            self._show_earlier_line()
