@@ -130,7 +130,8 @@ class ChatScreen(Screen[None]):
     a thread worker; this screen only drains its queue on a timer (see :mod:`app.reply`).
     Every message is written to ``store`` as soon as it is complete: the user's when sent, a reply
     when it ends (or is stopped). The screen lives as long as the app and closes the store when
-    it is unmounted. ``store_error``: why the store is in memory only (shown once mounted).
+    it is unmounted. ``store_error``: why the store is in memory only, or where the damaged database
+    it replaces was kept (shown once mounted).
     ``restore_strategy``: apply the saved strategy to a session once it is attached (False when
     the command line chose one, until a strategy is picked live).
     """
@@ -178,6 +179,7 @@ class ChatScreen(Screen[None]):
         self._finishing = False
         self._reply_saved = False
         self._saved_n = 0  # the messages of chat_id this window saved or loaded: its next message's index there
+        self._unsaved_stats: dict[int, tuple[str, dict[str, Any] | None]] = {}  # a failed save's (content, stats), by index
         self._send_when_stopped = False  # Enter pressed while the reply was stopping: send once it has (_send_queued)
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._draft_before_edit = ""  # the prompt's text when that edit began
@@ -206,8 +208,9 @@ class ChatScreen(Screen[None]):
         self.chat_list.display = False
         self.prompt.focus()
         self._apply_width(self.app.size.width)
-        if self.store_error is not None:
-            self.notify(self.store_error, title="Chats are not being saved", severity="error", timeout=12, markup=False)
+        if self.store_error is not None:  # (with a file open: a damaged one was kept aside, app.store.open_store)
+            title = "Chats are not being saved" if self.store.path is None else "The chat database was damaged"
+            self.notify(self.store_error, title=title, severity="error", timeout=20, markup=False)
         self._restore_settings()
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         chats = self._load(self.store.chats, [])
@@ -240,26 +243,48 @@ class ChatScreen(Screen[None]):
             return None
 
     def _save_message(self, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
-        """Commit one complete message (creating the chat with its first one)."""
+        """Commit one complete message (creating the chat with its first one). The messages before
+        it that a failed write left unsaved (a full disk: "Chat not saved") are saved first, in
+        order: the next message was saved at the next free index, and the chat on disk skipped the
+        one it answered (two replies in a row, the user's message gone for good)."""
         session = self.session
         model = session.description if session is not None else None
         strategy = session.strategy.to_dict() if session is not None else None
+        if role == "user" and not self.chat_title:
+            self.chat_title = title_from(content)
+            self._show_title()
         if self.chat_id is None:
             self.chat_id = self._save(self.store.new_chat, title=self._kept_title, model=model or "", strategy=strategy)
             self._kept_title = ""
             self._saved_n = 0
             if self.chat_id is None:
                 return
-            for m in self.conversation[: self._n_system]:  # the new chat's system prompt comes first
-                if self._save(self.store.add_message, self.chat_id, "system", m["content"], at=self._saved_n) is not None:
-                    self._saved_n += 1
-        if role == "user" and not self.chat_title:
-            self.chat_title = title_from(content)
-            self._show_title()
+        # its index in the conversation: the last message, or one past it (a reply saved at quit is not in it)
+        at = len(self.conversation) - (1 if self.conversation and self.conversation[-1] == {"role": role, "content": content} else 0)
         try:
+            behind = self.conversation[self._saved_n:at]  # (a new chat's system prompt too)
+            shown = self.query_one(MessageList) if behind else None
+            for i, m in enumerate(behind, start=self._saved_n):
+                kept = self._unsaved_stats.get(i)
+                if kept is not None and kept[0] == m["content"]:
+                    earlier = kept[1]
+                else:  # (its stats are gone: how it ended, from its mark on screen)
+                    reason = shown.finish_reason_at(i) if shown is not None and m["role"] == "assistant" else None
+                    earlier = {"finish_reason": reason} if reason else None
+                if self._save(self.store.add_message, self.chat_id, m["role"], m["content"], earlier, at=self._saved_n) is None:
+                    self._unsaved_stats[at] = (content, stats)
+                    return  # (still failing: said so; this message waits with them)
+                self._saved_n += 1
+            if behind and any(m["role"] != "system" for m in behind):
+                n = sum(m["role"] != "system" for m in behind)
+                self.notify(f"Saved {n} earlier message{'s' if n != 1 else ''} of this chat that could not be saved before.",
+                            timeout=6)
             if self._save(self.store.add_message, self.chat_id, role, content, stats, model=model, strategy=strategy,
                           at=self._saved_n) is not None:
                 self._saved_n += 1
+                self._unsaved_stats.clear()
+            else:
+                self._unsaved_stats[at] = (content, stats)
         except ChatChanged:  # another window wrote to this chat: this window's conversation goes on in a copy
             last = self.conversation[-1] if self.conversation else None
             mine = list(self.conversation)
@@ -359,6 +384,7 @@ class ChatScreen(Screen[None]):
             chat_id, records = None, []
         self.chat_id = chat_id
         self._saved_n = len(records)
+        self._unsaved_stats.clear()
         if self._editing is not None:  # an edit of the chat left ends: the prompt gets its draft back
             self._editing = None
             self._restore_draft()
