@@ -114,8 +114,8 @@ class ChatSession:
                 check_bridgeable(tgt, drf)
                 _unbounded_if_ssm(drf)
             except SpecchatError as e:
-                if drafter is not None:  # named by the user: their request fails
-                    raise
+                if drafter is not None:  # named by the user: their request fails, saying it was the drafter
+                    raise _as_drafters(e, drafter_ref) from None
                 # the registry's pairing: a chat never fails to start over a drafting aid
                 drafter_error = f"the paired drafter {drafter_ref!r} was not loaded: {e}"
                 drf, pairing = None, None
@@ -363,6 +363,20 @@ class Baseline:
         ms_short, ms_long = 1000.0 / self.tokens_per_s, 1000.0 / self.long_tokens_per_s
         slope = max(0.0, (ms_long - ms_short) / (self.long_context - self.context))
         return 1000.0 / (ms_short + slope * max(0.0, context - self.context))
+
+
+def _as_drafters(e, ref: str):
+    """``e`` (a SpecchatError) said of the drafter ``ref``: a damaged drafter's file read "Could not
+    load the model: trunc/model.safetensors: ..." in the app, as if the target had failed."""
+    if e.problem.startswith("the drafter "):
+        return e
+    try:
+        out = type(e)(f"the drafter {ref!r} could not be loaded: {e}")
+    except TypeError:  # (a subclass with other arguments)
+        from .errors import SpecchatError
+
+        out = SpecchatError(f"the drafter {ref!r} could not be loaded: {e}")
+    return out
 
 
 def load_warnings(session) -> list[str]:
