@@ -297,8 +297,9 @@ class ChatStore:
             migrate(db, path)
         except sqlite3.Error as exc:
             db.close()
-            error = StoreDamaged if is_damage(exc) else StoreError
-            raise error(f"not a usable chat database: {exc}", path=str(path)) from None
+            if is_damage(exc):
+                raise StoreDamaged(f"not a usable chat database: {exc}", path=str(path)) from None
+            raise StoreError(_why_unusable(exc, path), path=str(path)) from None
         except BaseException:
             db.close()
             raise
@@ -507,6 +508,18 @@ class ChatStore:
     def set_setting(self, key: str, value: Any) -> None:
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO settings (key, value) VALUES (?, ?)", (key, _json(value)))
+
+
+def _why_unusable(exc: sqlite3.Error, path: Path) -> str:
+    """A sound file that cannot be used, in words that do not sound like damage: a read-only data
+    directory or file, or a write the disk refused, read "not a usable chat database: unable to open
+    database file" / "disk I/O error"."""
+    text = str(exc)
+    if not os.access(path.parent, os.W_OK) or not os.access(path, os.W_OK):
+        return f"the chat database cannot be written here (read-only file or folder: {text})"
+    if text in ("disk I/O error", "database or disk is full") or "disk" in text.lower():
+        return f"the chat database cannot be written (the disk may be full or failing: {text})"
+    return f"not a usable chat database: {text}"
 
 
 def keep_aside(path: Path) -> Path:

@@ -204,3 +204,21 @@ def test_the_damaged_files_wal_goes_aside_with_it(data_dir: Path) -> None:
     assert Path(f"{aside}-wal").read_bytes() == b"its log " * 100
     assert Path(f"{aside}-shm").exists()  # (an index SQLite rebuilds from the log: moved, not kept as it was)
     assert sorted(p.name for p in data_dir.iterdir() if p.name.startswith(DB_NAME + "-")) in ([], [f"{DB_NAME}-shm", f"{DB_NAME}-wal"])
+
+
+def test_a_store_that_cannot_be_written_is_not_called_damaged(monkeypatch, tmp_path) -> None:
+    """A read-only data directory or a full disk at start-up read "not a usable chat database:
+    unable to open database file" / "disk I/O error", which sounds like a damaged file."""
+    import sqlite3
+
+    from app import store
+
+    path = tmp_path / "specchat.db"
+    path.touch()
+    monkeypatch.setattr(store.os, "access", lambda p, mode: False)
+    why = store._why_unusable(sqlite3.OperationalError("unable to open database file"), path)
+    assert why.startswith("the chat database cannot be written here (read-only") and "usable" not in why
+    monkeypatch.setattr(store.os, "access", lambda p, mode: True)
+    why = store._why_unusable(sqlite3.OperationalError("disk I/O error"), path)
+    assert "disk may be full" in why
+    assert store._why_unusable(sqlite3.OperationalError("something else"), path).startswith("not a usable chat database")
