@@ -73,20 +73,16 @@ def _check_fits(config_path: Path, cfg: dict, n_params: int) -> None:
     """Refuse a random-weight model that would not fit in memory: a config naming only its
     model_type takes transformers' defaults (llama's are 7B parameters), and building that in fp32
     (twice over: the model and our copy) took the machine's memory and the process died silently."""
+    import psutil  # (a dependency: the app's memory line reads it too, app/sysinfo.py)
+
     need = n_params * 4 * 2
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            avail = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("MemAvailable:"))
-    except (OSError, StopIteration, ValueError, IndexError):
-        pass
-    limit = avail // 2 if avail else 8 << 30
-    if need > limit:
+    avail = psutil.virtual_memory().available
+    if need > avail // 2:
         sizes = "" if any(k in cfg for k in ("hidden_size", "d_model", "n_embd")) else \
             " (it gives no sizes: transformers' defaults for this model_type apply)"
         raise SpecchatError(f"{config_path}: a {n_params / 1e9:.1f}B-parameter model{sizes} needs ~{need / 2**30:.0f} GiB "
                             f"to build with random weights, more than half this machine's free memory "
-                            f"({(avail or 0) / 2**30:.0f} GiB); give smaller sizes (hidden_size, num_hidden_layers, vocab_size)")
+                            f"({avail / 2**30:.0f} GiB); give smaller sizes (hidden_size, num_hidden_layers, vocab_size)")
 
 
 def peak_alloc_mb(fn) -> float:

@@ -88,6 +88,7 @@ class Tokenizer:
         # add_bos/add_eos: added by encode(add_special_tokens=True) on top of whatever the
         # backend's own post-processor adds (set only where the backend does not already).
         self.add_bos, self.add_eos = add_bos, add_eos
+        self._unprefixed: Any = None  # encode_unprefixed's backend, made on first use
         self.chat_template = chat_template or None
         added = backend.get_added_tokens_decoder()
         self._special = {i for i, t in added.items() if t.special}
@@ -138,7 +139,7 @@ class Tokenizer:
         saw " Hi:" for the target's "Hi:", and "[INST]  Hi" for "[INST] Hi", a space the target
         never wrote. Only that prefix goes: a text that starts with a space keeps it (" Hi" is
         "▁Hi"), and a normaliser that changes the text (lowercasing) still does."""
-        backend = getattr(self, "_unprefixed", None)
+        backend = self._unprefixed
         if backend is None:
             state = json.loads(self.backend.to_str())
             changed = _drop_prefix_space(state)
