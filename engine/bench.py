@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import SpecchatError
-from .generate import peak_rss_mb, reset_peak_rss, run_generation
+from .generate import reset_peak_rss, run_generation, window_peak_rss_mb
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
 
@@ -216,7 +216,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 identical = (out == ar_out.get(name)) if s.greedy else None
                 label = labels[id(s)]
                 prompt_rows.append(Row(label, "specchat", name, summ.tokens_per_s, summ.tokens_per_s / ar_tps[name] if ar_tps.get(name) else 0.0,
-                                       summ.mean_accepted, peak_rss_mb(), summ.new_tokens, identical,
+                                       summ.mean_accepted, window_peak_rss_mb(), summ.new_tokens, identical,
                                        summ.accepted / summ.drafted if summ.drafted else None))
                 prompt_totals.append((label, [summ.new_tokens, summ.decode_s, summ.steps, summ.drafted, summ.accepted]))
                 _progress(f"{label:>8} {name:<12} {summ.tokens_per_s:7.1f} tok/s  mean acc {summ.mean_accepted:.2f}")

@@ -33,9 +33,15 @@ PREFILL_PIECE = 256  # tokens of prefill between checks of a stop request (Decod
 
 
 def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: Linux's VmHWM, which :func:`reset_peak_rss`
-    restarts from the current size (bench: each row's own peak), else ``ru_maxrss`` (the peak since
-    the process began, which nothing resets)."""
+    """This process's peak resident memory in MB since it began (``ru_maxrss``: one system call, cheap
+    enough for every step's event)."""
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+
+
+def window_peak_rss_mb() -> float:
+    """The peak resident memory in MB since :func:`reset_peak_rss` (Linux's VmHWM; bench: each row's
+    own peak), else since the process began (:func:`peak_rss_mb`). Reads /proc: not for a step's path."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
@@ -43,12 +49,11 @@ def peak_rss_mb() -> float:
                     return int(line.split()[1]) / 1024
     except (OSError, ValueError, IndexError):
         pass
-    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return r / (1024 * 1024) if sys.platform == "darwin" else r / 1024
+    return peak_rss_mb()
 
 
 def reset_peak_rss() -> bool:
-    """Restart :func:`peak_rss_mb`'s peak from the current resident size (Linux: "5" to
+    """Restart :func:`window_peak_rss_mb`'s peak from the current resident size (Linux: "5" to
     /proc/self/clear_refs). False where that cannot be done: the peak then stays the process's."""
     try:
         with open("/proc/self/clear_refs", "w") as f:

@@ -263,7 +263,7 @@ def test_bench_rows_report_their_own_peak_memory(tiny, capsys, monkeypatch):
 def test_reset_peak_rss_restarts_the_peak_from_the_current_size():
     import numpy as np
 
-    from engine.generate import peak_rss_mb, reset_peak_rss
+    from engine.generate import reset_peak_rss, window_peak_rss_mb as peak_rss_mb
 
     if not reset_peak_rss():
         pytest.skip("no /proc/self/clear_refs here")
