@@ -23,6 +23,7 @@ from typing import Any
 
 from .errors import SpecchatError
 from .generate import reset_peak_rss, run_generation, window_peak_rss_mb
+from .loading import dtype_flag
 
 DEFAULT_PROMPTS = Path(__file__).resolve().parent.parent / "assets" / "prompts" / "bench.json"
 
@@ -399,7 +400,7 @@ def _settings(session, args, n_prompts: int, strategies: list[str] | None = None
             "top_p": getattr(args, "top_p", None), "seed": getattr(args, "seed", None),
             "ignore_eos": bool(getattr(args, "ignore_eos", False)), "raw": bool(getattr(args, "raw", False)),
             "strategies": strategies, "prompts_file": str(args.prompts) if getattr(args, "prompts", None) else None,
-            "prompts": n_prompts, "dtype": session.target.compute, "dtype_arg": args.dtype, "warmup": args.warmup,
+            "prompts": n_prompts, "dtype": session.target.compute_flag, "dtype_arg": args.dtype, "warmup": args.warmup,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "threads": _threads(), "kernels": _kernels(getattr(session.target, "model", None)),
             "chain_scorer": _scorer_meta(session), "peers": peers or {}, "machine": _machine(),
             "python": platform.python_version(), "torch": torch.__version__, "commit": _commit()}
@@ -589,7 +590,7 @@ def _bench_transformers(session, encoded, N: int, args, ar_tps, ar_out, totals, 
     results = _run_child(_TRANSFORMERS_CHILD, job, "transformers")
     version = results.pop()["version"]
     if info is not None:
-        info["transformers"] = {"version": version, "dtype": job["dtype"], "threads": job["threads"]}
+        info["transformers"] = {"version": version, "dtype": dtype_flag(job["dtype"]), "threads": job["threads"]}
     rows = []
     for r in results:
         if "skipped" in r:
@@ -642,10 +643,10 @@ def cmd_draft_cost(args: argparse.Namespace) -> int:
                 samples.append((time.perf_counter() - t0) * 1000.0)
         out[label] = statistics.median(samples)
     ratio = out["tree32211"] / out["chain5"]
-    # the target's compute type as bench's settings name it (q8, bfloat16, float32): its torch dtype
-    # said torch.float32 of a q8 target (the drafter itself runs in fp32 whatever the target's)
+    # the target's compute type as bench's settings name it (--dtype's words: q8, bf16, fp32): its
+    # torch dtype said torch.float32 of a q8 target (the drafter itself runs in fp32 whatever the target's)
     res = {"drafter": session.drafter.description if session.drafter else "", "target": session.target.description,
-           "target_dtype": session.target.compute,
+           "target_dtype": session.target.compute_flag,
            "chain5_ms": round(out["chain5"], 3), "tree32211_ms": round(out["tree32211"], 3), "ratio": round(ratio, 3),
            "threads": _threads(), "repeats": repeats}
     if args.json:

@@ -15,8 +15,12 @@ with only config.json): the model then gets random weights (built through transf
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import statistics
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -85,12 +89,40 @@ def _check_fits(config_path: Path, cfg: dict, n_params: int) -> None:
                             f"({avail / 2**30:.0f} GiB); give smaller sizes (hidden_size, num_hidden_layers, vocab_size)")
 
 
+@contextlib.contextmanager
+def _without_profiler_chatter():
+    """torch's profiler (kineto) writes a "USDT:... profiler_start/stop" line to stderr at every
+    start and stop, six measurements' worth between the table's lines, and a warning for each block
+    allocated before it started and freed during it (what the peak rightly leaves out): the
+    process's stderr goes to a temporary file meanwhile, and every other line is written back."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no real stderr (a test's capture): nothing to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(keepends=True)
+                    if not ln.startswith("USDT:") and "allocated before the profiling started" not in ln]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def peak_alloc_mb(fn) -> float:
     """Peak bytes live at once among the tensors ``fn`` allocates (torch profiler allocation events,
     replayed in time order). RSS cannot show this: the CPU allocator reuses pages it already has."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+    with _without_profiler_chatter(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
     events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
     live = peak = 0
@@ -164,6 +196,14 @@ def backtrack_steps(model, draft: int = 6, repeats: int = 7, prefix: int = 64) -
     return rows
 
 
+def has_recurrent_state(model) -> bool:
+    """Whether any of the model's layers keeps a recurrent (SSM) state (Mamba, Mamba-2, hybrids)."""
+    from .ssm_cache import RecurrentCache
+
+    cache = model.cache if model.cache is not None else model.new_cache(8)
+    return isinstance(cache, RecurrentCache) or isinstance(getattr(cache, "ssm", None), RecurrentCache)  # a hybrid's
+
+
 def _speed_line(nodes: int, stree_ms: float, unrolled_ms: float) -> str:
     """stree against unrolled in words that hold either way ("0.84x faster" was said of a slower one)."""
     r = unrolled_ms / stree_ms if stree_ms else float("inf")
@@ -173,7 +213,7 @@ def _speed_line(nodes: int, stree_ms: float, unrolled_ms: float) -> str:
 
 
 def cmd_tree_scaling(args: argparse.Namespace) -> int:
-    from .loading import parse_dtype
+    from .loading import dtype_flag, parse_dtype
 
     ref = Path(args.target) if args.target else None
     if ref is not None and (ref.suffix == ".json" or (ref.is_dir() and not any(ref.glob("*.safetensors")) and not any(ref.glob("*.bin")))):
@@ -186,7 +226,7 @@ def cmd_tree_scaling(args: argparse.Namespace) -> int:
             pass  # random_model says what is wrong with the config
         dtype = parse_dtype(args.dtype, model_type=model_type if isinstance(model_type, str) else None)
         model, label = random_model(ref, dtype), f"{ref} (random weights, timing only)"
-        compute = str(dtype).replace("torch.", "")
+        compute = dtype_flag(dtype)
     else:
         from . import cli
 
@@ -194,11 +234,15 @@ def cmd_tree_scaling(args: argparse.Namespace) -> int:
         # type (q8 for such a GGUF) and keeps q8's blocks; parse_dtype here turned q8 into fp32 and
         # auto into the probe's choice without the model
         loaded = cli.load_target(args, dtype=args.dtype, max_context=4096)
-        model, label, compute = loaded.model, loaded.description, loaded.compute
+        model, label, compute = loaded.model, loaded.description, loaded.compute_flag
     scaling = tree_scaling(model)
     steps = backtrack_steps(model)
+    # the backtrack modes are Snakes and Ladders' ways of advancing an SSM's state; on a model with
+    # only a KV cache they still run (replay is the cache's compaction) but measure no SSM state
+    ssm = has_recurrent_state(model)
     if args.json:
-        print(json.dumps({"target": label, "dtype": compute, "threads": torch.get_num_threads(), "rows": scaling, "backtrack": steps}))
+        print(json.dumps({"target": label, "dtype": compute, "threads": torch.get_num_threads(), "rows": scaling,
+                          "backtrack": steps, "recurrent_state": ssm}))
         return 0
     print(f"target: {label}; {torch.get_num_threads()} threads, dtype {compute}")
     print(f"{'mode':<10} {'nodes':>5} {'rows':>5} {'ms':>9} {'peak MB':>8}")
@@ -208,6 +252,9 @@ def cmd_tree_scaling(args: argparse.Namespace) -> int:
         a = next(r for r in scaling if r["mode"] == "stree" and r["nodes"] == n)
         b = next(r for r in scaling if r["mode"] == "unrolled" and r["nodes"] == n)
         print(_speed_line(n, a["ms"], b["ms"]))
+    if not ssm:
+        print("\nno SSM layers in this model: the backtrack modes below advance only its KV cache "
+              "(replay is the cache's compaction), not an SSM state")
     print(f"\n{'backtrack':<10} {'tokens/step':>11} {'ms/step':>9} {'ms/token':>9}")
     for r in steps:
         print(f"{r['mode']:<10} {r['tokens_per_step']:>11} {r['ms_per_step']:>9.2f} {r['ms_per_step'] / r['tokens_per_step']:>9.2f}")

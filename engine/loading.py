@@ -56,10 +56,22 @@ class Loaded:
         return "q8" if self.act8 else str(self.model.compute_dtype).replace("torch.", "")
 
     @property
+    def compute_flag(self) -> str:
+        """The compute type in --dtype's words ("q8", "bf16", "fp32"): what JSON results record,
+        so a result's dtype reads as the flag that reproduces it."""
+        return dtype_flag(self.compute)
+
+    @property
     def description(self) -> str:
         q = f" {self.quant}" if self.quant else ""
         kept = ", blocks kept" if self.kept_quantized else ""
         return f"{self.name} ({self.fmt}{q}, {self.compute}{kept})"
+
+
+def dtype_flag(compute: str | torch.dtype) -> str:
+    """A compute type ("bfloat16", torch.float32, "q8", ...) in --dtype's words (bf16, fp32, q8)."""
+    name = str(compute).replace("torch.", "")
+    return {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}.get(name, name)
 
 
 def parse_dtype(name: str | torch.dtype | None, model_type: str | None = None, hf_config: dict | None = None) -> torch.dtype:

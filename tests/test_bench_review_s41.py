@@ -143,7 +143,7 @@ def test_json_records_the_settings_that_change_the_numbers(tiny, capsys, monkeyp
     s = _rows(out)["settings"]
     assert s["strategies"] == ["ar", "pld"]
     assert s["ignore_eos"] is True and s["raw"] is False and s["top_p"] == 1.0 and s["seed"] == 0
-    assert s["peers"]["transformers"]["version"] == "fake" and s["peers"]["transformers"]["dtype"] == "float32"
+    assert s["peers"]["transformers"]["version"] == "fake" and s["peers"]["transformers"]["dtype"] == "fp32"
     assert s["machine"]["cpus"] >= 1 and s["machine"].get("arch")
     assert s["torch"] and "commit" in s
 

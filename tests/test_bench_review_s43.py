@@ -202,7 +202,7 @@ def test_draft_cost_names_the_targets_compute_type(tiny, capsys):
     cap = capsys.readouterr()
     assert code == 0, cap.err
     d = _json(cap.out)
-    assert d["target_dtype"] == "float32" and "torch." not in cap.out
+    assert d["target_dtype"] == "fp32" and "torch." not in cap.out
 
 
 # ---- the ar baseline and the other rows' options ------------------------------------------------------------------
