@@ -9,7 +9,10 @@ knows the torch-free contracts in engine.events, engine.strategy and engine.sess
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +156,8 @@ class SpecChatApp(App[None]):
         self.switching_to: ModelChoice | None = None  # the last Ctrl+O pick, until its load ends
         self._loads = 0  # loads started (at start-up, then one a pick): only the last one's result is used
         self._switch_after_reply: ModelChoice | None = None  # picked while a reply ran: loaded when it ends
+        self.interrupted_by: str | None = None  # the signal that quit the app (_take_signals)
+        self._signals: list[int] = []
         self.cycle_auto = True  # Ctrl+S: cost-aware draft lengths for the chain presets (the default's)
         self.initial_strategy = initial_strategy
         self.max_new_tokens = max_new_tokens
@@ -177,9 +182,45 @@ class SpecChatApp(App[None]):
         self._tty_fd = terminal_fd()
         if self._tty_fd is not None:
             self.set_interval(TERMINAL_CHECK_S, self._check_terminal)
+        self._take_signals()
 
     def on_unmount(self) -> None:
         sys.setswitchinterval(self._gil_switch_was)
+        self._give_back_signals()
+
+    # ---- signals -----------------------------------------------------------------------------------
+    def _take_signals(self) -> None:
+        """SIGINT (``kill -INT``, or Ctrl-C reaching the process from outside the raw terminal) and
+        SIGTERM quit as Ctrl+Q does (a reply in flight stopped and saved, the store closed), then
+        the CLI says so and exits 130 / 143; before, SIGINT left silently with status 0 and SIGTERM
+        killed the process mid-write. A second one while quitting takes the default action."""
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                self._signals.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):  # not the main thread (a test's app), no such API
+            pass
+
+    def _give_back_signals(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for sig in self._signals:
+            try:
+                loop.remove_signal_handler(sig)  # (SIGINT back to Python's KeyboardInterrupt)
+            except (RuntimeError, ValueError):
+                pass
+        self._signals = []
+
+    def _on_signal(self, sig: int) -> None:
+        if self.interrupted_by is not None:  # a second one: quitting is stuck, or the user insists
+            self._give_back_signals()
+            os.kill(os.getpid(), sig)
+            return
+        self.interrupted_by = signal.Signals(sig).name
+        self.exit(return_code=128 + int(sig))
 
     def _check_terminal(self) -> None:
         """The terminal went away (its window closed, an ssh link dropped) without a SIGHUP
@@ -382,6 +423,9 @@ class SpecChatApp(App[None]):
             self.push_screen(HelpScreen())
 
 
-def run_app(session_factory: SessionFactory, **kwargs: Any) -> None:
-    """Run the TUI until the user quits (the CLI's entry point). ``kwargs`` go to SpecChatApp."""
-    SpecChatApp(session_factory, **kwargs).run()
+def run_app(session_factory: SessionFactory, **kwargs: Any) -> str | None:
+    """Run the TUI until the user quits (the CLI's entry point). ``kwargs`` go to SpecChatApp.
+    Returns the name of the signal that ended it (SIGINT, SIGTERM), None when the user quit."""
+    app = SpecChatApp(session_factory, **kwargs)
+    app.run()
+    return getattr(app, "interrupted_by", None)

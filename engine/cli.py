@@ -732,8 +732,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return ChatSession.load(target=target, drafter=drafter, models_file=args.models, dtype=args.dtype,
                                 max_context=args.max_context)
 
-    run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader, models_file=args.models,
-            system_prompt=valid_text(args.system, "--system"), keymap_file=args.keymap)
+    by = run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader,
+                 models_file=args.models, system_prompt=valid_text(args.system, "--system"), keymap_file=args.keymap)
+    if by is not None:  # quit by a signal: said, with the shell's status for it (the chat is saved as at Ctrl+Q)
+        import signal
+
+        print(f"specchat: interrupted by {by} (quit as Ctrl+Q quits: a reply in flight stopped and kept)", file=sys.stderr)
+        return 128 + int(getattr(signal, by))
     return 0
 
 
