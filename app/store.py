@@ -562,7 +562,40 @@ def open_store(path: Path | None = None) -> tuple[ChatStore, str | None]:
             return ChatStore.open(None), f"{kept}; a fresh database could not be started either: {fresh.problem}"
         return store, f"{kept}; chats are saved to a fresh database from now on"
     except StoreError as exc:
+        copy = _read_only_copy(path)
+        if copy is not None:
+            return copy, f"{exc}; its chats are shown from a copy in memory, and nothing new is saved"
         return ChatStore.open(None), str(exc)
+
+
+def _read_only_copy(path: Path) -> ChatStore | None:
+    """The chats of a sound database that cannot be written (a read-only data directory or file, a
+    full disk), copied into an in-memory store: the app showed no chats at all there, as if they
+    were gone. Read through SQLite's read-only mode (which sees a WAL's latest commits where it can
+    read the log's index), else as an immutable file; None if neither can read it."""
+    try:
+        if not path.is_file() or path.stat().st_size == 0:
+            return None
+        uri = path.resolve().as_uri()
+    except (OSError, ValueError):
+        return None
+    for query in ("mode=ro", "immutable=1"):
+        mem = None
+        try:
+            src = sqlite3.connect(f"{uri}?{query}", uri=True)
+            try:
+                src.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()  # (the open is lazy)
+                mem = sqlite3.connect(":memory:", isolation_level=None)
+                src.backup(mem)
+            finally:
+                src.close()
+            migrate(mem, ":memory:")  # an older schema is upgraded in the copy only
+            mem.execute("PRAGMA foreign_keys = ON")
+            return ChatStore(mem, None)
+        except (sqlite3.Error, StoreError):
+            if mem is not None:
+                mem.close()
+    return None
 
 
 # ---- strategies ---------------------------------------------------------------------------------
