@@ -617,8 +617,8 @@ class Decoder:
         if not s.greedy and s.drafter == "model" and self.bridged and s.resolved_vocab(bridged=True) == "slrs":
             # string-level rejection sampling (heterogeneous-vocab Alg. 3): the bridge holds each
             # position's procedure start, to compute ψ; an empty chain is an ∅ proposal (rejected)
-            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, s.top_p, gen)
-        if len(tree) == 0:
+            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, s.top_p, gen, history=self.history)
+        if len(tree) == 0 and not tree.rejected_rows:  # (an empty union chain drew outside T: rejected, below)
             noise = race_noise(int(s.seed), len(self.history), self.target.vocab_size) if v == "race" and not s.greedy else None
             return [], sample_next(logits[0], s.temperature, s.top_p, gen, noise)
         method = v

@@ -162,6 +162,8 @@ def verify_mss(
         q = draft_probs[row] if kids else None  # leaves have no q row worth reading
         child, p = _mss_node(tree, kids, target_probs[row], q, without_replacement, generator)
         if child is None:
+            if row in tree.rejected_rows:  # the union bridge's draw outside T at this leaf: rejected too
+                p = residual(p, draft_probs[row])
             return path, sample(p, generator)
         path.append(child)
         row = child + 1

@@ -219,6 +219,7 @@ class BridgeDrafter:
     def reset(self) -> None:
         self.inner.reset()
         self.bytes = HistoryBytes(self.target_tok)
+        self._slrs_ctx = None
 
     # ---- history ----------------------------------------------------------------------------------
     def drafter_history(self, history: Sequence[int]) -> tuple[list[int], bytes]:
@@ -253,6 +254,7 @@ class BridgeDrafter:
         bridge = req.vocab if req.vocab in BRIDGES else "tli"
         if req.mode == "race":
             raise BridgeError("ersd races on target ids; with a drafter of another vocabulary use sd, tree, mab or optimal")
+        self._slrs_ctx = None  # an SLRS context belongs to the step that drafted it (slrs_verify)
         hist_d, held = self.drafter_history(history)
         if bridge == "tli":
             self.inner.restrict(self.map.shared_d)
@@ -269,7 +271,7 @@ class BridgeDrafter:
             if held:
                 raise BridgeError("slrs needs the drafter to see every byte of the history (a byte-level drafter)")
             with exact_rows():  # psi recomputes the drafter's q at verification: the same numbers as drafting
-                return self._slrs(hist_d, req)
+                return self._slrs(hist_d, req, _position(history))
         return self._tli(hist_d, req)
 
     def _tli(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
@@ -433,7 +435,7 @@ class BridgeDrafter:
             self._pure = self.inner.recurrent and not set(self.inner.model.fork(1).state) - {"conv", "ssm"}
         return self._pure
 
-    def _slrs(self, hist_d: list[int], req: DraftRequest) -> TokenTree:
+    def _slrs(self, hist_d: list[int], req: DraftRequest, position: tuple | None = None) -> TokenTree:
         """Chain of target tokens, one fresh Alg. 3 procedure per position (each starts from the
         drafter's state right after the previous token's bytes: the lookahead draws that fixed
         the previous token are not reused, they are conditioned on its end)."""
@@ -484,17 +486,28 @@ class BridgeDrafter:
                 break  # t ends inside a draft token: no drafter state to start the next procedure from
             state, logits = snaps[k]
         self._slrs_ctx = {"starts": starts, "tokens": tokens, "empty_last": empty_last, "temperature": req.temperature,
-                          "top_p": req.top_p, "psi": {}}
+                          "top_p": req.top_p, "psi": {}, "greedy": greedy, "position": position}
         self.last = {"bridge": "slrs", "drafted": drafted, "proposed": len(tokens)}
         return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic")
 
     def slrs_verify(self, tree: TokenTree, target_logits: torch.Tensor, temperature: float, top_p: float,
-                    generator: torch.Generator | None) -> tuple[list[int], int]:
-        """Alg. 3 along the chain drafted by ``_slrs`` (sampling; at T = 0 exact match does)."""
+                    generator: torch.Generator | None, history: Sequence[int] | None = None) -> tuple[list[int], int]:
+        """Alg. 3 along the chain drafted by ``_slrs`` (sampling; at T = 0 exact match does).
+
+        Only for the chain the procedures of this position sampled: a step that proposed nothing
+        (an adaptive k = 0, a full context: ``propose`` did not run) or a chain drafted greedily
+        (``--verify membership`` drafts the argmax, whose proposal probability is 1, not ψ) is
+        verified by target-sampling membership, lossless for any chain. ``history``: the
+        decoder's, to tell this step's context from an earlier one's."""
         from ..sampling import probs_from_logits, sample
         from ..slrs import slrs_accept
+        from ..verify import accept
 
-        ctx = self._slrs_ctx
+        ctx = getattr(self, "_slrs_ctx", None)
+        if (ctx is None or ctx.get("greedy") or not ctx["temperature"] > 0
+                or (history is not None and ctx.get("position") != _position(history))
+                or list(tree.tokens) != ctx["tokens"][: len(tree)]):
+            return accept(tree, target_logits, method="membership", temperature=temperature, top_p=top_p, generator=generator)
         proc = self._procedure()
         rows = [probs_from_logits(target_logits[i].float(), temperature, top_p) for i in range(len(tree) + 1)]
 
@@ -505,7 +518,9 @@ class BridgeDrafter:
                 ctx["psi"][key] = proc.psi(t, lambda prefixes: self._q_after(st, lg, prefixes, ctx["temperature"], ctx["top_p"]))
             return ctx["psi"][key]
 
-        chain = list(tree.tokens) + ([None] if ctx["empty_last"] else [])
+        # the procedure's ∅ after the chain counts only where the chain is whole (not cut shorter after drafting)
+        empty_last = ctx["empty_last"] and len(tree) == len(ctx["tokens"])
+        chain = list(tree.tokens) + ([None] if empty_last else [])
         path, nxt = slrs_accept(chain, rows, psi_of, generator, greedy=False)
         path = [i for i in path if i < len(tree)]
         if nxt is None:
@@ -524,6 +539,12 @@ class BridgeDrafter:
             for j in range(L):
                 logits = batch.step(torch.tensor([p[j] for p in prefixes]))
         return torch.stack([probs_from_logits(r.float(), temperature, top_p) for r in logits])
+
+
+def _position(history: Sequence[int]) -> tuple:
+    """Which decode position a history is at (its length and last tokens): an SLRS context is
+    verified only at the position it was drafted for."""
+    return (len(history), tuple(int(t) for t in history[-8:]))
 
 
 def _copy_batch(batch, rows: int | None = None):
