@@ -48,6 +48,7 @@ class Loaded:
     kept_quantized: int = 0  # projections multiplied from their GGUF blocks (engine/models/quant.py)
     act8: bool = False  # the q8 compute type: those products take 8-bit activations (quant_a8.c)
     params: int = 0  # parameters in the checkpoint (a tied head counted once)
+    note: str | None = None  # what the load did other than asked (--dtype q8 without blocks to multiply)
 
     @property
     def compute(self) -> str:
@@ -149,6 +150,15 @@ def load(ref: str, *, dtype: str | torch.dtype | None = None, registry: Registry
     if dev is not None and dtype in (None, "auto", "q8"):
         dtype = "bf16"
     dt = parse_dtype(dtype) if dtype not in ("auto", "q8") else dtype  # "auto" waits for the model's type
+    loaded = _load_path(name, path, dt, max_context, dev, need_tokenizer)
+    if dtype == "q8" and not loaded.act8:  # (it ran fp32 silently: only the JSON's dtype said so)
+        what = "an HF-format checkpoint" if loaded.fmt == "hf" else "a GGUF without quantised blocks this CPU multiplies"
+        loaded.note = f"--dtype q8 multiplies a GGUF's quantised blocks; {name} is {what}: it runs in fp32"
+    return loaded
+
+
+def _load_path(name: str, path: Path, dt: torch.dtype | str, max_context: int, dev: torch.device | None,
+               need_tokenizer: bool) -> Loaded:
     if path.is_file():
         if path.suffix.lower() == ".gguf":
             return _ready(_load_gguf(name, path, dt, max_context, dev), dev)
@@ -211,10 +221,23 @@ def read_config(path: Path) -> dict[str, Any]:
 MAX_CONFIG_BYTES = 16 << 20  # a config.json is a few KB: a bound for a FIFO or /dev/zero, not a size limit
 
 
+def _json_float_sentinel(obj: dict[str, Any]) -> Any:
+    """transformers 5.x writes a non-finite float as {"__float__": "Infinity"} (Mamba-2's and
+    Granite-4.0-H's time_step_limit): the float itself, as older files' JSON literal reads, so the
+    config is what transformers' own strict config classes accept (bench --tree-scaling builds one)."""
+    if len(obj) == 1 and "__float__" in obj and isinstance(obj["__float__"], str):
+        try:
+            return float(obj["__float__"])
+        except ValueError:
+            return obj  # not a float after all: the family's own check says so
+    return obj
+
+
 def read_config_file(cfg_path: Path) -> dict[str, Any]:
     """config.json at ``cfg_path`` (``read_config``'s checks; ``bench --tree-scaling`` takes the file itself)."""
     try:
-        cfg = json.loads(read_small(cfg_path, "config file", MAX_CONFIG_BYTES, ModelLoadError).decode("utf-8"))
+        cfg = json.loads(read_small(cfg_path, "config file", MAX_CONFIG_BYTES, ModelLoadError).decode("utf-8"),
+                         object_hook=_json_float_sentinel)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ModelLoadError(f"{cfg_path}: invalid JSON ({e})") from None
     if not isinstance(cfg, dict):

@@ -384,6 +384,9 @@ def load_warnings(session) -> list[str]:
     it, and a drafter that cannot pay (``drafter_size_warning``), a line each: the CLI prints them, the
     app shows them as a notice."""
     out = []
+    note = getattr(getattr(session, "target", None), "note", None)
+    if isinstance(note, str) and note:
+        out.append(note)
     if getattr(session, "drafter_error", None):
         out.append(f"{session.drafter_error}; decoding without it")
     if getattr(session, "drafter_size_warning", None):

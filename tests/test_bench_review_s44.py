@@ -77,3 +77,21 @@ def test_the_profiler_filter_keeps_other_stderr_lines(capfd):
         os.write(2, b"USDT:2026 profiler_start\nreal warning\n")
     err = capfd.readouterr().err
     assert "real warning" in err and "USDT" not in err
+
+
+def test_q8_without_blocks_to_multiply_is_said_not_silent(tiny, capsys):
+    """--dtype q8 on an HF-format checkpoint ran fp32 with no word (only the JSON's dtype said it);
+    now a warning line, as a drafter left out is (found by session 44's SSM review)."""
+    from engine.loading import load
+    from engine.session import load_warnings
+
+    loaded = load(str(tiny[0]), dtype="q8")
+    assert not loaded.act8 and "runs in fp32" in (loaded.note or "") and "HF-format" in loaded.note
+    assert load(str(tiny[0]), dtype="fp32").note is None
+
+    class S:
+        target = loaded
+
+    assert load_warnings(S())[0] == loaded.note
+    code = main(["generate", "--target", str(tiny[0]), "--dtype", "q8", "--prompt-ids", "1,2", "--max-new-tokens", "2"])
+    assert code == 0 and "warning: --dtype q8 multiplies a GGUF's quantised blocks" in capsys.readouterr().err
