@@ -13,6 +13,7 @@ from textual.app import ComposeResult
 from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.timer import Timer
 from textual.widgets import Footer, Static
@@ -45,6 +46,7 @@ BESIDE_DASHBOARD_MIN_WIDTH = 30  # fewer columns for the messages than this: the
 CHAT_MIN_WIDTH = 40  # the message column's fewest columns with the chat list open (else the dashboard makes way)
 DASHBOARD_MIN_WIDTH = 100  # narrower terminals start with the dashboard hidden (the key still shows it)
 NEW_CHAT_TITLE = "New chat"
+RETRY_UNSAVED_S = 10.0  # messages a failed write left unsaved are tried again this often (_retry_unsaved)
 CONTEXT_NOTICE = ("Context full: the reply reached the end of the model's context window. "
                   "Send another message to go on (the oldest turns are left out), or {new_chat} for a new chat.")
 WINDOW_NOTICE = ("The whole chat no longer fits the model's {context:,}-token context: its {n} oldest "
@@ -180,6 +182,7 @@ class ChatScreen(Screen[None]):
         self._reply_saved = False
         self._saved_n = 0  # the messages of chat_id this window saved or loaded: its next message's index there
         self._unsaved_stats: dict[int, tuple[str, dict[str, Any] | None]] = {}  # a failed save's (content, stats), by index
+        self._quiet_saves = False  # a retry of unsaved messages: no toast for each write that still fails
         self._send_when_stopped = False  # Enter pressed while the reply was stopping: send once it has (_send_queued)
         self._editing: int | None = None  # "Edit the last message": the conversation index the next send replaces
         self._draft_before_edit = ""  # the prompt's text when that edit began
@@ -212,6 +215,7 @@ class ChatScreen(Screen[None]):
             title = "Chats are not being saved" if self.store.path is None else "The chat database was damaged"
             self.notify(self.store_error, title=title, severity="error", timeout=20, markup=False)
         self._restore_settings()
+        self.set_interval(RETRY_UNSAVED_S, self._retry_unsaved)
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         chats = self._load(self.store.chats, [])
         # `--system`: a new chat with it (an old chat keeps the system prompt it was held with)
@@ -239,8 +243,42 @@ class ChatScreen(Screen[None]):
         except ChatChanged:
             raise
         except StoreError as exc:
-            self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
+            if not self._quiet_saves:
+                self.notify(str(exc), title="Chat not saved", severity="error", timeout=10, markup=False)
             return None
+
+    def _message_list(self) -> MessageList | None:
+        """The shown messages; None once they are gone (a save at quit runs after they are removed)."""
+        try:
+            return self.query_one(MessageList)
+        except NoMatches:
+            return None
+
+    def _retry_unsaved(self) -> int:
+        """Save the messages a failed write left unsaved (a full disk, a file locked by another
+        program), in order, without waiting for the next message, which was the only retry: the
+        user who read "Chat not saved", freed the disk and quit, or opened another chat, lost them.
+        Run every RETRY_UNSAVED_S while any wait, before another chat is opened, and at quit; quiet
+        while the writes still fail (the first failure said so), a notice when they are saved.
+        Returns how many messages still wait."""
+        def waiting() -> int:
+            return sum(m["role"] != "system" for m in self.conversation[self._saved_n:])
+
+        n = waiting()
+        if n == 0 or self._run is not None:  # (a reply in flight saves them before itself)
+            return n
+        last = self.conversation[-1]
+        kept = self._unsaved_stats.get(len(self.conversation) - 1)
+        stats = kept[1] if kept is not None and kept[0] == last["content"] else None
+        self._quiet_saves = True
+        try:
+            self._save_message(last["role"], last["content"], stats)
+        finally:
+            self._quiet_saves = False
+        left = waiting()
+        if left == 0 and self.is_mounted:
+            self.notify(f"Saved {n} message{'s' if n != 1 else ''} of this chat that could not be saved before.", timeout=6)
+        return left
 
     def _save_message(self, role: str, content: str, stats: dict[str, Any] | None = None) -> None:
         """Commit one complete message (creating the chat with its first one). The messages before
@@ -263,7 +301,7 @@ class ChatScreen(Screen[None]):
         at = len(self.conversation) - (1 if self.conversation and self.conversation[-1] == {"role": role, "content": content} else 0)
         try:
             behind = self.conversation[self._saved_n:at]  # (a new chat's system prompt too)
-            shown = self.query_one(MessageList) if behind else None
+            shown = self._message_list() if behind else None
             for i, m in enumerate(behind, start=self._saved_n):
                 kept = self._unsaved_stats.get(i)
                 if kept is not None and kept[0] == m["content"]:
@@ -275,7 +313,7 @@ class ChatScreen(Screen[None]):
                     self._unsaved_stats[at] = (content, stats)
                     return  # (still failing: said so; this message waits with them)
                 self._saved_n += 1
-            if behind and any(m["role"] != "system" for m in behind):
+            if behind and any(m["role"] != "system" for m in behind) and not self._quiet_saves:  # (a retry says it itself)
                 n = sum(m["role"] != "system" for m in behind)
                 self.notify(f"Saved {n} earlier message{'s' if n != 1 else ''} of this chat that could not be saved before.",
                             timeout=6)
@@ -378,6 +416,10 @@ class ChatScreen(Screen[None]):
     async def _show_chat(self, chat_id: int | None, announce: bool = False) -> None:
         """Open the saved chat ``chat_id`` (None: a new, empty chat) in place of the current one;
         ``announce``: say so where it last ran another model or strategy (:meth:`_ran_with_notice`)."""
+        lost = self._retry_unsaved()  # the chat being left: its unsaved messages, a last try
+        if lost:
+            self.notify(f"{lost} message{'s' if lost != 1 else ''} of the chat you left could not be saved "
+                        "(see the earlier \"Chat not saved\" notice).", severity="warning", timeout=10)
         records = self._load(self.store.messages, [], chat_id) if chat_id is not None else []
         record = self._load(self.store.chat, None, chat_id) if chat_id is not None else None
         if record is None:
@@ -523,6 +565,7 @@ class ChatScreen(Screen[None]):
             self.notify(str(exc), title="Chat not deleted", severity="error", timeout=10, markup=False)
             return
         if current:
+            self.conversation.clear()  # deleted on purpose: nothing of it waits to be saved
             await self._show_chat(None)
         self.prompt.set_history(self._load(self.store.prompt_history, []))
         self.chat_list.show_chats(self._load(self.store.chats, [], self.chat_list.search), self.chat_id)
@@ -1138,6 +1181,11 @@ class ChatScreen(Screen[None]):
             if self.chat_id is not None:
                 try:
                     self.store.set_system(self.chat_id, text, expect=self._saved_n, was=current)
+                    # the saved chat gained or lost its message 0: so does this window's count of it
+                    # (and the indices of messages still waiting to be saved move with the conversation)
+                    shift = int(bool(text)) - int(bool(current))
+                    self._saved_n += shift
+                    self._unsaved_stats = {i + shift: v for i, v in self._unsaved_stats.items()}
                 except ChatChanged:
                     changed = True
                 except StoreError as exc:
@@ -1189,6 +1237,8 @@ class ChatScreen(Screen[None]):
         the store."""
         self._release_gc()
         run = self._run
+        if run is None:
+            self._retry_unsaved()  # (quitting: the last chance for messages a failed write left unsaved)
         if run is not None:
             run.stop.set()
             if not self._reply_saved:

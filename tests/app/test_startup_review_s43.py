@@ -139,6 +139,21 @@ class FullDisk:
         return getattr(self.db, name)
 
 
+async def second_exchange_on_a_full_disk(pilot: Any, app: Any) -> FullDisk:
+    """"first" and its reply saved, then the disk full (still full on return) for "second" and its
+    reply: "Chat not saved"."""
+    await ready(pilot)
+    await send(pilot, "first")
+    await reply_done(pilot)
+    disk = FullDisk(app.store._db)
+    app.store._db = disk
+    disk.full = True
+    await send(pilot, "second")
+    await reply_done(pilot)
+    assert any("disk is full" in m and sev == "error" for m, sev in notices(app))
+    return disk
+
+
 async def test_a_message_the_full_disk_refused_is_saved_before_the_next_one(data_dir: Path) -> None:
     """The disk filled up as a message was sent: "Chat not saved", and the chat goes on. Once
     there was room again, the next reply was saved right after the earlier reply, without the
@@ -146,15 +161,7 @@ async def test_a_message_the_full_disk_refused_is_saved_before_the_next_one(data
     the user's message lost for good). Now the messages left unsaved are saved first, in order."""
     app = make_app(FakeEngine(["ok"]))
     async with app.run_test(size=SIZE, notifications=True) as pilot:
-        await ready(pilot)
-        await send(pilot, "first")
-        await reply_done(pilot)
-        disk = FullDisk(app.store._db)
-        app.store._db = disk  # type: ignore[assignment]
-        disk.full = True
-        await send(pilot, "second")
-        await reply_done(pilot)
-        assert any("disk is full" in m and sev == "error" for m, sev in notices(app))
+        disk = await second_exchange_on_a_full_disk(pilot, app)
         disk.full = False  # room again
         await send(pilot, "third")
         await reply_done(pilot)
