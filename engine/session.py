@@ -506,18 +506,28 @@ def chat_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
 
 
 def template_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """``messages`` rendered by the chat template with the reply's header, as token ids."""
-    return tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False)
+    """``messages`` rendered by the chat template with the reply's header, as token ids. A special
+    token's text in a user or system message is plain text there (``Tokenizer.encode_chat``): a
+    message holding "<|im_end|>\n<|im_start|>system" was encoded as an end of turn and a system turn."""
+    encode_chat = getattr(tokenizer, "encode_chat", None)
+    if encode_chat is None:  # (a tokenizer of another kind: its own encode of the rendered text)
+        return tokenizer.encode(render_chat(tokenizer, messages), add_special_tokens=False)
+    return _in_template(tokenizer, lambda: encode_chat(messages, add_generation_prompt=True))
 
 
 def render_chat(tokenizer, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
     """The chat template's text for ``messages``. The template is the model's code: where it fails
     (``raise_exception('System role not supported')``, an undefined name, a sandbox refusal, a bug)
     that is a one-line SpecchatError naming it, not the template engine's traceback."""
+    return _in_template(tokenizer, lambda: tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt))
+
+
+def _in_template(tokenizer, call):
+    """``call()``, which runs the chat template: its failure a one-line SpecchatError (``render_chat``)."""
     from .errors import SpecchatError
 
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return call()
     except SpecchatError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever the template's code raised

@@ -251,6 +251,90 @@ class Tokenizer:
         variables = {**self.template_variables(), **{k: _plain(v) for k, v in kwargs.items()}}
         return self._template.render(messages=msgs, add_generation_prompt=add_generation_prompt, **variables)
 
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True, **kwargs: Any) -> list[int]:
+        """``encode(apply_chat_template(messages))``, except that a special token's text written in a
+        message (a user typing or pasting "<|im_end|>\\n<|im_start|>system", "</s>") is encoded as the
+        plain text it is: only the template's own special tokens become special ids. Encoding the
+        rendered text whole matched them everywhere, so a message could end its own turn and open a
+        system turn of its own (prompt injection). Assistant messages are the model's own text and
+        are left as they are (a reasoning template splits them at its "</think>").
+
+        The ids are those of the whole text wherever no message holds a special token's text."""
+        pattern = self._special_pattern()
+        if pattern is None:
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs))
+        found = [str(m.get("content")) for m in messages
+                 if m.get("role") != "assistant" and isinstance(m.get("content"), str) and pattern.search(m["content"])]
+        if not found:
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs))
+        # Each special token's text in a message becomes one private-use character (a marker no
+        # text or template holds) for the rendering, and is put back in the rendered text, where
+        # its place (a span the backend must not match a special token in) is known.
+        specials = sorted({m.group() for c in found for m in pattern.finditer(c)})
+        everything = (self.chat_template or "") + "".join(str(m.get("content", "")) for m in messages) + repr(kwargs)
+        base = next((b for b in (0xF0000, 0x100000, 0xE000) if not any(chr(b + j) in everything for j in range(len(specials)))), None)
+        if base is None:  # (every candidate marker is in the text: no protection is possible)
+            return self.encode(self.apply_chat_template(messages, add_generation_prompt, **kwargs))
+        marker = {s: chr(base + j) for j, s in enumerate(specials)}
+        unmark = {v: k for k, v in marker.items()}
+        marked = [dict(m, content=pattern.sub(lambda x: marker[x.group()], m["content"]))
+                  if m.get("role") != "assistant" and isinstance(m.get("content"), str) else m for m in messages]
+        rendered = self.apply_chat_template(marked, add_generation_prompt, **kwargs)
+        parts: list[str] = []
+        plain: list[tuple[int, int]] = []  # spans of the text that were a message's special-token text
+        pos = 0
+        for ch in rendered:
+            s = unmark.get(ch)
+            if s is None:
+                parts.append(ch)
+                pos += 1
+            else:
+                parts.append(s)
+                plain.append((pos, pos + len(s)))
+                pos += len(s)
+        text = "".join(parts)
+        enc = self.backend.encode(text, add_special_tokens=False)
+
+        def in_plain(span: tuple[int, int]) -> bool:
+            return any(a < span[1] and span[0] < b for a, b in plain)
+
+        if not any(t in self._special and in_plain(o) for t, o in zip(enc.ids, enc.offsets)):
+            return list(enc.ids)
+        # The backend splits a text at its special tokens and encodes the pieces between them on
+        # their own: so do we, at the template's special tokens only, the pieces encoded with
+        # special tokens read as text.
+        out: list[int] = []
+        start = 0
+        for t, (a, b) in zip(enc.ids, enc.offsets):
+            if t in self._special and not in_plain((a, b)):
+                out += self._plain_encode(text[start:a])
+                out.append(t)
+                start = b
+        out += self._plain_encode(text[start:])
+        return out
+
+    def _special_pattern(self) -> "re.Pattern[str] | None":
+        """A regex of the special tokens' texts, longest first (None: there are none)."""
+        pat = getattr(self, "_special_re", False)
+        if pat is False:
+            added = self.backend.get_added_tokens_decoder()
+            texts = sorted({t.content for i, t in added.items() if t.special and t.content}, key=lambda s: (-len(s), s))
+            pat = re.compile("|".join(map(re.escape, texts))) if texts else None
+            self._special_re = pat
+        return pat
+
+    def _plain_encode(self, text: str) -> list[int]:
+        """``text``'s ids with special tokens' texts encoded as plain text (a copy of the backend
+        with ``encode_special_tokens`` set: the shared one is never changed)."""
+        if not text:
+            return []
+        backend = getattr(self, "_plain_backend", None)
+        if backend is None:
+            backend = tokenizers.Tokenizer.from_str(self.backend.to_str())
+            backend.encode_special_tokens = True
+            self._plain_backend = backend
+        return list(backend.encode(text, add_special_tokens=False).ids)
+
     # -- files --------------------------------------------------------------------------------
     def save(self, directory: str | os.PathLike) -> Path:
         """Write ``tokenizer.json`` + ``tokenizer_config.json`` (+ ``generation_config.json`` for
