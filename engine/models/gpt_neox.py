@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import addmm, as_t, attn_plan, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
+from .common import embed_rows, addmm, as_t, attn_plan, cached_attention, context_limit, mm, require, Rope, rope_params, tensor_getter
 
 MODEL_TYPES = ("gpt_neox",)
 
@@ -120,7 +120,7 @@ class GPTNeoX(CausalLM):
         c = self.cfg
         H, E, D = c.num_heads, c.head_dim, c.hidden_size
         T = tokens.shape[0]
-        x = self.embed[tokens]
+        x = embed_rows(self.embed, tokens)
         kc, vc = self.cache.k, self.cache.v
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]  # shared by every layer
         plan = attn_plan(mask, start + T, T, 1) if self._dtype == torch.bfloat16 else None

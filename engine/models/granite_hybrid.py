@@ -41,7 +41,7 @@ from ..cache import KVCache
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, DraftPool
 from .base import CausalLM
-from .common import AttnPlan, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
+from .common import embed_rows, AttnPlan, as_t, attn_plan, cached_attention, context_limit, mm, require, rms_norm, Rope, rope_params, tensor_getter
 from .mamba2 import Mamba2Config, Mamba2Mixer, SSMCache, TreePlan, config_int, parse_dt_limit
 
 MODEL_TYPES = ("granitemoehybrid",)
@@ -307,7 +307,7 @@ class GraniteHybrid(CausalLM):
         c, cache = self.cfg, self.cache
         tree, start, positions, mask = cache.add_nodes(parents)
         try:
-            x = self.embed[torch.as_tensor(tokens, dtype=torch.long)] * c.embedding_multiplier  # (T, D)
+            x = embed_rows(self.embed, tokens) * c.embedding_multiplier  # (T, D)
             T = len(tokens)
             dev = self.device
             tree = tree.to(dev)
@@ -384,7 +384,7 @@ class GraniteHybrid(CausalLM):
         s = batch.steps  # this token's slot in the rows' K/V tails
         kt, vt = batch.grow("k_tail", 3, s + 1), batch.grow("v_tail", 3, s + 1)
         positions = torch.tensor([batch.position])
-        x = self.embed[tokens] * c.embedding_multiplier  # (B, D)
+        x = embed_rows(self.embed, tokens) * c.embedding_multiplier  # (B, D)
         for L in self.layers:
             h = rms_norm(x, L["ln1"], c.rms_norm_eps)
             a = L["slot"]

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from ..cache import KVCache
 from ..errors import ModelLoadError
 from .base import CausalLM
-from .common import (Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, prefill_attention, prefill_bias, require,
+from .common import (embed_rows, Linear, Rope, as_t, attn_plan, cached_attention, context_limit, mm, prefill_attention, prefill_bias, require,
                      rms_norm, rope_params, rotate_half, tensor_getter)
 
 MODEL_TYPES = ("llama", "mistral", "qwen2", "smollm2", "smollm3")
@@ -234,7 +234,7 @@ class Llama(CausalLM):
     def _embed_rows(self, tokens: torch.Tensor) -> torch.Tensor:
         """The embedding's rows of ``tokens`` in the pass's dtype (a new tensor; the CPU bf16 compute
         type keeps the table in bf16 and widens them)."""
-        x = self.embed[tokens]
+        x = embed_rows(self.embed, tokens)
         return x.to(self._dtype) if x.dtype != self._dtype else x
 
     def use_bf16_kv(self) -> bool:
@@ -372,7 +372,7 @@ class Llama(CausalLM):
         bf = torch.bfloat16
         Tp = max(T, pad_rows(bf))  # the products' rows: a small pass runs padded (zero rows, discarded)
         assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == bf, "KV cache layout"
-        x = self.embed[tokens].contiguous()  # (T, D) the residual stream, a copy
+        x = embed_rows(self.embed, tokens)  # (T, D) the residual stream, a copy
         h = torch.zeros(Tp, D, dtype=bf)  # the normed rows the next product takes
         att = torch.zeros(Tp, H * E, dtype=bf)
         act = torch.zeros(Tp, Fi, dtype=bf)

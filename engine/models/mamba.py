@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..errors import ModelLoadError
 from .base import CausalLM
 from ..ssm_cache import DraftBatch, RecurrentCache
-from .common import as_t, mm, require, rms_norm, tensor_getter
+from .common import embed_rows, as_t, mm, require, rms_norm, tensor_getter
 
 MODEL_TYPES = ("mamba",)
 NO_CONTEXT_LIMIT = 1 << 20  # a recurrent state has no positional limit; this only bounds the decode loop
@@ -288,7 +288,7 @@ class Mamba(CausalLM):
         """One token per row (B,) -> logits (B, V); the rows' conv (L, B, K-1, I) and ssm
         (L, B, I, N) states advance in place: the plain Mamba recurrence, batched over rows."""
         sdt = self.scan_dtype
-        res = self.embed[tokens]  # (B, D)
+        res = embed_rows(self.embed, tokens)  # (B, D)
         if self.cfg.residual_in_fp32:
             res = res.to(sdt)
         for l, L in enumerate(self.layers):
@@ -346,7 +346,7 @@ class Mamba(CausalLM):
         if mode == "verify":
             cache.place(parents)
         try:
-            res = self.embed[torch.as_tensor(tokens, dtype=torch.long)]  # (T, D)
+            res = embed_rows(self.embed, tokens)  # (T, D)
             if c.residual_in_fp32:
                 res = res.to(self.scan_dtype)
             acts, new_conv, new_ssm = [], [], []

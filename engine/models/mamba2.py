@@ -41,7 +41,7 @@ from .. import cuda_graphs
 from ..errors import ModelLoadError
 from ..ssm_cache import DraftBatch, RecurrentCache, take
 from .base import CausalLM
-from .common import as_t, mm, require, rms_norm, rows_fast, tensor_getter
+from .common import embed_rows, as_t, mm, require, rms_norm, rows_fast, tensor_getter
 
 MODEL_TYPES = ("mamba2",)
 DEFAULT_CAPACITY = 1 << 20  # an SSM has no context limit; this only bounds the decode loop's accounting
@@ -563,7 +563,7 @@ class Mamba2(CausalLM):
         cache = self.cache
         cache.place(list(range(-1, len(part) - 1)))  # the capacity check of every path
         cache.clear_scratch()
-        x = self.embed[torch.as_tensor(part, dtype=torch.long, device=self.device)].float()
+        x = embed_rows(self.embed, part).float()
         for i, (norm, mixer) in enumerate(self.layers):
             x = x + mixer.prefill_chain(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), cache, i, backend)
         cache.adopt_spare(len(part))
@@ -594,7 +594,7 @@ class Mamba2(CausalLM):
     def _forward(self, ids: torch.Tensor, plan: TreePlan) -> torch.Tensor:
         """Token ids (T,) -> the residual stream (T, D) fp32 after the last layer; the layers'
         activations land in the cache's scratch."""
-        x = self.embed[ids].float()  # (T, D) residual stream, fp32
+        x = embed_rows(self.embed, ids).float()  # (T, D) residual stream, fp32
         for i, (norm, mixer) in enumerate(self.layers):
             x = x + mixer(rms_norm(x.to(self._dtype), norm, self.cfg.norm_eps), self.cache, i, plan)
         return x
@@ -636,7 +636,7 @@ class Mamba2(CausalLM):
     def _step(self, conv: torch.Tensor, ssm: torch.Tensor, tokens: torch.Tensor, want_logits: bool = True) -> torch.Tensor | None:
         """One token per row through every block, the state updated in place; the logits (B, V),
         or None without ``want_logits`` (the head is most of a small drafter's step)."""
-        x = self.embed[tokens].float()  # (B, D)
+        x = embed_rows(self.embed, tokens).float()  # (B, D)
         lib = self._native_step(conv, ssm)
         if lib is not None:  # a drafter's step on a CPU: every block in one C call (engine/native/mamba2_step.c)
             x = self._c_layers(lib, x.contiguous(), tokens.shape[0], 1, conv, ssm)
@@ -664,7 +664,7 @@ class Mamba2(CausalLM):
         # once, the recurrence in order (the chunks bound the call's scratch: ~16 KB a token)
         for i in range(0, len(tokens), ADVANCE_ROWS):
             part = tokens[i:i + ADVANCE_ROWS]
-            x = self._c_layers(lib, self.embed[torch.tensor(part, dtype=torch.long)].float().contiguous(), 1, len(part), conv, ssm)
+            x = self._c_layers(lib, embed_rows(self.embed, part).float().contiguous(), 1, len(part), conv, ssm)
         c._undo = None
         c.length += len(tokens)
         return self.logits(rms_norm(x[-1:], self.norm_f, self.cfg.norm_eps))[0]
