@@ -3,11 +3,12 @@ re-measure the speedup's baseline, export the chat as Markdown, edit the last me
 prompt, continue the last reply).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
-and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature. The
-loop reads the strategy once per step, so a change applies at the next step of the reply in
-flight. Entries whose result does not validate (or, on a Transformer target, the SSM tree and
-backtrack modes, which are for SSM and hybrid targets) stay listed, dimmed, with the reason;
-choosing one explains instead of applying (the palette cannot grey items out itself).
+and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature and the
+sampling cuts (top-p, top-k, min-p). The loop reads the strategy once per step, so a change applies
+at the next step of the reply in flight. Entries whose result does not validate (or, on a
+Transformer target, the SSM tree and backtrack modes, which are for SSM and hybrid targets) stay
+listed, dimmed, with the reason; choosing one explains instead of applying (the palette cannot
+grey items out itself).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ from .strategy_cycle import in_app
 TREE_SHAPES = ((3, 2, 2, 1, 1), (3, 3, 2, 1), (2, 2, 2, 1, 1, 1), (2, 2, 2), (4, 2, 1))
 DRAFT_LENGTHS = (2, 3, 4, 5, 6, 8)
 TEMPERATURES = (0.0, 0.7, 1.0)
+TOP_PS = (1.0, 0.95, 0.9)  # the sampling cuts (engine/sampling.probs_from_logits): 1.0 / 0 = off
+TOP_KS = (0, 20, 40, 100)
+MIN_PS = (0.0, 0.05, 0.1)
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"
 EXPORT = "Export this chat as Markdown"
@@ -65,8 +69,8 @@ def _carry(current: Strategy, name: str) -> Strategy:
     drafts the user picked ("Drafter: ngram" on sd or tree), not pld's, which are pld itself (ersd
     from pld raced n-gram drafts with a drafter model loaded). :func:`evaluate` gives ersd n-gram
     drafts where no drafter model is loaded, as the cycle does."""
-    s = preset(name, temperature=current.temperature, top_p=current.top_p, seed=current.seed,
-               adaptive=current.adaptive and name in ADAPTIVE)
+    s = preset(name, temperature=current.temperature, top_p=current.top_p, top_k=current.top_k, min_p=current.min_p,
+               seed=current.seed, adaptive=current.adaptive and name in ADAPTIVE)
     if current.drafter == "ngram" and current.name != "pld" and s.drafter == "model" and name in ("ersd",):
         s = s.replace(drafter="ngram")
     return s
@@ -105,6 +109,13 @@ def toggles() -> list[Toggle]:
         out.append(Toggle("Backtrack", m, lambda s, m=m: s.replace(backtrack=m), "how SSM targets commit the accepted path"))
     for t in TEMPERATURES:
         out.append(Toggle("Temperature", f"{t:g}", lambda s, t=t: s.replace(temperature=t), "0 = greedy"))
+    for p in TOP_PS:
+        out.append(Toggle("Top-p", f"{p:g}", lambda s, p=p: s.replace(top_p=p), "sampling: the most likely tokens holding this mass (1 = off)"))
+    for k in TOP_KS:
+        out.append(Toggle("Top-k", str(k), lambda s, k=k: s.replace(top_k=k), "sampling: the k most likely tokens only (0 = off)"))
+    for p in MIN_PS:
+        out.append(Toggle("Min-p", f"{p:g}", lambda s, p=p: s.replace(min_p=p),
+                          "sampling: tokens at least this share of the top one's probability (0 = off)"))
     return out
 
 

@@ -59,7 +59,10 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backtrack", choices=BACKTRACK_MODES, default=None)
     p.add_argument("--temperature", type=float, default=0.0, metavar="T",
                    help="0 = greedy; values in (0, 1e-6) are refused (their softmax overflows: use 0)")
-    p.add_argument("--top-p", type=float, default=1.0, metavar="P")
+    p.add_argument("--top-p", type=float, default=1.0, metavar="P", help="nucleus: the most likely tokens holding this much mass")
+    p.add_argument("--top-k", type=int, default=0, metavar="K", help="the K most likely tokens only (0: off)")
+    p.add_argument("--min-p", type=float, default=0.0, metavar="P",
+                   help="tokens at least P times as likely as the most likely one only (0: off)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed, a 64-bit integer")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
@@ -411,12 +414,13 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
 
     from .errors import SpecchatError
 
-    for opt in ("temperature", "top_p", "lambda_ucb"):
+    for opt in ("temperature", "top_p", "min_p", "lambda_ucb"):
         v = getattr(args, opt, None)
         if v is not None and not math.isfinite(v):  # nan read as "T > 0 needed", inf as uniform noise
             raise SpecchatError(f"--{opt.replace('_', '-')} must be a finite number, got {v}")
     s = from_spec(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
-    changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "seed": args.seed}
+    changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "top_k": getattr(args, "top_k", 0),
+                               "min_p": getattr(args, "min_p", 0.0), "seed": args.seed}
     for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
         if getattr(args, opt) is not None:
             changes[field] = getattr(args, opt)

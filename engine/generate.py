@@ -498,7 +498,7 @@ class Decoder:
         self._last_shape = shape
         if corpus:  # a best-first tree from the datastore, up to the larger of the length and node caps
             max_nodes = min(s.tree_nodes, max_nodes)
-        req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, top_p=s.top_p, generator=gen,
+        req = DraftRequest(shape=shape, mode=mode, temperature=s.temperature, **s.filters, generator=gen,
                            noise_at_depth=self._noise(s, len(self.history)) if mode == "race" else None,
                            max_nodes=max_nodes, ngram_min=s.ngram_min, ngram_max=s.ngram_max, plan=plan,
                            vocab=s.resolved_vocab(bridged=s.drafter == "model" and self.bridged),
@@ -617,16 +617,17 @@ class Decoder:
         if not s.greedy and s.drafter == "model" and self.bridged and s.resolved_vocab(bridged=True) == "slrs":
             # string-level rejection sampling (heterogeneous-vocab Alg. 3): the bridge holds each
             # position's procedure start, to compute ψ; an empty chain is an ∅ proposal (rejected)
-            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, s.top_p, gen, history=self.history)
+            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, s.top_p, gen, history=self.history,
+                                                      top_k=s.top_k, min_p=s.min_p)
         if len(tree) == 0 and not tree.rejected_rows:  # (an empty union chain drew outside T: rejected, below)
             noise = race_noise(int(s.seed), len(self.history), self.target.vocab_size) if v == "race" and not s.greedy else None
-            return [], sample_next(logits[0], s.temperature, s.top_p, gen, noise)
+            return [], sample_next(logits[0], s.temperature, s.top_p, gen, noise, top_k=s.top_k, min_p=s.min_p)
         method = v
         if v == "rs" and tree.max_depth != len(tree):  # not a chain: multi-step sampling is the tree form
             method = "mss"
         if method in ("rs", "mss") and tree.draft_probs is None:
             method = "membership"
-        return accept(tree, logits, method=method, temperature=s.temperature, top_p=s.top_p, generator=gen,
+        return accept(tree, logits, method=method, temperature=s.temperature, **s.filters, generator=gen,
                       noise_at_depth=self._noise(s, len(self.history)) if method == "race" else None)
 
 

@@ -24,20 +24,41 @@ import torch
 _MASK64 = (1 << 64) - 1
 
 
-def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0) -> torch.Tensor:
-    """softmax(logits / T) over the last dim, nucleus-truncated and renormalised; float32.
+def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1.0, top_k: int = 0,
+                      min_p: float = 0.0) -> torch.Tensor:
+    """softmax(logits / T) over the last dim, then the top-k, top-p and min-p cuts, each on the
+    distribution the one before left, renormalised; float32. The order and the cuts are
+    transformers' (temperature, ``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``).
 
-    logits: (..., V) any float dtype. top_p keeps the smallest set of most likely tokens whose mass
-    reaches top_p (the most likely token is always kept); ties at the cut break by token id.
+    logits: (..., V) any float dtype. top_k > 0 keeps the k most likely tokens and every token tied
+    with the k-th (0: off). top_p keeps the smallest set of most likely tokens whose mass reaches
+    top_p (the most likely token is always kept); ties at the cut break by token id. min_p > 0
+    keeps the tokens at least min_p times as likely as the most likely one.
     """
+    check_filters(temperature, top_p, top_k, min_p)
+    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (..., V)
+    if 0 < top_k < probs.shape[-1]:
+        kth = probs.topk(top_k, dim=-1).values[..., -1:]
+        probs = probs.masked_fill(probs < kth, 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if top_p < 1.0:
+        probs = nucleus(probs, top_p)
+    if min_p > 0.0:
+        probs = probs.masked_fill(probs < min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    return probs
+
+
+def check_filters(temperature: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> None:
+    """``probs_from_logits``'s arguments in range, or a ValueError naming the one that is not."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (got {temperature}); use argmax for T = 0")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1] (got {top_p})")
-    probs = torch.softmax(logits.float() / temperature, dim=-1)  # (..., V)
-    if top_p < 1.0:
-        probs = nucleus(probs, top_p)
-    return probs
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be an integer >= 0 (got {top_k!r})")
+    if not 0.0 <= min_p <= 1.0:
+        raise ValueError(f"min_p must be in [0, 1] (got {min_p})")
 
 
 NUCLEUS_TOPK = 256  # a 49k-entry stable sort costs ~6 ms a row on a 2-core CPU, topk(256) ~0.4 ms

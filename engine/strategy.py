@@ -57,6 +57,10 @@ class Strategy:
     tree        static shape (N1..Ngamma) for tree
     verify      auto | greedy | rs | mss | membership | race
     temperature 0 = greedy
+    top_p, top_k, min_p
+                the target's sampling cuts at T > 0 (engine/sampling.probs_from_logits: nucleus
+                mass, most likely k (0: off), least share of the top token's probability (0: off));
+                every strategy samples the cut distribution exactly
     arms        mab: the static shapes the UCB bandit chooses among (mamba-drafters §4.2)
     lambda_ucb  mab: exploration weight of eq. 1
     node_budget optimal: most draft nodes of the Alg. 3 tree (the cost model may cap it lower)
@@ -72,6 +76,8 @@ class Strategy:
     verify: str = "auto"
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int = 0
     vocab: str = "auto"
     ssm_tree: str = "stree"
@@ -88,6 +94,11 @@ class Strategy:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def filters(self) -> dict[str, Any]:
+        """The sampling cuts as keyword arguments of ``probs_from_logits`` and the verifiers."""
+        return {"top_p": self.top_p, "top_k": self.top_k, "min_p": self.min_p}
 
     @property
     def speculative(self) -> bool:
@@ -145,6 +156,10 @@ class Strategy:
         if self.vocab != "auto":
             parts.append(f"vocab={self.vocab}")
         parts.append("T=0" if self.greedy else f"T={self.temperature:g}")
+        if not self.greedy:  # the cuts in force, where they are
+            parts += [f"top-p={self.top_p:g}"] if self.top_p < 1.0 else []
+            parts += [f"top-k={self.top_k}"] if self.top_k else []
+            parts += [f"min-p={self.min_p:g}"] if self.min_p else []
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -182,6 +197,10 @@ class Strategy:
         check_temperature(self.temperature)
         if not 0.0 < self.top_p <= 1.0:
             raise StrategyError("top-p must be in (0, 1]")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise StrategyError("top-k must be an integer >= 0 (0: off)")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise StrategyError("min-p must be in [0, 1] (0: off)")
         if self.draft_len < 1 or self.draft_len > MAX_DRAFT_LEN:
             raise StrategyError(f"draft length must be between 1 and {MAX_DRAFT_LEN}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 32:

@@ -65,8 +65,9 @@ class _RowProbs:
     """target_probs computed per row on first use: the walk reads at most max_depth + 1 of the
     T + 1 rows, and a top-p sort over 49k entries is the expensive part of a row."""
 
-    def __init__(self, logits: torch.Tensor, temperature: float, top_p: float):
-        self._logits, self._temperature, self._top_p = logits, temperature, top_p
+    def __init__(self, logits: torch.Tensor, temperature: float, top_p: float, top_k: int = 0, min_p: float = 0.0):
+        self._logits, self._temperature = logits, temperature
+        self._cuts = {"top_p": top_p, "top_k": top_k, "min_p": min_p}
         self._rows: dict[int, torch.Tensor] = {}
 
     def __len__(self) -> int:
@@ -74,7 +75,7 @@ class _RowProbs:
 
     def __getitem__(self, row: int) -> torch.Tensor:
         if row not in self._rows:
-            self._rows[row] = probs_from_logits(self._logits[row], self._temperature, self._top_p)
+            self._rows[row] = probs_from_logits(self._logits[row], self._temperature, **self._cuts)
         return self._rows[row]
 
 
@@ -249,6 +250,8 @@ def accept(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     noise_at_depth: Callable[[int], torch.Tensor] | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> tuple[list[int], int]:
     """Verify ``tree`` against the target's logits (T + 1, V) with ``method`` (greedy | rs | mss |
     membership | race); returns (path, bonus).
@@ -256,7 +259,8 @@ def accept(
     At temperature 0 every method is greedy verification: the target is one-hot, rejection
     sampling then accepts exactly the argmax and its residual is the argmax, membership samples the
     argmax and the race winner is the argmax. For T > 0, probabilities are computed only for the
-    rows the walk reads (temperature and top-p applied; the drafter must have applied the same to q).
+    rows the walk reads (temperature and the top-k, top-p and min-p cuts applied: the distribution
+    that plain sampling draws from; q is the drafter's own, whatever cuts it took).
     """
     if method not in METHODS:
         raise ValueError(f"unknown verifier {method!r}; choose one of {', '.join(METHODS)}")
@@ -264,7 +268,7 @@ def accept(
         return verify_greedy(tree, target_logits)
     if method == "greedy":
         raise ValueError("greedy verification needs temperature 0")
-    target_probs = _RowProbs(target_logits, temperature, top_p)
+    target_probs = _RowProbs(target_logits, temperature, top_p, top_k, min_p)
     if method == "rs":
         return verify_rejection(tree, target_probs, tree.draft_probs, generator)
     if method == "mss":
@@ -282,13 +286,15 @@ def sample_next(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
     noise: torch.Tensor | None = None,
+    top_k: int = 0,
+    min_p: float = 0.0,
 ) -> int:
     """Plain autoregressive next token from logits (V,): argmax at T = 0; otherwise a sample of
-    the tempered, top-p truncated distribution, drawn with ``generator`` or, when ``noise`` (the
+    the tempered distribution after the top-k, top-p and min-p cuts, drawn with ``generator`` or, when ``noise`` (the
     race noise of this position) is given, as the race winner (the ERSD reference sampler)."""
     if temperature <= 0:
         return argmax_rows(logits_row)
-    probs = probs_from_logits(logits_row, temperature, top_p)
+    probs = probs_from_logits(logits_row, temperature, top_p, top_k, min_p)
     if noise is not None:
         return race_winner(probs, noise)
     return sample(probs, generator)

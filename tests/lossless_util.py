@@ -47,23 +47,23 @@ def near_drafter(kind: str, root: str, noise: float | None = None, seed: int = 1
 
 
 # ---- the exact law of plain sampling -------------------------------------------------------------------
-def next_probs(model, context: Sequence[int], temperature: float, top_p: float = 1.0) -> torch.Tensor:
+def next_probs(model, context: Sequence[int], temperature: float, top_p: float = 1.0, **cuts) -> torch.Tensor:
     """``model``'s next-token distribution (V,) after ``context``, as plain sampling computes it:
     the context but its last token prefilled, then a one-row pass over that token (float64)."""
     dec = Decoder(model)
     dec.start(list(context))
-    return probs_from_logits(model.verify([context[-1]], [-1])[0].float(), temperature, top_p).double()
+    return probs_from_logits(model.verify([context[-1]], [-1])[0].float(), temperature, top_p, **cuts).double()
 
 
-def exact_law(model, prompt: Sequence[int], temperature: float, top_p: float = 1.0) -> torch.Tensor:
+def exact_law(model, prompt: Sequence[int], temperature: float, top_p: float = 1.0, **cuts) -> torch.Tensor:
     """P[x1, x2]: the exact probability that plain sampling's first two tokens after ``prompt`` are
     (x1, x2) (one pass per first token of positive probability). ``model`` is used through a cache
-    of its own: the decoder under test keeps its state."""
+    of its own: the decoder under test keeps its state. ``cuts``: top_k, min_p (probs_from_logits)."""
     model = model.with_own_cache()
-    p1 = next_probs(model, prompt, temperature, top_p)
+    p1 = next_probs(model, prompt, temperature, top_p, **cuts)
     law = torch.zeros(p1.shape[0], p1.shape[0], dtype=torch.float64)
     for x1 in torch.nonzero(p1 > 0).flatten().tolist():
-        law[x1] = p1[x1] * next_probs(model, list(prompt) + [x1], temperature, top_p)
+        law[x1] = p1[x1] * next_probs(model, list(prompt) + [x1], temperature, top_p, **cuts)
     return law
 
 

@@ -283,6 +283,9 @@ SAMPLING = {
     "auto": preset("hybrid", temperature=1.0, adaptive=True),                          # lengths chosen by the cost gate
     "sd-auto": preset("sd", temperature=1.0, adaptive=True),                           # sd:auto's gated chains
     "rs-top-p": preset("sd", draft_len=3, temperature=0.7, top_p=0.9),                 # a tempered, truncated q and p
+    "ar-cuts": preset("ar", temperature=1.0, top_k=6, min_p=0.05),                     # plain sampling with cuts
+    "rs-top-k": preset("sd", draft_len=3, temperature=1.0, top_k=6),                   # the k most likely tokens only
+    "mss-cuts": preset("tree", tree=(2, 2), temperature=1.0, top_k=20, top_p=0.95, min_p=0.05),  # all three cuts
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
                   if k in ("rs", "mss") or t in ("llama", "mamba2")]
@@ -290,7 +293,8 @@ SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2",
 # rejection sampling on Mamba-1; the Granite target and the other repeats run with -m slow (CI runs
 # them after the default suite): a suite that must stay under 15 minutes on 2 cores.
 SLOW_SAMPLING = {("mss", "mamba"), ("rs", "granite"), ("mss", "granite"), ("ar", "mamba2"), ("mss", "mamba2"),
-                 ("optimal", "mamba2"), ("auto", "mamba2"), ("sd-auto", "mamba2"), ("rs-top-p", "mamba2")}
+                 ("optimal", "mamba2"), ("auto", "mamba2"), ("sd-auto", "mamba2"), ("rs-top-p", "mamba2"),
+                 ("rs-top-k", "mamba2"), ("mss-cuts", "mamba2"), ("ar-cuts", "mamba2")}
 
 
 def _lookup_prompt(kind, root, target, temperature):
@@ -309,9 +313,10 @@ def _law_case(strategy, kind, root, monkeypatch, prompt=None, drafter_noise=None
         prompt = _seeded(("hybrid", kind, str(dpath), strategy.temperature),
                          lambda: hybrid_prompt(target, dec.drafters["model"].model, strategy.temperature))
     prompt = prompt or PROMPTS[0]
-    T, top_p = strategy.temperature, strategy.top_p
-    law = _seeded(("law", kind, root, tuple(prompt), T, top_p), lambda: exact_law(target, prompt, T, top_p))
-    draft_law = _seeded(("law", str(dpath), tuple(prompt), T, top_p), lambda: exact_law(dec.drafters["model"].model, prompt, T, top_p))
+    T, cuts = strategy.temperature, strategy.filters
+    key = tuple(sorted(cuts.items()))
+    law = _seeded(("law", kind, root, tuple(prompt), T, key), lambda: exact_law(target, prompt, T, **cuts))
+    draft_law = _seeded(("law", str(dpath), tuple(prompt), T, key), lambda: exact_law(dec.drafters["model"].model, prompt, T, **cuts))
     return dec, prompt, law, draft_law
 
 
@@ -330,7 +335,7 @@ def test_sampling_strategies_keep_the_target_distribution(case, target, root, mo
     strategy = SAMPLING[case]
     p_ratio, p_cells, accepted = _law_pvalues(strategy, target, root, monkeypatch)
     assert p_ratio > P_PASS and p_cells > P_PASS, (p_ratio, p_cells)
-    assert case == "ar" or accepted >= MIN_ACCEPTED, accepted
+    assert case in ("ar", "ar-cuts") or accepted >= MIN_ACCEPTED, accepted
 
 
 # A subtle bug injected into the verifiers (the correction drawn from p instead of the residual
@@ -364,10 +369,20 @@ def _p_after_a_partial_path(monkeypatch):
     monkeypatch.setattr(V, "verify_rejection", verify_rejection)
 
 
-BUGS = {"residual-is-p": _residual_is_p, "sqrt-acceptance": _sqrt_acceptance, "p-after-partial": _p_after_a_partial_path}
+def _cuts_ignored_by_the_verifier(monkeypatch):
+    """The verifier's target rows without the top-k and min-p cuts (plain sampling keeps them)."""
+    import engine.verify as V
+
+    rows = V._RowProbs
+    monkeypatch.setattr(V, "_RowProbs", lambda logits, t, top_p, top_k=0, min_p=0.0: rows(logits, t, top_p))
+
+
+BUGS = {"residual-is-p": _residual_is_p, "sqrt-acceptance": _sqrt_acceptance, "p-after-partial": _p_after_a_partial_path,
+        "cuts-ignored": _cuts_ignored_by_the_verifier}
 BUG_CASES = [("rs", "llama", "residual-is-p"), ("mss", "llama", "sqrt-acceptance"), ("rs", "llama", "p-after-partial"),
              ("auto", "llama", "residual-is-p"), ("sd-auto", "llama", "p-after-partial"), ("rs-top-p", "llama", "residual-is-p"),
-             ("rs", "mamba2", "residual-is-p"), ("hybrid", "mamba2", "sqrt-acceptance"), ("mab", "mamba2", "residual-is-p")]
+             ("rs", "mamba2", "residual-is-p"), ("hybrid", "mamba2", "sqrt-acceptance"), ("mab", "mamba2", "residual-is-p"),
+             ("rs-top-k", "llama", "cuts-ignored"), ("mss-cuts", "llama", "cuts-ignored")]
 SLOW_BUGS = {("auto", "llama", "residual-is-p"), ("sd-auto", "llama", "p-after-partial"), ("rs-top-p", "llama", "residual-is-p"),
              ("hybrid", "mamba2", "sqrt-acceptance"), ("mab", "mamba2", "residual-is-p")}
 

@@ -34,6 +34,8 @@ class DraftRequest:
     mode: str = "greedy"
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # the target's sampling cuts, which a drafter's q takes too (engine/sampling.probs_from_logits)
+    min_p: float = 0.0
     generator: torch.Generator | None = None
     noise_at_depth: Callable[[int], torch.Tensor] | None = None
     max_nodes: int = 256

@@ -325,7 +325,7 @@ class ModelDrafter:
     def _choose(self, logits: torch.Tensor, n: int, depth: int, req: DraftRequest) -> tuple[list[int], torch.Tensor | None]:
         if req.mode == "greedy" or req.temperature <= 0:
             return torch.topk(logits, n).indices.tolist(), None
-        q = probs_from_logits(logits, req.temperature, req.top_p)
+        q = probs_from_logits(logits, req.temperature, req.top_p, req.top_k, req.min_p)
         if req.mode == "race":
             return race_topk(q, req.noise_at_depth(depth), n), None
         return draft_sample(q, n, req.generator, without_replacement=True), q

@@ -447,6 +447,7 @@ class BridgeDrafter:
             raise BridgeError("slrs verifies chains (one procedure per position); use tli or slem for trees")
         proc = self._procedure()
         greedy = req.mode == "greedy" or req.temperature <= 0
+        cuts = (req.top_p, req.top_k, req.min_p)  # q's cuts, kept for psi (_q_after)
         logits = self.inner._sync(hist_d)[None]
         state = _copy_batch(self.inner.model.fork(1))
         starts: list[tuple[object, torch.Tensor]] = []  # per position: (state, logits) where its procedure starts
@@ -463,7 +464,7 @@ class BridgeDrafter:
                 if greedy:
                     d = int(logits[0].argmax())
                 else:
-                    q = probs_from_logits(logits[0].float(), req.temperature, req.top_p)
+                    q = probs_from_logits(logits[0].float(), req.temperature, *cuts)
                     d = int(torch.multinomial(q, 1, generator=req.generator))
                 seq.append(d)
                 drafted += 1
@@ -486,12 +487,13 @@ class BridgeDrafter:
                 break  # t ends inside a draft token: no drafter state to start the next procedure from
             state, logits = snaps[k]
         self._slrs_ctx = {"starts": starts, "tokens": tokens, "empty_last": empty_last, "temperature": req.temperature,
-                          "top_p": req.top_p, "psi": {}, "greedy": greedy, "position": position}
+                          "cuts": cuts, "psi": {}, "greedy": greedy, "position": position}
         self.last = {"bridge": "slrs", "drafted": drafted, "proposed": len(tokens)}
         return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic")
 
     def slrs_verify(self, tree: TokenTree, target_logits: torch.Tensor, temperature: float, top_p: float,
-                    generator: torch.Generator | None, history: Sequence[int] | None = None) -> tuple[list[int], int]:
+                    generator: torch.Generator | None, history: Sequence[int] | None = None, top_k: int = 0,
+                    min_p: float = 0.0) -> tuple[list[int], int]:
         """Alg. 3 along the chain drafted by ``_slrs`` (sampling; at T = 0 exact match does).
 
         Only for the chain the procedures of this position sampled: a step that proposed nothing
@@ -507,15 +509,16 @@ class BridgeDrafter:
         if (ctx is None or ctx.get("greedy") or not ctx["temperature"] > 0
                 or (history is not None and ctx.get("position") != _position(history))
                 or list(tree.tokens) != ctx["tokens"][: len(tree)]):
-            return accept(tree, target_logits, method="membership", temperature=temperature, top_p=top_p, generator=generator)
+            return accept(tree, target_logits, method="membership", temperature=temperature, top_p=top_p, generator=generator,
+                          top_k=top_k, min_p=min_p)
         proc = self._procedure()
-        rows = [probs_from_logits(target_logits[i].float(), temperature, top_p) for i in range(len(tree) + 1)]
+        rows = [probs_from_logits(target_logits[i].float(), temperature, top_p, top_k, min_p) for i in range(len(tree) + 1)]
 
         def psi_of(i: int, t: int) -> float:
             key = (i, t)
             if key not in ctx["psi"]:
                 st, lg = ctx["starts"][i]
-                ctx["psi"][key] = proc.psi(t, lambda prefixes: self._q_after(st, lg, prefixes, ctx["temperature"], ctx["top_p"]))
+                ctx["psi"][key] = proc.psi(t, lambda prefixes: self._q_after(st, lg, prefixes, ctx["temperature"], ctx["cuts"]))
             return ctx["psi"][key]
 
         # the procedure's ∅ after the chain counts only where the chain is whole (not cut shorter after drafting)
@@ -527,8 +530,9 @@ class BridgeDrafter:
             nxt = sample(rows[len(tree)], generator)
         return path, nxt
 
-    def _q_after(self, start, start_logits, prefixes, temperature, top_p) -> torch.Tensor:
-        """The drafter's (tempered) distribution after each prefix of draft tokens, from ``start``."""
+    def _q_after(self, start, start_logits, prefixes, temperature, cuts) -> torch.Tensor:
+        """The drafter's (tempered, cut: ``cuts`` = top_p, top_k, min_p as it drafted) distribution
+        after each prefix of draft tokens, from ``start``."""
         from ..sampling import probs_from_logits
 
         L = len(prefixes[0])
@@ -538,7 +542,7 @@ class BridgeDrafter:
             batch = _copy_batch(start, rows=len(prefixes))
             for j in range(L):
                 logits = batch.step(torch.tensor([p[j] for p in prefixes]))
-        return torch.stack([probs_from_logits(r.float(), temperature, top_p) for r in logits])
+        return torch.stack([probs_from_logits(r.float(), temperature, *cuts) for r in logits])
 
 
 def _position(history: Sequence[int]) -> tuple:
