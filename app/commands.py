@@ -126,6 +126,7 @@ def target_family(session: Any) -> str | None:
     return family if isinstance(family, str) else None
 
 
+CUTS = {"Top-p": ("top_p", 1.0), "Top-k": ("top_k", 0), "Min-p": ("min_p", 0.0)}  # palette group -> (field, off)
 CHAINS = ("sd", "pld", "ersd", "hybrid")  # the strategies a draft length applies to (the others draft a shape or nothing)
 
 
@@ -146,6 +147,12 @@ def inert(toggle: Toggle, current: Strategy) -> str | None:
             return "plain decoding (ar) drafts nothing"
         if name == "pld":
             return "pld drafts by prompt lookup (n-grams) by definition; sd, tree and ersd take either drafter"
+    cut = CUTS.get(toggle.group)
+    if cut is not None and current.greedy:
+        field, off = cut
+        if getattr(toggle.change(current), field) == off != getattr(current, field):
+            return None  # the way back to off, for a cut left over from sampling (not shown at T = 0)
+        return "greedy decoding (Temperature: 0) reads no sampling cuts: they apply from a Temperature above 0"
     return None
 
 

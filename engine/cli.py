@@ -384,6 +384,7 @@ def _check_sampling_args(args: argparse.Namespace) -> None:
         raise SpecchatError(f"--seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits)"
                             + (" for every sample's seed S..S+N-1" if last != args.seed else "") + f", got {args.seed}")
     check_temperature(args.temperature, "--temperature")
+    _check_cuts(args)
     from .strategy import from_spec
     from .tree import parse_shape
 
@@ -394,6 +395,26 @@ def _check_sampling_args(args: argparse.Namespace) -> None:
         parse_shape(args.tree)
     if args.arms is not None:
         _parse_arms(args.arms)
+
+
+def _check_cuts(args: argparse.Namespace) -> None:
+    """--top-p, --top-k and --min-p in range, before the seconds of loading: without --strategy the
+    strategy (the session's default) was validated only once the model had loaded (or a missing
+    target's error came first), and a measuring mode (bench --verify-cost) never validated them."""
+    import math
+
+    from .errors import SpecchatError
+
+    top_p, top_k, min_p = getattr(args, "top_p", 1.0), getattr(args, "top_k", 0), getattr(args, "min_p", 0.0)
+    for flag, v in (("--top-p", top_p), ("--min-p", min_p)):
+        if not math.isfinite(v):
+            raise SpecchatError(f"{flag} must be a finite number, got {v}")
+    if not 0.0 < top_p <= 1.0:
+        raise SpecchatError(f"--top-p must be in (0, 1] (1: off), got {top_p:g}")
+    if top_k < 0:
+        raise SpecchatError(f"--top-k must be >= 0 (0: off), got {top_k}")
+    if not 0.0 <= min_p <= 1.0:
+        raise SpecchatError(f"--min-p must be in [0, 1] (0: off), got {min_p:g}")
 
 
 def one_line(e: BaseException) -> str:
