@@ -3,9 +3,9 @@ re-measure the speedup's baseline, export the chat as Markdown, edit the last me
 prompt, continue the last reply).
 
 Each entry is a change to the session's Strategy (engine.strategy): preset, drafter, tree shape
-and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature and the
-sampling cuts (top-p, top-k, min-p). The loop reads the strategy once per step, so a change applies
-at the next step of the reply in flight. Entries whose result does not validate (or, on a
+and policy knobs, verifier, vocabulary bridge, SSM tree mode, backtrack mode, temperature, the
+sampling cuts (top-p, top-k, min-p) and the repeat penalty. The loop reads the strategy once per
+step, so a change applies at the next step of the reply in flight. Entries whose result does not validate (or, on a
 Transformer target, the SSM tree and backtrack modes, which are for SSM and hybrid targets) stay
 listed, dimmed, with the reason; choosing one explains instead of applying (the palette cannot
 grey items out itself).
@@ -32,6 +32,7 @@ TEMPERATURES = (0.0, 0.7, 1.0)
 TOP_PS = (1.0, 0.95, 0.9)  # the sampling cuts (engine/sampling.probs_from_logits): 1.0 / 0 = off
 TOP_KS = (0, 20, 40, 100)
 MIN_PS = (0.0, 0.05, 0.1)
+REPEAT_PENALTIES = (1.0, 1.1, 1.2, 1.3)  # over the last Strategy.repeat_last_n tokens; greedy too
 NODE_BUDGETS = (8, 16, 32)
 MEASURE = "Measure plain-decoding baseline (speedup reference)"
 EXPORT = "Export this chat as Markdown"
@@ -70,6 +71,7 @@ def _carry(current: Strategy, name: str) -> Strategy:
     from pld raced n-gram drafts with a drafter model loaded). :func:`evaluate` gives ersd n-gram
     drafts where no drafter model is loaded, as the cycle does."""
     s = preset(name, temperature=current.temperature, top_p=current.top_p, top_k=current.top_k, min_p=current.min_p,
+               repeat_penalty=current.repeat_penalty, repeat_last_n=current.repeat_last_n,
                seed=current.seed, adaptive=current.adaptive and name in ADAPTIVE)
     if current.drafter == "ngram" and current.name != "pld" and s.drafter == "model" and name in ("ersd",):
         s = s.replace(drafter="ngram")
@@ -116,6 +118,9 @@ def toggles() -> list[Toggle]:
     for p in MIN_PS:
         out.append(Toggle("Min-p", f"{p:g}", lambda s, p=p: s.replace(min_p=p),
                           "sampling: tokens at least this share of the top one's probability (0 = off)"))
+    for r in REPEAT_PENALTIES:
+        out.append(Toggle("Repeat penalty", f"{r:g}", lambda s, r=r: s.replace(repeat_penalty=r),
+                          "recent tokens' logits divided by this (1 = off; greedy decoding too)"))
     return out
 
 

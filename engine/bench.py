@@ -134,6 +134,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if asked_peers and args.temperature > 0:
         raise SpecchatError("--compare measures the peers' greedy decoding: run it with --temperature 0 "
                             f"(got --temperature {args.temperature:g}: our sampled rows against their greedy ones)")
+    if asked_peers and getattr(args, "repeat_penalty", 1.0) != 1.0:
+        raise SpecchatError("--compare measures the peers' plain greedy decoding: run it without --repeat-penalty "
+                            f"(got {args.repeat_penalty:g}: our penalised rows against their unpenalised ones)")
     for spec in names:  # a typo fails before the peer's minutes
         try:
             from_spec(spec)  # (with its @bridge: "pld@" failed only after the model loaded)
@@ -398,6 +401,7 @@ def _settings(session, args, n_prompts: int, strategies: list[str] | None = None
             "strategy_settings": strategy_settings or {},
             "max_new_tokens": args.max_new_tokens, "temperature": args.temperature,
             "top_p": getattr(args, "top_p", None), "top_k": getattr(args, "top_k", None), "min_p": getattr(args, "min_p", None),
+            "repeat_penalty": getattr(args, "repeat_penalty", None), "repeat_last_n": getattr(args, "repeat_last_n", None),
             "seed": getattr(args, "seed", None),
             "ignore_eos": bool(getattr(args, "ignore_eos", False)), "raw": bool(getattr(args, "raw", False)),
             "strategies": strategies, "prompts_file": str(args.prompts) if getattr(args, "prompts", None) else None,

@@ -63,6 +63,9 @@ def _add_strategy_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=0, metavar="K", help="the K most likely tokens only (0: off)")
     p.add_argument("--min-p", type=float, default=0.0, metavar="P",
                    help="tokens at least P times as likely as the most likely one only (0: off)")
+    p.add_argument("--repeat-penalty", type=float, default=1.0, metavar="R",
+                   help="divide the logits of tokens seen in the last --repeat-last-n by R (1: off; greedy too)")
+    p.add_argument("--repeat-last-n", type=int, default=64, metavar="N", help="the tokens of context the penalty looks back on")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling seed, a 64-bit integer")
     p.add_argument("--max-new-tokens", type=int, default=256, metavar="N")
     p.add_argument("--raw", action="store_true", help="no chat template: continue the prompt text as is")
@@ -406,7 +409,8 @@ def _check_cuts(args: argparse.Namespace) -> None:
     from .errors import SpecchatError
 
     top_p, top_k, min_p = getattr(args, "top_p", 1.0), getattr(args, "top_k", 0), getattr(args, "min_p", 0.0)
-    for flag, v in (("--top-p", top_p), ("--min-p", min_p)):
+    penalty, last_n = getattr(args, "repeat_penalty", 1.0), getattr(args, "repeat_last_n", 64)
+    for flag, v in (("--top-p", top_p), ("--min-p", min_p), ("--repeat-penalty", penalty)):
         if not math.isfinite(v):
             raise SpecchatError(f"{flag} must be a finite number, got {v}")
     if not 0.0 < top_p <= 1.0:
@@ -415,6 +419,10 @@ def _check_cuts(args: argparse.Namespace) -> None:
         raise SpecchatError(f"--top-k must be >= 0 (0: off), got {top_k}")
     if not 0.0 <= min_p <= 1.0:
         raise SpecchatError(f"--min-p must be in [0, 1] (0: off), got {min_p:g}")
+    if not 0.0 < penalty <= 10.0:
+        raise SpecchatError(f"--repeat-penalty must be in (0, 10] (1: off), got {penalty:g}")
+    if last_n < 1:
+        raise SpecchatError(f"--repeat-last-n must be at least 1, got {last_n}")
 
 
 def one_line(e: BaseException) -> str:
@@ -435,13 +443,14 @@ def strategy_from_args(args: argparse.Namespace, has_drafter_model: bool, defaul
 
     from .errors import SpecchatError
 
-    for opt in ("temperature", "top_p", "min_p", "lambda_ucb"):
+    for opt in ("temperature", "top_p", "min_p", "repeat_penalty", "lambda_ucb"):
         v = getattr(args, opt, None)
         if v is not None and not math.isfinite(v):  # nan read as "T > 0 needed", inf as uniform noise
             raise SpecchatError(f"--{opt.replace('_', '-')} must be a finite number, got {v}")
     s = from_spec(args.strategy) if args.strategy else (default or default_strategy(has_drafter_model))
     changes: dict[str, Any] = {"temperature": args.temperature, "top_p": args.top_p, "top_k": getattr(args, "top_k", 0),
-                               "min_p": getattr(args, "min_p", 0.0), "seed": args.seed}
+                               "min_p": getattr(args, "min_p", 0.0), "repeat_penalty": getattr(args, "repeat_penalty", 1.0),
+                               "repeat_last_n": getattr(args, "repeat_last_n", 64), "seed": args.seed}
     for opt, field in (("draft_len", "draft_len"), ("verify", "verify"), ("vocab", "vocab"), ("ssm_tree", "ssm_tree"), ("backtrack", "backtrack")):
         if getattr(args, opt) is not None:
             changes[field] = getattr(args, opt)

@@ -24,7 +24,7 @@ from .errors import ContextOverflowError, SpecchatError
 from .events import GenerationSummary, StepEvent
 from .models.base import CausalLM
 from .policy import OptimalTree, ShapeBandit, child_ranks, plan_depth
-from .sampling import race_noise
+from .sampling import race_noise, repeat_penalized
 from .strategy import HYBRID_NGRAM_LEN, Strategy, StrategyError
 from .tree import TokenTree
 from .verify import accept, sample_next
@@ -601,6 +601,16 @@ class Decoder:
         self._drafted_nodes = len(tree)
         return tree, time.perf_counter() - t0
 
+    def _windows(self, tree: TokenTree, n: int) -> list[list[int]]:
+        """The last ``n`` tokens of each verify row's context: row 0 the history's, row i + 1 the
+        history followed by the path to node i (``repeat_penalized``)."""
+        tail = self.history[-n:]
+        out = [tail]
+        for i in range(len(tree)):
+            path = tree.path_tokens(tree.path_to(i))
+            out.append((tail + path)[-n:] if len(path) < n else path[-n:])
+        return out
+
     def _catch_up_excess(self, synced: int, sync_ms: float) -> float:
         """Milliseconds of this step's drafter catch-up (``synced`` tokens in ``sync_ms``) beyond
         what a drafter used every step would have spent (the last step's tokens): after steps
@@ -614,6 +624,8 @@ class Decoder:
     def _verify(self, s: Strategy, tree: TokenTree, logits: torch.Tensor, gen: torch.Generator) -> tuple[list[int], int]:
         v = s.resolved_verify()
         logits = logits.float()
+        if s.repeat_penalty != 1.0:  # each row penalised over its own context: the history, then its path
+            logits = repeat_penalized(logits, self._windows(tree, s.repeat_last_n), s.repeat_penalty)
         if not s.greedy and s.drafter == "model" and self.bridged and s.resolved_vocab(bridged=True) == "slrs":
             # string-level rejection sampling (heterogeneous-vocab Alg. 3): the bridge holds each
             # position's procedure start, to compute ψ; an empty chain is an ∅ proposal (rejected)

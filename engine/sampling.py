@@ -61,6 +61,27 @@ def check_filters(temperature: float, top_p: float = 1.0, top_k: int = 0, min_p:
         raise ValueError(f"min_p must be in [0, 1] (got {min_p})")
 
 
+def repeat_penalized(logits: torch.Tensor, windows: "list[list[int]]", penalty: float) -> torch.Tensor:
+    """``logits`` (R, V) with each row's recent tokens penalised (the CTRL repetition penalty, as
+    transformers' ``RepetitionPenaltyLogitsProcessor`` and llama.cpp's ``repeat_penalty``): a token
+    in ``windows[r]`` has its logit divided by ``penalty`` where positive, multiplied where not,
+    once however often it occurs. A new tensor; ``logits`` is not written. A row's window is its own
+    context (engine/generate.py: the history and, in a tree, the row's path), so a verify pass
+    penalises each row as plain decoding would at that position: greedy speculative decoding stays
+    identical to greedy plain decoding with the same penalty."""
+    V = logits.shape[-1]
+    kept = [sorted({int(t) for t in w if 0 <= int(t) < V}) for w in windows]
+    rows = [r for r, w in enumerate(kept) for _ in w]
+    cols = [t for w in kept for t in w]
+    out = logits.clone()
+    if not cols:
+        return out
+    r, c = torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)
+    v = out[r, c]
+    out[r, c] = torch.where(v > 0, v / penalty, v * penalty)
+    return out
+
+
 NUCLEUS_TOPK = 256  # a 49k-entry stable sort costs ~6 ms a row on a 2-core CPU, topk(256) ~0.4 ms
 
 

@@ -61,6 +61,9 @@ class Strategy:
                 the target's sampling cuts at T > 0 (engine/sampling.probs_from_logits: nucleus
                 mass, most likely k (0: off), least share of the top token's probability (0: off));
                 every strategy samples the cut distribution exactly
+    repeat_penalty, repeat_last_n
+                the CTRL repetition penalty (1 = off) on the tokens among the last repeat_last_n
+                of each position's context (engine/sampling.repeat_penalized), greedy or sampling
     arms        mab: the static shapes the UCB bandit chooses among (mamba-drafters §4.2)
     lambda_ucb  mab: exploration weight of eq. 1
     node_budget optimal: most draft nodes of the Alg. 3 tree (the cost model may cap it lower)
@@ -78,6 +81,8 @@ class Strategy:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
     seed: int = 0
     vocab: str = "auto"
     ssm_tree: str = "stree"
@@ -160,6 +165,8 @@ class Strategy:
             parts += [f"top-p={self.top_p:g}"] if self.top_p < 1.0 else []
             parts += [f"top-k={self.top_k}"] if self.top_k else []
             parts += [f"min-p={self.min_p:g}"] if self.min_p else []
+        if self.repeat_penalty != 1.0:
+            parts.append(f"rep={self.repeat_penalty:g}/{self.repeat_last_n}")
         return " ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -201,6 +208,10 @@ class Strategy:
             raise StrategyError("top-k must be an integer >= 0 (0: off)")
         if not 0.0 <= self.min_p <= 1.0:
             raise StrategyError("min-p must be in [0, 1] (0: off)")
+        if not (isinstance(self.repeat_penalty, (int, float)) and 0.0 < self.repeat_penalty <= 10.0):
+            raise StrategyError("repeat penalty must be in (0, 10] (1: off)")
+        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < 1:
+            raise StrategyError("repeat-last-n must be an integer >= 1 (the tokens of context the penalty looks back on)")
         if self.draft_len < 1 or self.draft_len > MAX_DRAFT_LEN:
             raise StrategyError(f"draft length must be between 1 and {MAX_DRAFT_LEN}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 32:

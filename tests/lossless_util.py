@@ -11,7 +11,7 @@ from typing import Sequence
 import torch
 
 from engine.generate import Decoder, run_generation
-from engine.sampling import probs_from_logits
+from engine.sampling import probs_from_logits, repeat_penalized
 from engine.tree import TokenTree
 
 from .tiny import saved
@@ -47,23 +47,28 @@ def near_drafter(kind: str, root: str, noise: float | None = None, seed: int = 1
 
 
 # ---- the exact law of plain sampling -------------------------------------------------------------------
-def next_probs(model, context: Sequence[int], temperature: float, top_p: float = 1.0, **cuts) -> torch.Tensor:
+def next_probs(model, context: Sequence[int], temperature: float, top_p: float = 1.0, repeat: tuple[float, int] | None = None,
+               **cuts) -> torch.Tensor:
     """``model``'s next-token distribution (V,) after ``context``, as plain sampling computes it:
     the context but its last token prefilled, then a one-row pass over that token (float64)."""
     dec = Decoder(model)
     dec.start(list(context))
-    return probs_from_logits(model.verify([context[-1]], [-1])[0].float(), temperature, top_p, **cuts).double()
+    logits = model.verify([context[-1]], [-1])[0].float()
+    if repeat is not None and repeat[0] != 1.0:  # (penalty, window): plain decoding's repetition penalty
+        logits = repeat_penalized(logits[None], [list(context)[-repeat[1]:]], repeat[0])[0]
+    return probs_from_logits(logits, temperature, top_p, **cuts).double()
 
 
-def exact_law(model, prompt: Sequence[int], temperature: float, top_p: float = 1.0, **cuts) -> torch.Tensor:
+def exact_law(model, prompt: Sequence[int], temperature: float, top_p: float = 1.0, repeat: tuple[float, int] | None = None,
+              **cuts) -> torch.Tensor:
     """P[x1, x2]: the exact probability that plain sampling's first two tokens after ``prompt`` are
     (x1, x2) (one pass per first token of positive probability). ``model`` is used through a cache
     of its own: the decoder under test keeps its state. ``cuts``: top_k, min_p (probs_from_logits)."""
     model = model.with_own_cache()
-    p1 = next_probs(model, prompt, temperature, top_p, **cuts)
+    p1 = next_probs(model, prompt, temperature, top_p, repeat, **cuts)
     law = torch.zeros(p1.shape[0], p1.shape[0], dtype=torch.float64)
     for x1 in torch.nonzero(p1 > 0).flatten().tolist():
-        law[x1] = p1[x1] * next_probs(model, list(prompt) + [x1], temperature, top_p, **cuts)
+        law[x1] = p1[x1] * next_probs(model, list(prompt) + [x1], temperature, top_p, repeat, **cuts)
     return law
 
 

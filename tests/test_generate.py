@@ -286,6 +286,7 @@ SAMPLING = {
     "ar-cuts": preset("ar", temperature=1.0, top_k=6, min_p=0.05),                     # plain sampling with cuts
     "rs-top-k": preset("sd", draft_len=3, temperature=1.0, top_k=6),                   # the k most likely tokens only
     "mss-cuts": preset("tree", tree=(2, 2), temperature=1.0, top_k=20, top_p=0.95, min_p=0.05),  # all three cuts
+    "rs-repeat": preset("sd", draft_len=3, temperature=1.0, repeat_penalty=1.8, repeat_last_n=3),  # each row's own window
 }
 SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2", "granite")
                   if k in ("rs", "mss") or t in ("llama", "mamba2")]
@@ -294,7 +295,7 @@ SAMPLING_CASES = [(k, t) for k in SAMPLING for t in ("llama", "mamba", "mamba2",
 # them after the default suite): a suite that must stay under 15 minutes on 2 cores.
 SLOW_SAMPLING = {("mss", "mamba"), ("rs", "granite"), ("mss", "granite"), ("ar", "mamba2"), ("mss", "mamba2"),
                  ("optimal", "mamba2"), ("auto", "mamba2"), ("sd-auto", "mamba2"), ("rs-top-p", "mamba2"),
-                 ("rs-top-k", "mamba2"), ("mss-cuts", "mamba2"), ("ar-cuts", "mamba2")}
+                 ("rs-top-k", "mamba2"), ("mss-cuts", "mamba2"), ("ar-cuts", "mamba2"), ("rs-repeat", "mamba2")}
 
 
 def _lookup_prompt(kind, root, target, temperature):
@@ -314,8 +315,10 @@ def _law_case(strategy, kind, root, monkeypatch, prompt=None, drafter_noise=None
                          lambda: hybrid_prompt(target, dec.drafters["model"].model, strategy.temperature))
     prompt = prompt or PROMPTS[0]
     T, cuts = strategy.temperature, strategy.filters
+    rep = (strategy.repeat_penalty, strategy.repeat_last_n)
     key = tuple(sorted(cuts.items()))
-    law = _seeded(("law", kind, root, tuple(prompt), T, key), lambda: exact_law(target, prompt, T, **cuts))
+    # (the drafter's law is its q: no penalty, which the target's verification applies)
+    law = _seeded(("law", kind, root, tuple(prompt), T, key, rep), lambda: exact_law(target, prompt, T, repeat=rep, **cuts))
     draft_law = _seeded(("law", str(dpath), tuple(prompt), T, key), lambda: exact_law(dec.drafters["model"].model, prompt, T, **cuts))
     return dec, prompt, law, draft_law
 

@@ -19,7 +19,8 @@ def _find(group: str, value: str):
 def test_every_knob_has_entries():
     groups = {t.group for t in toggles()}
     assert groups == {"Strategy", "Drafter", "Tree shape", "Draft length", "Optimal tree budget", "Verifier", "Vocab bridge",
-                      "SSM tree", "Backtrack", "Temperature", "Top-p", "Top-k", "Min-p"}
+                      "SSM tree", "Backtrack", "Temperature", "Top-p", "Top-k", "Min-p",
+                      "Repeat penalty"}
     assert {t.value for t in toggles() if t.group == "Strategy"} == set(STRATEGIES)
 
 
