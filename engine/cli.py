@@ -421,6 +421,9 @@ def _check_cuts(args: argparse.Namespace) -> None:
         raise SpecchatError(f"--min-p must be in [0, 1] (0: off), got {min_p:g}")
     if not 0.0 < penalty <= 10.0:
         raise SpecchatError(f"--repeat-penalty must be in (0, 10] (1: off), got {penalty:g}")
+    from .strategy import check_repeat_penalty
+
+    check_repeat_penalty(penalty, "--repeat-penalty")
     if last_n < 1:
         raise SpecchatError(f"--repeat-last-n must be at least 1, got {last_n}")
 

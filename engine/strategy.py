@@ -36,12 +36,22 @@ MAX_NODE_BUDGET = 256
 # logit of 35 does, and sampling fails mid-reply; at 1e-6 only |logit| > 3e32 would. A T that small
 # samples the argmax anyway, so it is refused with the way to say that (T = 0), not silently rounded.
 MIN_TEMPERATURE = 1e-6
+# a repeat penalty R < 1 multiplies a recent token's positive logit by 1/R (engine/sampling.repeat_penalized):
+# at R = 1e-300 (0 in float32) every such logit became inf, and sampling failed mid-reply ("probability
+# tensor contains inf or nan"); at 1e-6, with the temperature floor, only |logit| > 3e26 would overflow
+MIN_REPEAT_PENALTY = 1e-6
 
 
 def check_temperature(t: float, name: str = "temperature") -> None:
     if 0.0 < t < MIN_TEMPERATURE:
         raise StrategyError(f"{name} {t:g} is too small to sample with (its softmax overflows): "
                             f"use 0 for greedy decoding, or at least {MIN_TEMPERATURE:g}")
+
+
+def check_repeat_penalty(r: float, name: str = "repeat penalty") -> None:
+    if 0.0 < r < MIN_REPEAT_PENALTY:
+        raise StrategyError(f"{name} {r:g} is too small (the penalised logits overflow): "
+                            f"use at least {MIN_REPEAT_PENALTY:g}, or 1 for no penalty")
 
 
 @dataclass(frozen=True)
@@ -210,6 +220,7 @@ class Strategy:
             raise StrategyError("min-p must be in [0, 1] (0: off)")
         if not (isinstance(self.repeat_penalty, (int, float)) and 0.0 < self.repeat_penalty <= 10.0):
             raise StrategyError("repeat penalty must be in (0, 10] (1: off)")
+        check_repeat_penalty(self.repeat_penalty)
         if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < 1:
             raise StrategyError("repeat-last-n must be an integer >= 1 (the tokens of context the penalty looks back on)")
         if self.draft_len < 1 or self.draft_len > MAX_DRAFT_LEN:
