@@ -116,6 +116,9 @@ class SpecChatApp(App[None]):
 
     session_factory   builds the ChatEngine; called once, in a thread worker, at mount
     initial_strategy  applied to the session once it is loaded (None: keep the session's own)
+    initial_sampling  Strategy fields (temperature, top_p, top_k, min_p, repeat_penalty,
+                      repeat_last_n, seed: the chat command's sampling flags) set on the first
+                      model's strategy, whichever it is (``initial_strategy``, the saved one, the default)
     max_new_tokens    per reply
     model_loader      builds the session for a model picked with Ctrl+O (default: ChatSession.load)
     models_file       the models.toml the picker lists (default: $SPECCHAT_MODELS or the shipped one)
@@ -138,6 +141,7 @@ class SpecChatApp(App[None]):
         session_factory: SessionFactory,
         initial_strategy: Strategy | None = None,
         max_new_tokens: int = 512,
+        initial_sampling: dict[str, Any] | None = None,
         model_loader: ModelLoader | None = None,
         models_file: str | None = None,
         system_prompt: str | None = None,
@@ -166,7 +170,8 @@ class SpecChatApp(App[None]):
         # chats and settings (app.store): the file in the data dir, or in memory if it cannot be used
         self.store, store_error = open_store()
         self.chat = ChatScreen(max_new_tokens=max_new_tokens, store=self.store, store_error=store_error,
-                               restore_strategy=initial_strategy is None, system_prompt=system_prompt, id="chat")
+                               restore_strategy=initial_strategy is None, system_prompt=system_prompt,
+                               sampling=initial_sampling, id="chat")
 
     def get_default_screen(self) -> ChatScreen:
         return self.chat

@@ -95,6 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the strategy the app starts with, in bench's spec forms: pld, sd:4, tree:3-2-1, sd:auto "
                            "(default: the model pairing's best measured one)")
     chat.add_argument("--max-new-tokens", type=int, default=512)
+    # sampling, over the first model's strategy (unset: the strategy's own, the saved one's)
+    chat.add_argument("--temperature", type=float, default=None, metavar="T", help="0 = greedy")
+    chat.add_argument("--top-p", type=float, default=None, metavar="P")
+    chat.add_argument("--top-k", type=int, default=None, metavar="K")
+    chat.add_argument("--min-p", type=float, default=None, metavar="P")
+    chat.add_argument("--repeat-penalty", type=float, default=None, metavar="R")
+    chat.add_argument("--repeat-last-n", type=int, default=None, metavar="N")
+    chat.add_argument("--seed", type=int, default=None, metavar="S")
     chat.add_argument("--system", default=None, metavar="TEXT",
                       help="system prompt of the chats started in this run (default: the one set in the app, if any)")
     chat.add_argument("--keymap", default=None, metavar="FILE",
@@ -756,6 +764,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     from .strategy import from_spec
 
     initial = from_spec(args.strategy) if args.strategy else None  # a bad spec: one line, before the app starts
+    sampling = chat_sampling(args)
 
     def factory():
         from .session import ChatSession
@@ -769,7 +778,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
         return ChatSession.load(target=target, drafter=drafter, models_file=args.models, dtype=args.dtype,
                                 max_context=args.max_context)
 
-    by = run_app(factory, initial_strategy=initial, max_new_tokens=args.max_new_tokens, model_loader=loader,
+    by = run_app(factory, initial_strategy=initial, initial_sampling=sampling, max_new_tokens=args.max_new_tokens, model_loader=loader,
                  models_file=args.models, system_prompt=valid_text(args.system, "--system"), keymap_file=args.keymap)
     if by is not None:  # quit by a signal: said, with the shell's status for it (the chat is saved as at Ctrl+Q)
         import signal
@@ -777,6 +786,29 @@ def cmd_chat(args: argparse.Namespace) -> int:
         print(f"specchat: interrupted by {by} (quit as Ctrl+Q quits: a reply in flight stopped and kept)", file=sys.stderr)
         return 128 + int(getattr(signal, by))
     return 0
+
+
+CHAT_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+
+
+def chat_sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """The sampling flags `chat` was given, as Strategy fields, each checked before the app starts
+    (one line, exit 2): the app sets them over the first model's strategy (app.screens.chat)."""
+    import math
+
+    from .errors import SpecchatError
+    from .strategy import check_temperature, preset
+
+    given = {k: getattr(args, k) for k in CHAT_SAMPLING if getattr(args, k, None) is not None}
+    for k, v in given.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise SpecchatError(f"--{k.replace('_', '-')} must be a finite number, got {v}")
+    if "seed" in given and not SEED_RANGE[0] <= given["seed"] <= SEED_RANGE[1]:
+        raise SpecchatError(f"--seed must be between {SEED_RANGE[0]} and {SEED_RANGE[1]} (64 bits), got {given['seed']}")
+    if "temperature" in given:
+        check_temperature(given["temperature"], "--temperature")
+    preset("ar").replace(**given).validate(has_drafter_model=False)  # the ranges: a StrategyError, one line
+    return given
 
 
 def cmd_download(args: argparse.Namespace) -> int:

@@ -135,7 +135,9 @@ class ChatScreen(Screen[None]):
     it is unmounted. ``store_error``: why the store is in memory only, or where the damaged database
     it replaces was kept (shown once mounted).
     ``restore_strategy``: apply the saved strategy to a session once it is attached (False when
-    the command line chose one, until a strategy is picked live).
+    the command line chose one, until a strategy is picked live). ``sampling``: Strategy fields the
+    command line set (``specchat chat --temperature 0.7 ...``), applied over the first attached
+    session's strategy, whichever it is.
     """
 
     BINDINGS = [
@@ -156,6 +158,7 @@ class ChatScreen(Screen[None]):
         store_error: str | None = None,
         restore_strategy: bool = True,
         system_prompt: str | None = None,
+        sampling: dict[str, object] | None = None,
         **kwargs: object,
     ) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
@@ -165,6 +168,7 @@ class ChatScreen(Screen[None]):
         self.store = store if store is not None else ChatStore.open(None)
         self.store_error = store_error
         self.restore_strategy = restore_strategy
+        self._sampling = dict(sampling or {})  # applied once, at the first attach (attach_session)
         self.session: ChatEngine | None = None
         self.session_error: str | None = None
         self.conversation: list[dict[str, str]] = []
@@ -652,6 +656,8 @@ class ChatScreen(Screen[None]):
         self.session, self.session_error = session, error
         if session is not None and self.restore_strategy:
             self._apply_saved_strategy(session)
+        if session is not None and self._sampling:
+            self._apply_sampling(session)
         status = self.status_line.status
         self.dashboard.context_length = getattr(session, "context_length", None)
         if session is not None:
@@ -677,6 +683,17 @@ class ChatScreen(Screen[None]):
         except (StrategyError, ValueError) as exc:
             why = in_app(str(exc), self._keys("{models}"))  # the app's advice, not the command line's flags
             self.notify(f"Saved strategy not used: {why}; using {strategy_label(session)}",
+                        severity="warning", timeout=8, markup=False)
+
+    def _apply_sampling(self, session: ChatEngine) -> None:
+        """The command line's sampling flags over the session's strategy, or a notice naming what
+        refused them. Once, for the first model, as ``--strategy`` is (a model loaded later takes
+        the saved strategy; a live pick saves the current one, flags and all)."""
+        sampling, self._sampling = self._sampling, {}
+        try:
+            session.strategy = session.strategy.replace(**sampling).validate(has_drafter_model=session.has_drafter)
+        except (StrategyError, ValueError) as exc:
+            self.notify(f"Sampling flags not used: {exc}; using {strategy_label(session)}",
                         severity="warning", timeout=8, markup=False)
 
     def show_strategy(self) -> None:
