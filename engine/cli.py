@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--samples", type=int, default=None, metavar="N", help="N independent generations, seeds S..S+N-1")
     gen.add_argument("--json", action="store_true", help="print one JSON object at the end")
     gen.add_argument("--system", default=None, metavar="TEXT", help="a system prompt before PROMPT (chat template)")
+    gen.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                     help="end the reply with the token that completes TEXT (kept in the output; repeatable; "
+                          "a newline as $'\\n' in bash)")
 
     bench = sub.add_parser("bench", help="tokens/s, speedup vs ar, mean accepted, peak memory")
     _add_model_opts(bench)
@@ -362,6 +365,8 @@ def _check_not_empty(args: argparse.Namespace) -> None:
         v = getattr(args, opt, None)
         if isinstance(v, str) and not v.strip():
             raise SpecchatError(f"--{opt.replace('_', '-')} is empty: give a value, or leave the option out for the default")
+    if any(x == "" for x in getattr(args, "stop", None) or ()):  # ("\n" is a stop string: only "" matches nothing)
+        raise SpecchatError("--stop is empty: give the text that ends the reply (a newline: --stop $'\\n')")
 
 
 BENCH_MODES = ("verify_cost", "draft_cost", "tree_scaling")  # bench's measuring modes, each a run of its own
@@ -663,7 +668,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     interrupted = False
     t0 = time.perf_counter()
     try:
-        for ev in dec.steps(strategy, args.max_new_tokens, stop):
+        for ev in dec.steps(strategy, args.max_new_tokens, stop, stop_strings=args.stop or ()):
             summary.add(ev)
             shown = ",".join(map(str, ev.emitted)) if ids_only else ev.text
             if ids_only and shown and token_ids:
@@ -719,7 +724,7 @@ def _generate_samples(args: argparse.Namespace, session, strategy, ids: list[int
             dec.start(ids)
             cur: dict[str, Any] = {"seed": seed, "token_ids": [], "text": "", "finish_reason": None}
             samples.append(cur)
-            for ev in dec.steps(strategy.replace(seed=seed), args.max_new_tokens):
+            for ev in dec.steps(strategy.replace(seed=seed), args.max_new_tokens, stop_strings=args.stop or ()):
                 cur["token_ids"].extend(ev.emitted)
                 cur["text"] += ev.text
                 cur["finish_reason"] = ev.finish_reason or cur["finish_reason"]

@@ -204,14 +204,24 @@ class Decoder:
         strategy: Strategy | Callable[[], Strategy],
         max_new_tokens: int,
         stop: threading.Event | None = None,
+        stop_strings: Sequence[str] = (),
     ) -> Iterator[StepEvent]:
-        """Yield one StepEvent per target forward until EOS, max_new_tokens, a full context or stop."""
+        """Yield one StepEvent per target forward until EOS, max_new_tokens, a full context or stop.
+
+        ``stop_strings``: the reply ends with the token that completes the first of these texts
+        (finish reason "stop_string"; the text holds it, as transformers' ``stop_strings`` keeps
+        it); a step's accepted drafts after that token are dropped, so every strategy stops at the
+        same token (it needs the tokenizer: ``detokenize``)."""
         if max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
         get = strategy if callable(strategy) else (lambda: strategy)
         s0 = get()
         gen = torch.Generator().manual_seed(int(s0.seed))
         decoder = self.detokenize() if self.detokenize else None
+        stops = [x for x in stop_strings if x]
+        if stops and decoder is None:
+            raise SpecchatError("--stop needs the model's tokenizer to read its text (this model has none)")
+        tail = ""  # the reply's last characters, where a stop string may have begun
         produced = 0
         step = 0
         while True:
@@ -267,6 +277,10 @@ class Decoder:
                     emitted = emitted[: j + 1]
                     reason = "eos"
                     break
+            if stops and emitted:
+                cut = _stop_cut(decoder, emitted, tail, stops, self.eos_ids)
+                if cut is not None:  # (before EOS or at it: the text ends here either way)
+                    emitted, reason = emitted[:cut], "stop_string"
             if produced + len(emitted) >= max_new_tokens:
                 if len(emitted) > max_new_tokens - produced:
                     reason = None  # an EOS beyond the limit is cut with the rest: plain decoding ends on "length" there
@@ -288,6 +302,8 @@ class Decoder:
             if reason and decoder:
                 seg_tgt += decoder.flush()  # the last reply text holds every byte, an unfinished character's too
             text = seg_acc + seg_tgt
+            if stops:
+                tail = (tail + text)[-max(map(len, stops)):]
             step += 1
             ms = (t2 - t0) * 1000.0
             yield StepEvent(
@@ -643,6 +659,25 @@ class Decoder:
                       noise_at_depth=self._noise(s, len(self.history)) if method == "race" else None)
 
 
+def _stop_cut(decoder, emitted: Sequence[int], tail: str, stops: Sequence[str], eos_ids) -> int | None:
+    """How many of this step's ``emitted`` tokens end the reply at a stop string: the count up to
+    the token whose text completes one (the text before the step ending in ``tail``), or None.
+    A copy of the streaming detokeniser takes the tokens one at a time (end-of-turn tokens add no
+    text, as in the reply); the step's own pushes then run on the real one."""
+    import copy
+
+    probe = copy.copy(decoder)
+    if isinstance(getattr(decoder, "_ids", None), list):  # (tokenizer.StreamDecoder: its window, copied)
+        probe._ids = list(decoder._ids)
+    text = tail
+    for j, t in enumerate(emitted):
+        if t not in eos_ids:
+            text += probe.push([t])
+            if any(x in text for x in stops):
+                return j + 1
+    return None
+
+
 def unrolled_fit(parents: list[int], rows: int) -> int:
     """The most leading nodes of a tree (parents: -1 = the root) whose unrolled form (one chain
     per root-to-leaf path, :func:`unroll`) takes at most ``rows`` rows: a shape that fits as a tree
@@ -704,12 +739,12 @@ def unroll(tokens: list[int], parents: list[int]):
 
 
 def run_generation(decoder: Decoder, prompt_ids: Sequence[int], strategy, max_new_tokens: int,
-                   stop: threading.Event | None = None) -> tuple[list[StepEvent], GenerationSummary]:
+                   stop: threading.Event | None = None, stop_strings: Sequence[str] = ()) -> tuple[list[StepEvent], GenerationSummary]:
     """Convenience for the CLI/bench/tests: run to completion and summarise."""
     summary = GenerationSummary()
     summary.prefill_s = decoder.start(prompt_ids)
     events = []
-    for ev in decoder.steps(strategy, max_new_tokens, stop):
+    for ev in decoder.steps(strategy, max_new_tokens, stop, stop_strings):
         events.append(ev)
         summary.add(ev)
     return events, summary
