@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-FINISH_REASONS = ("eos", "length", "stopped", "context", "error")
+FINISH_REASONS = ("eos", "length", "stopped", "context", "error", "stop_string")
 
 
 @dataclass

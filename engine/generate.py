@@ -673,9 +673,30 @@ def _stop_cut(decoder, emitted: Sequence[int], tail: str, stops: Sequence[str], 
     for j, t in enumerate(emitted):
         if t not in eos_ids:
             text += probe.push([t])
-            if any(x in text for x in stops):
+            seen = text + _held_whole_characters(probe)
+            if any(x in seen for x in stops):
                 return j + 1
     return None
+
+
+def _held_whole_characters(decoder) -> str:
+    """The whole characters a StreamDecoder still holds back: a byte-level token can end a text and
+    begin a character (SmolLM2's " \\xf0\\x9f", a space and half an emoji), which the decoder holds
+    until the character is complete; the space is that token's text all the same (a stop string
+    ending in it is completed by that token, not by the next one)."""
+    ids, read = getattr(decoder, "_ids", None), getattr(decoder, "_read", None)
+    if not isinstance(ids, list) or not isinstance(read, int) or read >= len(ids):
+        return ""
+    data = b"".join(decoder._bytes(i) for i in ids[read:])
+    n = len(data)
+    for back in range(1, min(4, n) + 1):  # drop the unfinished character at the end
+        b = data[n - back]
+        if b & 0xC0 != 0x80:
+            need = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
+            if back < need:
+                n -= back
+            break
+    return data[:n].decode("utf-8", errors="replace")
 
 
 def unrolled_fit(parents: list[int], rows: int) -> int:
