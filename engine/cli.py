@@ -568,6 +568,14 @@ def valid_text(text: str | None, what: str) -> str | None:
     return fixed
 
 
+def _stops(args: argparse.Namespace) -> list[str]:
+    """``--stop`` texts as the reply's text can hold them (invalid UTF-8 bytes as U+FFFD, with the
+    warning, as the prompt's: a stop of undecodable bytes never matched, silently)."""
+    if getattr(args, "_stops", None) is None:
+        args._stops = [valid_text(x, "--stop") or "" for x in (args.stop or ())]
+    return args._stops
+
+
 def _read_stdin() -> str:
     """The prompt piped on stdin, read with a bound: ``generate < /dev/zero`` (or a stray ``cat`` of a
     disk image) is one clear error, not all of memory."""
@@ -668,7 +676,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     interrupted = False
     t0 = time.perf_counter()
     try:
-        for ev in dec.steps(strategy, args.max_new_tokens, stop, stop_strings=args.stop or ()):
+        for ev in dec.steps(strategy, args.max_new_tokens, stop, stop_strings=_stops(args)):
             summary.add(ev)
             shown = ",".join(map(str, ev.emitted)) if ids_only else ev.text
             if ids_only and shown and token_ids:
@@ -724,7 +732,7 @@ def _generate_samples(args: argparse.Namespace, session, strategy, ids: list[int
             dec.start(ids)
             cur: dict[str, Any] = {"seed": seed, "token_ids": [], "text": "", "finish_reason": None}
             samples.append(cur)
-            for ev in dec.steps(strategy.replace(seed=seed), args.max_new_tokens, stop_strings=args.stop or ()):
+            for ev in dec.steps(strategy.replace(seed=seed), args.max_new_tokens, stop_strings=_stops(args)):
                 cur["token_ids"].extend(ev.emitted)
                 cur["text"] += ev.text
                 cur["finish_reason"] = ev.finish_reason or cur["finish_reason"]

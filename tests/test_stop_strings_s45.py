@@ -97,3 +97,14 @@ def test_cli_stops_smollm2(smollm2_gguf_path, capsys):
     cut = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert cut["finish_reason"] == "stop_string" and stop in cut["text"]
     assert full["token_ids"][:len(cut["token_ids"])] == cut["token_ids"] and len(cut["token_ids"]) < len(full["token_ids"])
+
+
+def test_a_stop_of_invalid_utf8_is_said_and_kept_as_the_reply_would_show_it(tmp_path_factory, capsys, monkeypatch):
+    import argparse
+
+    from engine.cli import _stops
+
+    args = argparse.Namespace(stop=["ok\udcff", "fine"])  # (a shell's invalid byte, as Python's argv holds it)
+    assert _stops(args) == ["ok\ufffd", "fine"]
+    assert "--stop is not valid UTF-8: 1 byte(s) replaced by U+FFFD" in capsys.readouterr().err
+    assert _stops(args) == ["ok\ufffd", "fine"] and capsys.readouterr().err == ""  # said once
