@@ -15,6 +15,7 @@ from engine.strategy import preset
 from .lossless_util import draw, exact_law, law_pvalue
 from .test_generate import P_FAIL, P_PASS, _seeded
 from .tiny import saved
+from .test_vocab import fitted_byte_pair, root  # noqa: F401 - fixtures
 from .vocab_pairs import trained_bpe
 
 ALPHA = "abcdefghijklmnopqrstuvwxyz .,"
@@ -60,3 +61,18 @@ def test_the_law_test_sees_a_residual_drawn_from_p(name, pair, monkeypatch):
     dec, prompt, law, s = _case(name, pair)
     outs, _ = draw(dec, prompt, s, range(N), 2)
     assert law_pvalue(outs, law) < P_FAIL
+
+
+@pytest.mark.slow
+def test_slrs_with_cuts_and_a_penalty_follows_the_exact_law(fitted_byte_pair):
+    """SLRS (string-level rejection sampling, a byte-level drafter) with top-k, min-p and a repeat
+    penalty: psi from the drafter's cut q, the target's rows cut and penalised (~30 s: slow set)."""
+    from engine.tokenizer import ByteTokenizer
+
+    target, drafter, t, prompt, _ = fitted_byte_pair
+    dec = Decoder(target, drafter, target_tokenizer=t, drafter_tokenizer=ByteTokenizer())
+    s = preset("sd", draft_len=2, vocab="slrs", temperature=1.0, top_k=8, min_p=0.05, repeat_penalty=1.5, repeat_last_n=3)
+    law = exact_law(target, prompt, 1.0, repeat=(1.5, 3), top_k=8, min_p=0.05)
+    outs, accepted = draw(dec, prompt, s, range(1500), 2)
+    assert accepted > 0.2
+    assert law_pvalue(outs, law) > P_PASS
