@@ -70,9 +70,7 @@ def _carry(current: Strategy, name: str) -> Strategy:
     drafts the user picked ("Drafter: ngram" on sd or tree), not pld's, which are pld itself (ersd
     from pld raced n-gram drafts with a drafter model loaded). :func:`evaluate` gives ersd n-gram
     drafts where no drafter model is loaded, as the cycle does."""
-    s = preset(name, temperature=current.temperature, top_p=current.top_p, top_k=current.top_k, min_p=current.min_p,
-               repeat_penalty=current.repeat_penalty, repeat_last_n=current.repeat_last_n,
-               seed=current.seed, adaptive=current.adaptive and name in ADAPTIVE)
+    s = preset(name, **current.sampling, adaptive=current.adaptive and name in ADAPTIVE)
     if current.drafter == "ngram" and current.name != "pld" and s.drafter == "model" and name in ("ersd",):
         s = s.replace(drafter="ngram")
     return s

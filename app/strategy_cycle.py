@@ -52,7 +52,7 @@ _FLAG_ENTRIES = {"--verify": "Verifier", "--strategy": "Strategy", "--vocab": "V
 def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = CYCLE, auto: bool | None = None) -> CycleResult:
     """The next preset after ``current`` in ``cycle`` that validates for this session.
 
-    The sampling knobs (temperature, top-p, top-k, min-p, repeat penalty, seed) and an adaptive draft length (where the next
+    The sampling knobs (``Strategy.sampling``) and an adaptive draft length (where the next
     preset has one) carry over; everything else comes from the preset. ``auto``: whether the chain
     presets get the cost-aware draft length (default: ``current``'s) — the app keeps it across the
     presets without one (tree, mab...), so a full cycle comes back to ``pld:auto``, not ``pld``.
@@ -66,9 +66,7 @@ def next_preset(current: Strategy, has_drafter: bool, cycle: tuple[str, ...] = C
         if name == current.name:
             break  # came back round: nothing else is usable
         try:
-            candidate = preset(name, temperature=current.temperature, top_p=current.top_p, top_k=current.top_k,
-                               min_p=current.min_p, repeat_penalty=current.repeat_penalty,
-                               repeat_last_n=current.repeat_last_n, seed=current.seed, adaptive=auto and name in ADAPTIVE)
+            candidate = preset(name, **current.sampling, adaptive=auto and name in ADAPTIVE)
             if name == "ersd" and not has_drafter:
                 # exponential races are lossless with any drafter: use n-gram drafts (shown in the label)
                 candidate = candidate.replace(drafter="ngram")

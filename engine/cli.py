@@ -420,6 +420,7 @@ def _check_cuts(args: argparse.Namespace) -> None:
     import math
 
     from .errors import SpecchatError
+    from .strategy import check_repeat_penalty
 
     top_p, top_k, min_p = getattr(args, "top_p", 1.0), getattr(args, "top_k", 0), getattr(args, "min_p", 0.0)
     penalty, last_n = getattr(args, "repeat_penalty", 1.0), getattr(args, "repeat_last_n", 64)
@@ -434,8 +435,6 @@ def _check_cuts(args: argparse.Namespace) -> None:
         raise SpecchatError(f"--min-p must be in [0, 1] (0: off), got {min_p:g}")
     if not 0.0 < penalty <= 10.0:
         raise SpecchatError(f"--repeat-penalty must be in (0, 10] (1: off), got {penalty:g}")
-    from .strategy import check_repeat_penalty
-
     check_repeat_penalty(penalty, "--repeat-penalty")
     if last_n < 1:
         raise SpecchatError(f"--repeat-last-n must be at least 1, got {last_n}")
@@ -801,18 +800,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-CHAT_SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "seed")
-
-
 def chat_sampling(args: argparse.Namespace) -> dict[str, Any]:
     """The sampling flags `chat` was given, as Strategy fields, each checked before the app starts
     (one line, exit 2): the app sets them over the first model's strategy (app.screens.chat)."""
     import math
 
     from .errors import SpecchatError
-    from .strategy import check_temperature, preset
+    from .strategy import SAMPLING_FIELDS, check_temperature, preset
 
-    given = {k: getattr(args, k) for k in CHAT_SAMPLING if getattr(args, k, None) is not None}
+    given = {k: getattr(args, k) for k in SAMPLING_FIELDS if getattr(args, k, None) is not None}
     for k, v in given.items():
         if isinstance(v, float) and not math.isfinite(v):
             raise SpecchatError(f"--{k.replace('_', '-')} must be a finite number, got {v}")

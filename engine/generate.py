@@ -621,11 +621,7 @@ class Decoder:
         """The last ``n`` tokens of each verify row's context: row 0 the history's, row i + 1 the
         history followed by the path to node i (``repeat_penalized``)."""
         tail = self.history[-n:]
-        out = [tail]
-        for i in range(len(tree)):
-            path = tree.path_tokens(tree.path_to(i))
-            out.append((tail + path)[-n:] if len(path) < n else path[-n:])
-        return out
+        return [tail] + [(tail + tree.path_tokens(tree.path_to(i)))[-n:] for i in range(len(tree))]
 
     def _catch_up_excess(self, synced: int, sync_ms: float) -> float:
         """Milliseconds of this step's drafter catch-up (``synced`` tokens in ``sync_ms``) beyond
@@ -645,11 +641,11 @@ class Decoder:
         if not s.greedy and s.drafter == "model" and self.bridged and s.resolved_vocab(bridged=True) == "slrs":
             # string-level rejection sampling (heterogeneous-vocab Alg. 3): the bridge holds each
             # position's procedure start, to compute ψ; an empty chain is an ∅ proposal (rejected)
-            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, s.top_p, gen, history=self.history,
-                                                      top_k=s.top_k, min_p=s.min_p)
+            return self.drafters["model"].slrs_verify(tree, logits, s.temperature, generator=gen, history=self.history,
+                                                      **s.filters)
         if len(tree) == 0 and not tree.rejected_rows:  # (an empty union chain drew outside T: rejected, below)
             noise = race_noise(int(s.seed), len(self.history), self.target.vocab_size) if v == "race" and not s.greedy else None
-            return [], sample_next(logits[0], s.temperature, s.top_p, gen, noise, top_k=s.top_k, min_p=s.min_p)
+            return [], sample_next(logits[0], s.temperature, generator=gen, noise=noise, **s.filters)
         method = v
         if v == "rs" and tree.max_depth != len(tree):  # not a chain: multi-step sampling is the tree form
             method = "mss"
@@ -662,41 +658,17 @@ class Decoder:
 def _stop_cut(decoder, emitted: Sequence[int], tail: str, stops: Sequence[str], eos_ids) -> int | None:
     """How many of this step's ``emitted`` tokens end the reply at a stop string: the count up to
     the token whose text completes one (the text before the step ending in ``tail``), or None.
-    A copy of the streaming detokeniser takes the tokens one at a time (end-of-turn tokens add no
-    text, as in the reply); the step's own pushes then run on the real one."""
-    import copy
-
-    probe = copy.copy(decoder)
-    if isinstance(getattr(decoder, "_ids", None), list):  # (tokenizer.StreamDecoder: its window, copied)
-        probe._ids = list(decoder._ids)
+    A fork of the streaming detokeniser (tokenizer.StreamDecoder) takes the tokens one at a time,
+    the characters it holds back counted (end-of-turn tokens add no text, as in the reply); the
+    step's own pushes then run on the real one."""
+    probe = decoder.fork()
     text = tail
     for j, t in enumerate(emitted):
         if t not in eos_ids:
             text += probe.push([t])
-            seen = text + _held_whole_characters(probe)
-            if any(x in seen for x in stops):
+            if any(x in text + probe.held() for x in stops):
                 return j + 1
     return None
-
-
-def _held_whole_characters(decoder) -> str:
-    """The whole characters a StreamDecoder still holds back: a byte-level token can end a text and
-    begin a character (SmolLM2's " \\xf0\\x9f", a space and half an emoji), which the decoder holds
-    until the character is complete; the space is that token's text all the same (a stop string
-    ending in it is completed by that token, not by the next one)."""
-    ids, read = getattr(decoder, "_ids", None), getattr(decoder, "_read", None)
-    if not isinstance(ids, list) or not isinstance(read, int) or read >= len(ids):
-        return ""
-    data = b"".join(decoder._bytes(i) for i in ids[read:])
-    n = len(data)
-    for back in range(1, min(4, n) + 1):  # drop the unfinished character at the end
-        b = data[n - back]
-        if b & 0xC0 != 0x80:
-            need = 2 if b >> 5 == 0b110 else 3 if b >> 4 == 0b1110 else 4 if b >> 3 == 0b11110 else 1
-            if back < need:
-                n -= back
-            break
-    return data[:n].decode("utf-8", errors="replace")
 
 
 def unrolled_fit(parents: list[int], rows: int) -> int:

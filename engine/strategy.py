@@ -42,6 +42,10 @@ MIN_TEMPERATURE = 1e-6
 MIN_REPEAT_PENALTY = 1e-6
 
 
+# the sampling knobs: carried from one preset to the next (Strategy.sampling), `chat`'s flags
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty", "repeat_last_n", "seed")
+
+
 def check_temperature(t: float, name: str = "temperature") -> None:
     if 0.0 < t < MIN_TEMPERATURE:
         raise StrategyError(f"{name} {t:g} is too small to sample with (its softmax overflows): "
@@ -109,6 +113,11 @@ class Strategy:
     @property
     def greedy(self) -> bool:
         return self.temperature <= 0.0
+
+    @property
+    def sampling(self) -> dict[str, Any]:
+        """The sampling knobs (``SAMPLING_FIELDS``): what a preset picked live carries over."""
+        return {k: getattr(self, k) for k in SAMPLING_FIELDS}
 
     @property
     def filters(self) -> dict[str, Any]:

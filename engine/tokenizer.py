@@ -756,6 +756,20 @@ class StreamDecoder:
         self._ids, self._read = [], 0
         return out
 
+    def fork(self) -> "StreamDecoder":
+        """A copy with a window of its own: what is pushed to it leaves this one as it is."""
+        other = StreamDecoder(self.tokenizer, self.skip_special_tokens)
+        other._ids, other._read = list(self._ids), self._read
+        return other
+
+    def held(self) -> str:
+        """The whole characters pushed but not emitted yet: a byte-level token can end a text and
+        begin a character (SmolLM2's " \\xf0\\x9f", a space and half an emoji), and the token is
+        held until that character is complete; its space is text already (an unfinished
+        character at the end is left out)."""
+        data = b"".join(self._bytes(i) for i in self._ids[self._read:])
+        return _UTF8_PROBE(errors="replace").decode(data, False)
+
     def _bytes(self, i: int) -> bytes:
         if self.skip_special_tokens and self.tokenizer.is_special(i):
             return b""
