@@ -63,8 +63,11 @@ def add_parser(sub) -> None:
     from .distill_scorer import add_parser as add_scorer
     from .distill_train import add_parser as add_train
 
+    from .distill_head import add_parser as add_head
+
     add_train(dsub)
     add_scorer(dsub)
+    add_head(dsub)
 
 
 # the numeric options each subcommand has, and the least each takes (argparse checks the type only)
@@ -121,6 +124,10 @@ def cmd_distill(args: argparse.Namespace) -> int:
         from .distill_train import cmd_train
 
         return cmd_train(args)
+    if args.distill_cmd == "head":
+        from .distill_head import cmd_head
+
+        return cmd_head(args)
     if args.distill_cmd == "scorer":
         from .distill_scorer import cmd_scorer
 

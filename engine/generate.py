@@ -108,6 +108,11 @@ class Decoder:
         dev = getattr(self.target, "device", None) or getattr(getattr(self.target, "embed", None), "device", "cpu")
         cpu = torch.device(dev).type == "cpu"
         self.draft_threads: int | None = 1 if cpu and (table is None or table() is None) else None
+        from .feature_head import FeatureHead
+
+        head = self.drafter_model if isinstance(self.drafter_model, FeatureHead) else None
+        if head is not None:
+            self.drafter_model = None  # (no CausalLM of its own: it drafts from the target's rows)
         if self.drafter_model is not None:
             dm = self.drafter_model
             if dm is self.target or getattr(dm, "cache", None) is self.target.cache:
@@ -118,6 +123,39 @@ class Decoder:
                 self.drafters["model"] = ModelDrafter(dm, self.target.vocab_size, draft_vocab=getattr(dm, "draft_vocab", None))
             else:
                 self.drafters["model"] = BridgeDrafter(dm, self.target_tokenizer, self.drafter_tokenizer, self.target.vocab_size)
+        self.features = None  # a feature drafter (attach_feature_head): fed the target's hidden rows
+        if head is not None:
+            self.attach_feature_head(head)
+
+    def attach_feature_head(self, head) -> None:
+        """Draft with ``head`` (engine/feature_head.FeatureHead) from this target's own hidden rows
+        (engine/drafters/feature.py): it becomes the "model" drafter. Needs a target whose passes
+        run ``CausalLM._run`` (the Transformer families) and a fresh conversation."""
+        from .drafters.feature import FeatureDrafter
+        from .models.base import CausalLM
+
+        t = self.target
+        embed = getattr(t, "embed", None)
+        if type(t)._run is not CausalLM._run or not isinstance(embed, torch.Tensor):
+            raise SpecchatError(f"a feature head drafts from a Transformer target's hidden rows; {type(t).__name__} has none to give")
+        D = int(embed.shape[1])
+        if head.cfg["hidden"] != D:
+            raise SpecchatError(f"this feature head reads {head.cfg['hidden']}-wide hidden rows; the target's are {D} wide")
+        with torch.inference_mode():  # the head's rows (V, D) whatever the family keeps (a tied embedding, a packed head)
+            lm = t.logits(torch.eye(D, dtype=t.compute_dtype)).t().contiguous()
+        self.reset()
+        self.features = FeatureDrafter(head, embed, lm, t.cache.capacity)
+        self.drafters["model"] = self.features
+
+    def _feed_features(self, rows) -> None:
+        """The target's hidden rows of the positions just committed (in order) to the feature drafter."""
+        fd = self.features
+        if fd is None:
+            return
+        if rows is None or fd.n_feat + rows.shape[0] != self.target.cache.length:
+            fd.truncate(min(fd.n_feat, self.target.cache.length))  # misaligned: it drafts nothing until reset
+            return
+        fd.append(rows)
 
     @property
     def bridged(self) -> bool:
@@ -174,6 +212,10 @@ class Decoder:
         if n != cache.length and not getattr(cache, "prefix_rollback", False):
             n = 0  # a recurrent state cannot return to an earlier prefix: rebuild it
         cache.rollback(n)
+        fd = self.features
+        if fd is not None:
+            fd.truncate(n)
+            self.target.hidden_log = []
         t0 = time.perf_counter()
         todo = prompt_ids[n:-1]
         piece = len(todo) if stop is None else PREFILL_PIECE
@@ -184,7 +226,13 @@ class Decoder:
                     break
                 self.target.prefill(todo[done:done + piece])
                 done += min(piece, len(todo) - done)
+            if fd is not None:
+                log, self.target.hidden_log = self.target.hidden_log, None
+                self._feed_features(torch.cat(log) if log else torch.zeros(0, fd.features.shape[1]))
         except BaseException:
+            if fd is not None:
+                self.target.hidden_log = None
+                fd.truncate(min(fd.n_feat, cache.length))
             # an error between pieces (out of memory on a long prompt): the chat goes on, so the history
             # must say what the cache holds now (the next start compares them), or nothing where unsure
             if cache.length == n + done:
@@ -291,6 +339,8 @@ class Decoder:
             self._last_emitted = len(emitted)
             if self.target.cache.length > len(self.history) - 1:  # tokens cut after EOS/limit
                 self.target.cache.rollback(len(self.history) - 1)
+                if self.features is not None:
+                    self.features.truncate(self.target.cache.length)
             if len(self._pending) > len(self.history) - 1 - self.target.cache.length:
                 self._pending = self._pending[: len(self.history) - 1 - self.target.cache.length]
             # Two segments, so the UI can colour drafted-and-accepted text apart from the target's own token.
@@ -340,7 +390,15 @@ class Decoder:
         if m:
             tokens = pre + tokens
             parents = list(range(-1, m - 1)) + [p + m if p >= 0 else m - 1 for p in parents]
-        logits = self.target.verify(tokens, parents)
+        fd = self.features
+        if fd is not None:
+            self.target.hidden_log = []
+        try:
+            logits = self.target.verify(tokens, parents)
+        finally:
+            log = self.target.hidden_log
+            self.target.hidden_log = None
+        hv = log[0] if log else None
         rows_of = (lambda rows: rows) if rowmap is None else rowmap
         logits = logits[m:] if rowmap is None else logits[m:][rowmap(None)]
 
@@ -349,14 +407,25 @@ class Decoder:
             if s.backtrack == "joint":
                 self.target.commit(list(range(m)))  # the previous step's chain, advanced in this pass
                 self._pending = [tokens[r] for r in new]
+                if fd is not None:
+                    self._feed_features(None if hv is None else hv[:m])
             elif s.backtrack == "recompute":
                 done = [tokens[r] for r in range(m)] + [tokens[r] for r in new]
                 self.target.cache.clear_scratch()
-                self.target.prefill(done)
+                if fd is not None:
+                    self.target.hidden_log = []
+                try:
+                    self.target.prefill(done)
+                finally:
+                    plog, self.target.hidden_log = self.target.hidden_log, None
                 self._pending = []
+                if fd is not None:
+                    self._feed_features(torch.cat(plog) if plog else None)
             else:
                 self.target.commit(list(range(m)) + new)
                 self._pending = []
+                if fd is not None:
+                    self._feed_features(None if hv is None else hv[list(range(m)) + new])
         return logits, commit
 
     # ---- tree policies ------------------------------------------------------------------------------------

@@ -109,10 +109,16 @@ class ChatSession:
             try:
                 from .models.common import loading_a_drafter
 
-                with loading_a_drafter():  # its fast path whatever the target's measure chose
-                    drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
-                check_bridgeable(tgt, drf)
-                _unbounded_if_ssm(drf)
+                from .feature_head import feature_head_dir, load_feature_head
+
+                head_dir = feature_head_dir(drafter_ref, reg)
+                if head_dir is not None:  # a draft head reading the target's hidden rows (engine/drafters/feature.py)
+                    drf = load_feature_head(drafter_ref, head_dir, tgt)
+                else:
+                    with loading_a_drafter():  # its fast path whatever the target's measure chose
+                        drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)
+                    check_bridgeable(tgt, drf)
+                    _unbounded_if_ssm(drf)
             except SpecchatError as e:
                 if drafter is not None:  # named by the user: their request fails, saying it was the drafter
                     raise _as_drafters(e, drafter_ref) from None

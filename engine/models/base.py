@@ -30,6 +30,9 @@ from ..cache import KVCache
 class CausalLM(torch.nn.Module):
     family: str = "?"
     _prefilling: bool = False  # inside prefill(): a family may take another path for long chunks (llama.py)
+    # a list while a feature drafter listens (engine/drafters/feature.py): every pass's final-norm
+    # hidden rows (T, D) are appended, prefill's and verify's (families whose passes run ``_run``)
+    hidden_log: list | None = None
 
     def __init__(self) -> None:
         super().__init__()
@@ -138,6 +141,8 @@ class CausalLM(torch.nn.Module):
         finally:
             if mask is not None:
                 cache.release_mask(T, start + T)
+        if self.hidden_log is not None:
+            self.hidden_log.append(h)
         return self.logits(h) if want_logits else None
 
     @torch.inference_mode()

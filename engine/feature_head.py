@@ -1,0 +1,165 @@
+"""A feature-conditioned draft head (EAGLE-style): one decoder layer that reads the target's own
+final-norm hidden state beside the next token and predicts the target's next hidden state, whose
+logits over a reduced draft vocabulary (rows of the target's tied head) name the draft.
+
+Step t: input fc([embed(x_{t+1}); f_t]) at position t -> one pre-norm Llama layer (RoPE, causal over
+the context's earlier inputs) -> RMSNorm -> f^_{t+1}; draft x_{t+2} = argmax f^_{t+1} . W_v (W_v the
+target head's rows for the draft vocabulary). Deeper drafts feed f^ back as the feature. The target's
+embedding and head stay frozen and are not saved with the head; only fc, the layer, the norms and the
+draft vocabulary are (``save``/``load_head``). The draft is verified by the target like any other, so
+the head changes speed, never output.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class FeatureHead(nn.Module):
+    def __init__(self, hidden: int, heads: int, head_dim: int, inter: int, vocab_ids: torch.Tensor,
+                 rope_theta: float = 10000.0, eps: float = 1e-5):
+        super().__init__()
+        D = hidden
+        self.cfg = {"hidden": hidden, "heads": heads, "head_dim": head_dim, "inter": inter, "rope_theta": rope_theta, "eps": eps}
+        self.H, self.E, self.eps = heads, head_dim, eps
+        self.fc = nn.Linear(2 * D, D, bias=False)
+        self.ln1 = nn.Parameter(torch.ones(D))
+        self.ln2 = nn.Parameter(torch.ones(D))
+        self.lnf = nn.Parameter(torch.ones(D))
+        self.wqkv = nn.Linear(D, 3 * heads * head_dim, bias=False)
+        self.wo = nn.Linear(heads * head_dim, D, bias=False)
+        self.wgu = nn.Linear(D, 2 * inter, bias=False)
+        self.wd = nn.Linear(inter, D, bias=False)
+        self.register_buffer("vocab_ids", vocab_ids.to(torch.long), persistent=True)
+        inv = 1.0 / (rope_theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
+        self.register_buffer("inv_freq", inv, persistent=False)
+        self.embed: torch.Tensor | None = None  # (V, D) the target's, frozen (attach)
+        self.head: torch.Tensor | None = None  # (Vd, D) the target head's draft-vocabulary rows
+
+    def attach(self, embed: torch.Tensor, lm_head: torch.Tensor) -> "FeatureHead":
+        """The target's embedding (V, D) and head (V, D) rows; kept as plain tensors (not trained)."""
+        self.embed = embed.detach()
+        self.head = lm_head.detach().index_select(0, self.vocab_ids).contiguous()
+        return self
+
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * w.to(x.dtype)
+
+    def _rope(self, t: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        ang = pos.to(torch.float32)[..., None] * self.inv_freq  # (..., T, E/2)
+        cos, sin = torch.cat([ang.cos(), ang.cos()], -1).to(t.dtype), torch.cat([ang.sin(), ang.sin()], -1).to(t.dtype)
+        h = t.shape[-1] // 2
+        rot = torch.cat([-t[..., h:], t[..., :h]], -1)
+        return t * cos + rot * sin
+
+    def inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
+        e = self.embed.index_select(0, tokens.reshape(-1)).view(*tokens.shape, -1).to(feats.dtype)
+        return self.fc(torch.cat([e, feats], -1))
+
+    def layer(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None,
+              past: tuple[torch.Tensor, torch.Tensor] | None = None,
+              cache: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, T, D) at positions pos (B, T) or (T,); past (k, v) (B, H, P, E) earlier rows, or
+        ``cache`` (k_buf, v_buf, P): buffers (B, H, capacity, E) holding the earlier rows at [0, P),
+        this call's written at [P, P + T) (no copy of the earlier rows). mask (T, P + T) bool
+        (True: attend), default causal. Returns f^ (B, T, D) and this call's (k, v)."""
+        B, T, D = x.shape
+        H, E = self.H, self.E
+        qkv = self.wqkv(self._rms(x, self.ln1)).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
+        q, k, v = self._rope(qkv[0], pos), self._rope(qkv[1], pos), qkv[2]
+        new = (k, v)
+        if cache is not None:
+            kb, vb, P = cache
+            kb[:, :, P:P + T], vb[:, :, P:P + T] = k, v
+            k, v = kb[:, :, :P + T], vb[:, :, :P + T]
+            past = (k, v) if P else None  # (the mask below then covers P + T columns)
+        elif past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        if mask is None and past is None:
+            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            if mask is None:
+                P = k.shape[2] - T
+                mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        h = x + self.wo(a.transpose(1, 2).reshape(B, T, H * E))
+        g, u = self.wgu(self._rms(h, self.ln2)).chunk(2, -1)
+        h = h + self.wd(F.silu(g) * u)
+        return self._rms(h, self.lnf), new
+
+    def logits(self, f: torch.Tensor) -> torch.Tensor:
+        return f @ self.head.to(f.dtype).t()
+
+    # ---- files --------------------------------------------------------------------------------
+    def save(self, out: Path, meta: dict | None = None) -> None:
+        from safetensors.torch import save_file
+
+        out.mkdir(parents=True, exist_ok=True)
+        sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
+        sd["vocab_ids"] = self.vocab_ids.to(torch.int32).contiguous()
+        save_file(sd, str(out / "model.safetensors"))
+        (out / "config.json").write_text(json.dumps({"model_type": "specchat_feature_head", **self.cfg, **(meta or {})}, indent=1) + "\n")
+
+
+def load_head(path: Path, dtype: torch.dtype = torch.float32) -> FeatureHead:
+    from safetensors.torch import load_file
+
+    cfg = json.loads((Path(path) / "config.json").read_text())
+    for k in ("hidden", "heads", "head_dim", "inter"):
+        if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool) or not 0 < cfg[k] <= 65536:
+            raise ValueError(f"config.json field {k!r} is {cfg.get(k)!r}")
+    sd = load_file(str(Path(path) / "model.safetensors"))
+    m = FeatureHead(cfg["hidden"], cfg["heads"], cfg["head_dim"], cfg["inter"], sd["vocab_ids"].long(), cfg["rope_theta"], cfg["eps"])
+    sd["vocab_ids"] = sd["vocab_ids"].long()
+    m.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in sd.items()})
+    return m.to(dtype).eval()
+
+
+MODEL_TYPE = "specchat_feature_head"
+
+
+def feature_head_dir(ref: str, registry=None) -> Path | None:
+    """REF's directory where it holds a feature head (config.json's model_type says so), else None."""
+    from .errors import ModelLoadError
+    from .loading import resolve
+
+    try:
+        _, p = resolve(ref, registry)
+    except ModelLoadError:
+        return None
+    cfg = Path(p) / "config.json"
+    if not Path(p).is_dir() or not cfg.is_file():
+        return None
+    try:
+        return Path(p) if json.loads(cfg.read_text()).get("model_type") == MODEL_TYPE else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def load_feature_head(ref: str, path: Path, target):
+    """A feature head as an engine.loading.Loaded beside ``target`` (a Loaded): it shares the
+    target's tokenizer, and must read hidden rows as wide as the target's and name its tokens."""
+    from .errors import ModelLoadError
+    from .loading import Loaded
+
+    try:
+        head = load_head(path)
+    except Exception as e:  # noqa: BLE001 (safetensors' own error types, shapes, missing fields: one line)
+        raise ModelLoadError(f"{path}: not a usable feature head ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+    embed = getattr(target.model, "embed", None)
+    D = int(embed.shape[1]) if isinstance(embed, torch.Tensor) else None
+    if D != head.cfg["hidden"]:
+        raise ModelLoadError(f"feature head {path.name} reads {head.cfg['hidden']}-wide hidden rows; "
+                             f"the target {target.name} has {D if D else 'no Transformer'} hidden rows")
+    if int(head.vocab_ids.max()) >= target.model.vocab_size or int(head.vocab_ids.min()) < 0:
+        raise ModelLoadError(f"feature head {path.name} drafts token ids outside {target.name}'s vocabulary")
+    params = sum(p.numel() for p in head.parameters())
+    return Loaded(model=head, tokenizer=target.tokenizer, name=path.name, path=path, fmt="feature-head",
+                  config=dict(head.cfg), params=params)
