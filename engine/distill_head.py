@@ -2,7 +2,8 @@
 
 1. Features: the target (bf16, the engine's own pass) reads each `distill data` reply whole; every
    position's final-norm hidden row and the target's greedy next token there are written to
-   OUT/features/shardNNNN.safetensors, 500 replies a shard (a rerun skips finished shards).
+   OUT/features/<data dir>/shardNNNN.safetensors, 500 replies a shard (a rerun skips finished
+   shards; a larger ``--replies`` adds to them).
 2. Training: the head learns, at every reply position t, the target's next hidden row f_{t+1} (smooth
    L1) and its greedy token there (cross-entropy over the draft vocabulary: the target's commonest
    greedy tokens in the data) from (token t+1, f_t) with noise on f (EAGLE §4); ``--unroll 2`` runs
@@ -34,7 +35,7 @@ def add_parser(dsub) -> None:
     h.add_argument("--out", required=True, metavar="DIR", help="the head's directory (`--drafter DIR` reads it)")
     h.add_argument("--target", default=None, metavar="REF")
     h.add_argument("--models", default=None, metavar="FILE")
-    h.add_argument("--replies", type=int, default=4000, help="replies read from the directories (in order)")
+    h.add_argument("--replies", type=int, default=4000, help="replies read from each directory (its first N)")
     h.add_argument("--minutes", type=float, default=30.0, help="training time")
     h.add_argument("--vocab", type=int, default=8192, help="draft vocabulary: the target's commonest greedy tokens")
     h.add_argument("--inter", type=int, default=1536, help="the layer's MLP width")
@@ -50,81 +51,104 @@ def add_parser(dsub) -> None:
     h.add_argument("--max-len", type=int, default=512, help="tokens of a reply (prompt included) read")
 
 
-def _records(dirs):
-    for d in dirs:
-        found = False
-        for name in ("responses.jsonl.xz", "responses.jsonl"):
-            p = Path(d) / name
-            if p.exists():
-                found = True
-                op = lzma.open if name.endswith(".xz") else open
-                with op(p, "rt") as f:
-                    for line in f:
-                        try:
-                            r = json.loads(line)
-                            yield [int(t) for t in r["prompt_ids"]], [int(t) for t in r["response_ids"]]
-                        except (ValueError, KeyError, TypeError):
-                            continue  # a line cut by a kill
-                break
-        if not found:
-            from .errors import SpecchatError
-
-            raise SpecchatError(f"{d}: not a `distill data` directory (no responses.jsonl)")
-
-
-def extract(model, dirs, out: Path, limit: int, max_len: int, log=print) -> None:
-    """Features of the first ``limit`` replies of ``dirs`` into ``out`` (resumable by shard)."""
-    import torch
-    from safetensors.torch import save_file
-
-    out.mkdir(parents=True, exist_ok=True)
-    meta = {"data": [str(d) for d in dirs], "replies": limit, "max_len": max_len}
-    mp = out / "meta.json"
-    if mp.exists() and json.loads(mp.read_text()) != meta:
+def _records(d):
+    found = False
+    for name in ("responses.jsonl.xz", "responses.jsonl"):
+        p = Path(d) / name
+        if p.exists():
+            found = True
+            op = lzma.open if name.endswith(".xz") else open
+            with op(p, "rt") as f:
+                for line in f:
+                    try:
+                        r = json.loads(line)
+                        yield [int(t) for t in r["prompt_ids"]], [int(t) for t in r["response_ids"]]
+                    except (ValueError, KeyError, TypeError):
+                        continue  # a line cut by a kill
+            break
+    if not found:
         from .errors import SpecchatError
 
-        raise SpecchatError(f"{out} holds features of other replies ({mp}); remove it or use another --out")
-    mp.write_text(json.dumps(meta) + "\n")
-    seqs = []
-    for p, r in _records(dirs):
-        seqs.append(((p + r)[:max_len], len(p)))
-        if len(seqs) >= limit:
-            break
-    model.allocate(max_len + 8)
-    t0, done = time.perf_counter(), 0
-    for s0 in range(0, len(seqs), SHARD):
-        path = out / f"shard{s0 // SHARD:04d}.safetensors"
-        if path.exists():
-            continue
-        ids, feats, labels, lens, plens = [], [], [], [], []
-        for seq, plen in seqs[s0:s0 + SHARD]:
-            model.cache.reset()
-            model.hidden_log = []
-            try:
-                model.verify(seq, list(range(-1, len(seq) - 1)))
-                h = model.hidden_log[0]
-            finally:
-                model.hidden_log = None
-                model.cache.reset()
-            ids.append(torch.tensor(seq, dtype=torch.int32))
-            feats.append(h.to(torch.bfloat16))
-            labels.append(model.logits(h).argmax(-1).to(torch.int32))
-            lens.append(len(seq))
-            plens.append(plen)
-            done += len(seq)
-        tmp = path.with_suffix(".tmp")
-        save_file({"ids": torch.cat(ids), "feat": torch.cat(feats).contiguous(), "label": torch.cat(labels),
-                   "lens": torch.tensor(lens, dtype=torch.int32), "plens": torch.tensor(plens, dtype=torch.int32)}, str(tmp))
-        tmp.rename(path)
-        log(f"features {path.name}: {min(s0 + SHARD, len(seqs))}/{len(seqs)} replies, {done / (time.perf_counter() - t0):.0f} tokens/s")
+        raise SpecchatError(f"{d}: not a `distill data` directory (no responses.jsonl)")
 
 
-def load_features(out: Path) -> list[dict]:
+def feature_dir(out: Path, d) -> Path:
+    """Where the features of data directory ``d`` go under ``out``."""
+    name = "-".join(Path(d).resolve().parts[-2:]).replace(" ", "_")
+    return out / name
+
+
+def extract(model, dirs, out: Path, limit: int, max_len: int, log=print) -> list[Path]:
+    """Features of the first ``limit`` replies of each of ``dirs``, a directory under ``out`` each
+    (shards of SHARD replies: a rerun skips finished ones, a larger ``limit`` adds to them)."""
     import torch
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from .errors import SpecchatError
+
+    made = []
+    model.allocate(max_len + 8)
+    for d in dirs:
+        fd = feature_dir(out, d)
+        fd.mkdir(parents=True, exist_ok=True)
+        meta = {"data": str(Path(d).resolve()), "max_len": max_len}
+        mp = fd / "meta.json"
+        if mp.exists() and json.loads(mp.read_text()) != meta:
+            raise SpecchatError(f"{fd} holds features of other replies ({mp}); remove it or use another --out")
+        mp.write_text(json.dumps(meta) + "\n")
+        seqs = []
+        for p, r in _records(d):
+            seqs.append(((p + r)[:max_len], len(p)))
+            if len(seqs) >= limit:
+                break
+        t0, done = time.perf_counter(), 0
+        for s0 in range(0, len(seqs), SHARD):
+            part = seqs[s0:s0 + SHARD]
+            path = fd / f"shard{s0 // SHARD:04d}.safetensors"
+            if path.exists():
+                with safe_open(str(path), "pt") as f:
+                    if f.get_slice("lens").get_shape()[0] >= len(part):
+                        continue  # (a shard cut short by an earlier, smaller limit is redone)
+            ids, feats, labels, lens, plens = [], [], [], [], []
+            for seq, plen in part:
+                model.cache.reset()
+                model.hidden_log = []
+                try:
+                    model.verify(seq, list(range(-1, len(seq) - 1)))
+                    h = model.hidden_log[0]
+                finally:
+                    model.hidden_log = None
+                    model.cache.reset()
+                ids.append(torch.tensor(seq, dtype=torch.int32))
+                feats.append(h.to(torch.bfloat16))
+                labels.append(model.logits(h).argmax(-1).to(torch.int32))
+                lens.append(len(seq))
+                plens.append(plen)
+                done += len(seq)
+            tmp = path.with_suffix(".tmp")
+            save_file({"ids": torch.cat(ids), "feat": torch.cat(feats).contiguous(), "label": torch.cat(labels),
+                       "lens": torch.tensor(lens, dtype=torch.int32), "plens": torch.tensor(plens, dtype=torch.int32)}, str(tmp))
+            tmp.rename(path)
+            log(f"features {fd.name}/{path.name}: {min(s0 + SHARD, len(seqs))}/{len(seqs)} replies, "
+                f"{done / (time.perf_counter() - t0):.0f} tokens/s")
+        made.append(fd)
+    return made
+
+
+def load_features(dirs: list[Path], limit: int) -> list[dict]:
+    """The first ``limit`` replies' features of each directory."""
+    seqs = []
+    for fdir in dirs:
+        seqs.extend(_load_dir(fdir)[:limit])
+    return seqs
+
+
+def _load_dir(fdir: Path) -> list[dict]:
     from safetensors.torch import load_file
 
     seqs = []
-    for p in sorted(out.glob("shard*.safetensors")):
+    for p in sorted(fdir.glob("shard*.safetensors")):
         d = load_file(str(p))
         o = 0
         for n, pl in zip(d["lens"].tolist(), d["plens"].tolist()):
@@ -194,11 +218,9 @@ def cmd_head(args: argparse.Namespace) -> int:
         raise SpecchatError("a feature head needs a Transformer target (its hidden rows)")
     D = int(embed.shape[1])
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
-    extract(tgt, args.data, out / "features", args.replies, args.max_len, log)
-    data = load_features(out / "features")
+    data = load_features(extract(tgt, args.data, out / "features", args.replies, args.max_len, log), args.replies)
     if args.eval_data:
-        extract(tgt, args.eval_data, out / "eval-features", 10 ** 9, args.max_len, log)
-        ev = load_features(out / "eval-features")
+        ev = load_features(extract(tgt, args.eval_data, out / "features", 10 ** 9, args.max_len, log), 10 ** 9)
         train = data
     else:
         ev, train = data[::20], [s for i, s in enumerate(data) if i % 20]

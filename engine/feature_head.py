@@ -163,3 +163,38 @@ def load_feature_head(ref: str, path: Path, target):
     params = sum(p.numel() for p in head.parameters())
     return Loaded(model=head, tokenizer=target.tokenizer, name=path.name, path=path, fmt="feature-head",
                   config=dict(head.cfg), params=params)
+
+
+def as_llama(head: FeatureHead, capacity: int, q8: bool = False):
+    """The head's layer as a one-layer engine Llama (engine/models/llama.py) over its draft
+    vocabulary: its embedding is the head's rows (tied: the logits), its final norm the head's, so
+    ``forward_x`` runs the layer in one C call (llama_rows.c) with the engine's tree KV cache.
+    ``q8``: the projections and the head in Q8_0 (linear.c's records). Same maths as ``layer``."""
+    from .models.llama import Llama, LlamaConfig
+
+    c = head.cfg
+    H, E, D = c["heads"], c["head_dim"], c["hidden"]
+    cfg = LlamaConfig.from_hf({"model_type": "llama", "vocab_size": int(head.head.shape[0]), "hidden_size": D,
+                               "intermediate_size": c["inter"], "num_hidden_layers": 1, "num_attention_heads": H,
+                               "num_key_value_heads": H, "head_dim": E, "rms_norm_eps": c["eps"],
+                               "rope_theta": c["rope_theta"], "max_position_embeddings": capacity,
+                               "tie_word_embeddings": True})
+    f32 = lambda t: t.detach().to(torch.float32).contiguous()  # noqa: E731
+    q, k, v = head.wqkv.weight.detach().chunk(3, 0)
+    g, u = head.wgu.weight.detach().chunk(2, 0)
+    p = "model.layers.0."
+    sd = {"model.embed_tokens.weight": f32(head.head), "model.norm.weight": f32(head.lnf),
+          p + "input_layernorm.weight": f32(head.ln1), p + "post_attention_layernorm.weight": f32(head.ln2),
+          p + "self_attn.q_proj.weight": f32(q), p + "self_attn.k_proj.weight": f32(k), p + "self_attn.v_proj.weight": f32(v),
+          p + "self_attn.o_proj.weight": f32(head.wo.weight), p + "mlp.gate_proj.weight": f32(g),
+          p + "mlp.up_proj.weight": f32(u), p + "mlp.down_proj.weight": f32(head.wd.weight)}
+    m = Llama(cfg, sd, torch.float32, max_context=capacity)
+    m.use_bf16_kv()  # its keys/values in bf16 (where the C pass takes them): a depth reads half the bytes
+    if q8:
+        L = m.layers[0]
+        for key in ("wqkv", "wo", "wgu", "wd"):
+            L[key] = L[key].to_q8_0()
+        m.lm_head_t = m.lm_head_t.to_q8_0()
+        m.__dict__.pop("_native_tab", None)
+    m.allocate(capacity)
+    return m

@@ -32,90 +32,60 @@ class FeatureDrafter:
     needs_features = True
 
     def __init__(self, head: FeatureHead, embed: torch.Tensor, lm_head: torch.Tensor, capacity: int,
-                 dtype: torch.dtype = torch.float32, q8: bool | None = None):
-        self.head = head.to(dtype).eval().attach(embed, lm_head.to(dtype))
-        self.dtype = dtype
-        self._fast(q8)
+                 q8: bool | None = None):
+        import os
+
+        from ..feature_head import as_llama
+        from ..models.common import Linear
+
+        self.head = head.float().eval().attach(embed, lm_head.float())
+        if q8 is None:  # Q8_0 products on a CPU (a depth streams ~10 MB rather than ~37); SPECCHAT_DRAFT_Q8=0: fp32
+            q8 = os.environ.get("SPECCHAT_DRAFT_Q8", "1").strip().lower() not in ("0", "off", "false", "no")
+        # the layer as a one-layer engine Llama: one C call a depth, the engine's tree KV cache
+        # (committed rows = positions the head has read with true features; a step's drafts in scratch)
+        self.model = as_llama(self.head, capacity + SCRATCH, q8=q8)
+        fc = Linear(self.head.fc.weight.detach().float(), torch.float32)
+        self.fc = fc.to_q8_0() if q8 else fc
+        self.embed = embed
         D = head.cfg["hidden"]
         self.capacity = capacity
-        self.features = torch.zeros(capacity, D, dtype=dtype)
+        self.features = torch.zeros(capacity, D, dtype=torch.float32)
         self.n_feat = 0  # positions 0 .. n_feat-1 hold the target's hidden rows
-        H, E = head.H, head.E
-        # the head's keys/values: committed rows at [0, kv_n), a step's draft nodes after them
-        self.k = torch.zeros(1, H, capacity + SCRATCH, E, dtype=dtype)
-        self.v = torch.zeros(1, H, capacity + SCRATCH, E, dtype=dtype)
-        self.kv_n = 0  # head rows j < kv_n computed from (history[j + 1], features[j])
         self.caught_up = 0  # rows the last catch-up ran (the decoder books what catching up costs)
         self.sync_ms = 0.0
         self.step_ms = 0.0  # a spine step's recent cost (ms, EWMA)
-        self.seen: list[int] = []
+        self.seen: list[int] = []  # seen[j]: the token head row j read (history[j + 1])
 
-    def _fast(self, q8: bool | None) -> None:
-        """The head's products as the engine multiplies weights (models/common.Linear: linear.c's
-        blocks on a CPU), in Q8_0 where ``q8`` (default: on a CPU unless SPECCHAT_DRAFT_Q8=0): a draft
-        depth streams ~10 MB instead of ~37 (fp32). Drafts only choose proposals: any rounding is
-        lossless."""
-        import os
-
-        from ..models.common import Linear
-
-        h = self.head
-        cpu = h.fc.weight.device.type == "cpu"
-        if q8 is None:
-            q8 = cpu and os.environ.get("SPECCHAT_DRAFT_Q8", "1").strip().lower() not in ("0", "off", "false", "no")
-
-        def lin(w: torch.Tensor):
-            L = Linear(w.detach().float(), torch.float32)
-            return L.to_q8_0() if q8 else L
-
-        self.lin = None
-        if self.dtype != torch.float32:
-            return
-        self.lin = {"fc": lin(h.fc.weight), "qkv": lin(h.wqkv.weight), "o": lin(h.wo.weight), "gu": lin(h.wgu.weight),
-                    "d": lin(h.wd.weight), "head": lin(h.head)}
+    @property
+    def kv_n(self) -> int:
+        """Head rows committed: row j read (history[j + 1], features[j])."""
+        return self.model.cache.length
 
     def _inputs(self, tokens: torch.Tensor, feats: torch.Tensor) -> torch.Tensor:
-        from ..models.common import mm
+        from ..models.common import embed_rows, mm
 
-        h = self.head
-        if self.lin is None:
-            return h.inputs(tokens[None], feats[None])[0]
-        e = h.embed.index_select(0, tokens).to(torch.float32)
-        return mm(torch.cat([e, feats.to(torch.float32)], -1), self.lin["fc"])
+        e = embed_rows(self.embed, tokens).to(torch.float32)
+        return mm(torch.cat([e, feats], -1), self.fc)
 
-    def _layer(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None, P: int) -> torch.Tensor:
-        """Rows x (T, D) at ``pos``, their keys/values written at [P, P + T), attending to [0, P + T)
-        under ``mask`` (T, P + T; None: causal). Returns the predicted features (T, D)."""
-        from ..models.common import mm
-
-        h = self.head
-        if self.lin is None:
-            f, _ = h.layer(x[None], pos, mask=mask, cache=(self.k, self.v, P))
-            return f[0]
-        import torch.nn.functional as F
-
-        T, D = x.shape
-        H, E = h.H, h.E
-        qkv = mm(h._rms(x, h.ln1), self.lin["qkv"]).view(T, 3, H, E).permute(1, 2, 0, 3)  # (3, H, T, E)
-        q, k = h._rope(qkv[0], pos), h._rope(qkv[1], pos)
-        self.k[0, :, P:P + T], self.v[0, :, P:P + T] = k, qkv[2]
-        kk, vv = self.k[0, :, :P + T], self.v[0, :, :P + T]
-        if mask is None:
-            mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
-        a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)  # (H, T, E)
-        y = x + mm(a.transpose(0, 1).reshape(T, H * E), self.lin["o"])
-        g, u = mm(h._rms(y, h.ln2), self.lin["gu"]).chunk(2, -1)
-        y = y + mm(F.silu(g) * u, self.lin["d"])
-        return h._rms(y, h.lnf)
+    def _rows(self, x: torch.Tensor, parents: list[int]) -> torch.Tensor:
+        """Rows x (T, D) as scratch nodes under ``parents`` (scratch rows; -1: after the committed
+        rows): their predicted features (T, D), keys/values kept in scratch."""
+        m = self.model
+        cache = m.cache
+        start, positions, mask = cache.extend_plan(parents)
+        try:
+            return m.forward_x(x, positions, start, mask)
+        finally:
+            if mask is not None:
+                cache.release_mask(len(parents), start + len(parents))
 
     def _logits(self, f: torch.Tensor) -> torch.Tensor:
-        from ..models.common import mm
-
-        return self.head.logits(f) if self.lin is None else mm(f, self.lin["head"])
+        return self.model.logits(f)
 
     # ---- kept in step by the decoder ----------------------------------------------------------------
     def reset(self) -> None:
-        self.n_feat = self.kv_n = 0
+        self.n_feat = 0
+        self.model.cache.reset()
         self.seen = []
 
     def truncate(self, n: int) -> None:
@@ -123,15 +93,18 @@ class FeatureDrafter:
         rows reading a token at n or later are dropped."""
         n = max(0, int(n))
         self.n_feat = min(self.n_feat, n)
-        self.kv_n = min(self.kv_n, max(n - 1, 0))
-        del self.seen[max(n - 1, 0):]
+        cache = self.model.cache
+        cache.clear_scratch()
+        if cache.length > max(n - 1, 0):
+            cache.rollback(max(n - 1, 0))
+        del self.seen[cache.length:]
 
     def append(self, rows: torch.Tensor) -> None:
         """The target's hidden rows of the next committed positions, in order."""
         T = rows.shape[0]
         if self.n_feat + T > self.capacity:
             raise OverflowError("feature drafter context full")
-        self.features[self.n_feat:self.n_feat + T] = rows.to(self.dtype)
+        self.features[self.n_feat:self.n_feat + T] = rows.to(torch.float32)
         self.n_feat += T
 
     # ---- drafting ----------------------------------------------------------------------------------------
@@ -143,19 +116,21 @@ class FeatureDrafter:
         L = len(history)
         if L < 2 or self.n_feat < L - 1 or L - 1 > self.capacity:
             return None  # features missing (a mode that commits later): no draft this step
-        h = self.head
-        if self.seen[: self.kv_n] != list(history[1:self.kv_n + 1]):  # the context changed under us
-            j = 0
-            while j < self.kv_n and self.seen[j] == history[j + 1]:
-                j += 1
-            self.kv_n = j
-        j0 = self.kv_n
-        toks = torch.as_tensor(list(history[j0 + 1:L]), dtype=torch.long)
-        x = self._inputs(toks, self.features[j0:L - 1])
-        f = self._layer(x, torch.arange(j0, L - 1), None, j0)
-        self.kv_n = L - 1
-        self.seen = list(history[1:L])
-        self.caught_up = L - 1 - j0
+        cache = self.model.cache
+        cache.clear_scratch()
+        j = 0
+        n = min(cache.length, len(self.seen))
+        while j < n and self.seen[j] == history[j + 1]:  # (usually all: the context only grew)
+            j += 1
+        if j < cache.length:
+            cache.rollback(j)
+        del self.seen[j:]
+        T = L - 1 - j
+        x = self._inputs(torch.as_tensor(list(history[j + 1:L]), dtype=torch.long), self.features[j:L - 1])
+        f = self._rows(x, list(range(-1, T - 1)))
+        cache.commit(range(T))
+        self.seen.extend(history[j + 1:L])
+        self.caught_up = T
         self.sync_ms = (time.perf_counter() - t0) * 1000.0
         return f[-1:]
 
@@ -164,25 +139,24 @@ class FeatureDrafter:
         f_root = self._catch_up(history)
         if f_root is None:
             return TokenTree.empty()
-        return self._tree(f_root, len(history) - 1, req)
+        return self._tree(f_root, req)
 
     def spine(self, history: Sequence[int], k: int = 3) -> "FeatureSpine":
         """hybrid's best-first trees and mixed chains step the head along one path (the ModelDrafter
         Spine protocol: candidates / can_advance / advance)."""
         return FeatureSpine(self, history, k)
 
-    def _tree(self, f_root: torch.Tensor, base: int, req: DraftRequest) -> TokenTree:
-        """Depth by depth from the root's predicted feature; ``base`` = the root's position (the input
-        row of a node at depth d is base + d - 1: it reads the node and its parent's feature)."""
-        h = self.head
+    def _tree(self, f_root: torch.Tensor, req: DraftRequest) -> TokenTree:
+        """Depth by depth from the root's predicted feature: each depth's new nodes in one call (the
+        engine's tree mask: a node reads the committed rows and its ancestors); node i is scratch row i."""
         plan_shape = req.shape
         chain = all(n == 1 for n in plan_shape)
+        vocab_ids = self.head.vocab_ids
         tokens: list[int] = []
         parents: list[int] = []
         conf: list[float] = []
         frontier_f = f_root  # (F, D) predicted features of the frontier (the root first)
         frontier_ids = [-1]  # node index of each frontier row (-1: the root)
-        anc: list[list[int]] = []  # each node's ancestors' scratch rows, itself included
         depth = 0
         for width in plan_shape:
             if len(tokens) >= req.max_nodes:
@@ -197,9 +171,8 @@ class FeatureDrafter:
                     if len(tokens) >= req.max_nodes:
                         break
                     idx = int(top.indices[r, c])
-                    tokens.append(int(h.vocab_ids[idx]))
+                    tokens.append(int(vocab_ids[idx]))
                     parents.append(node)
-                    anc.append((anc[node] if node >= 0 else []) + [len(tokens) - 1])
                     new_nodes.append((len(tokens) - 1, r))
                     if probs is not None:
                         conf.append(float(probs[r, idx]))
@@ -208,20 +181,10 @@ class FeatureDrafter:
                 break
             if depth == len(plan_shape) or not new_nodes or len(tokens) >= req.max_nodes:
                 break
-            # the new nodes' predicted features: one call, each row attending to the committed rows
-            # and its ancestors' scratch rows
+            # the new nodes' predicted features: each reads its token and its parent's feature
             ids = torch.tensor([tokens[n] for n, _ in new_nodes])
             pf = frontier_f[torch.tensor([r for _, r in new_nodes])]
-            x = self._inputs(ids, pf)
-            pos = torch.full((len(new_nodes),), base + depth - 1, dtype=torch.long)  # node at token position base+depth: row base+depth-1
-            P = self.kv_n
-            first = new_nodes[0][0]
-            n_all = first + len(new_nodes)
-            mask = torch.zeros(len(new_nodes), P + n_all, dtype=torch.bool)
-            mask[:, :P] = True
-            for i, (n, _) in enumerate(new_nodes):
-                mask[i, [P + a for a in anc[n]]] = True
-            frontier_f = self._layer(x, pos, mask, P + first)  # node i's rows at P + i
+            frontier_f = self._rows(self._inputs(ids, pf), [parents[n] for n, _ in new_nodes])
             frontier_ids = [n for n, _ in new_nodes]
         return TokenTree(tokens, parents, sampling="deterministic", confidence=conf if chain and req.confidence else [])
 
@@ -229,7 +192,7 @@ class FeatureDrafter:
 class FeatureSpine:
     """The head stepped along one path of a tree grown elsewhere (engine/drafters/ngram.corpus_tree):
     ``candidates`` are its top-k (token, probability) after the path, ``advance(token)`` one layer
-    call for the path's next node, reading the committed rows and the path's earlier nodes."""
+    call for the path's next node (a scratch row reading the committed rows and the path's nodes)."""
 
     def __init__(self, drafter: FeatureDrafter, history: Sequence[int], k: int = 3):
         self.d, self.k = drafter, k
@@ -240,9 +203,9 @@ class FeatureSpine:
             raise OverflowError("no features for this context")  # the caller drafts without the head
         self.synced, self.sync_ms = drafter.caught_up, (time.perf_counter() - t0) * 1000.0
         self.spent_ms = self.sync_ms
-        self.pos = len(history) - 1  # the input row of the path's next node
+        self.srow = -1  # the scratch row of the path's end (-1: the root)
         self.steps = 0
-        self.room = SCRATCH
+        self.room = SCRATCH - 8
 
     @property
     def ms(self) -> float:
@@ -261,12 +224,11 @@ class FeatureSpine:
 
     def advance(self, token: int) -> None:
         t0 = time.perf_counter()
-        d, h = self.d, self.d.head
+        d = self.d
         with torch.inference_mode():
-            x = d._inputs(torch.tensor([token]), self.f)
-            P = d.kv_n + self.steps  # the committed rows, then the path's earlier nodes
-            self.f = d._layer(x, torch.tensor([self.pos]), torch.ones(1, P + 1, dtype=torch.bool), P)
-        self.pos += 1
+            s0 = d.model.cache.scratch
+            self.f = d._rows(d._inputs(torch.tensor([token]), self.f), [self.srow])
+        self.srow = s0
         self.steps += 1
         ms = (time.perf_counter() - t0) * 1000.0
         self.spent_ms += ms

@@ -307,8 +307,16 @@ class Llama(CausalLM):
         self.__dict__["_native_tab"] = tab
         return tab
 
-    def _native_rows(self, tab: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor, start: int,
-                     mask: torch.Tensor | None) -> torch.Tensor:
+    def forward_x(self, x: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """``forward_rows`` from input rows ``x`` (T, D) instead of token embeddings (a feature head's
+        layer, engine/drafters/feature.py): the C pass where it applies, else the torch pass."""
+        tab = self._native_table()
+        if tab is not None:
+            return self._native_rows(tab, None, positions, start, mask, x=x)
+        return self._torch_rows(x.to(self._dtype), positions, start, mask)
+
+    def _native_rows(self, tab: torch.Tensor, tokens: torch.Tensor | None, positions: torch.Tensor, start: int,
+                     mask: torch.Tensor | None, x: torch.Tensor | None = None) -> torch.Tensor:
         from .. import native
 
         c = self.cfg
@@ -318,8 +326,11 @@ class Llama(CausalLM):
         assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == (torch.bfloat16 if kv16 else torch.float32), "KV cache layout"
         if mask is not None and (mask.stride(1) != 1 or mask.dtype != torch.bool):
             mask = mask.to(torch.bool).contiguous()
-        T = tokens.shape[0]
-        x = self._embed_rows(tokens).contiguous()  # (T, D), a copy
+        if x is None:
+            x = self._embed_rows(tokens).contiguous()  # (T, D), a copy
+        else:
+            x = x.to(torch.float32).contiguous().clone()  # the pass writes its residual stream here
+        T = x.shape[0]
         cos, sin = self.rope.cos[positions].contiguous(), self.rope.sin[positions].contiguous()
         rc = native.lib().llama_rows_f32(
             x.data_ptr(), T, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.intermediate_size, self.rope.rot_dim,
@@ -412,10 +423,13 @@ class Llama(CausalLM):
         glue = self._glue() if self._dtype == torch.bfloat16 else None
         if glue is not None:
             return self._glue_rows(glue, tokens, positions, start, mask)
+        return self._torch_rows(self._embed_rows(tokens), positions, start, mask)
+
+    def _torch_rows(self, x: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """The torch pass from input rows x (T, D)."""
         c = self.cfg
         H, K, E = c.num_heads, c.num_kv_heads, c.head_dim
-        T = tokens.shape[0]
-        x = self._embed_rows(tokens)  # (T, D)
+        T = x.shape[0]
         kc, vc = self.cache.k, self.cache.v
         # shared by every layer: the rotary tables of these positions and the attention's key plan
         cos, sin = self.rope.cos[positions], self.rope.sin[positions]
