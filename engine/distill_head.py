@@ -6,9 +6,10 @@
    shards; a larger ``--replies`` adds to them).
 2. Training: the head learns, at every reply position t, the target's next hidden row f_{t+1} (smooth
    L1) and its greedy token there (cross-entropy over the draft vocabulary: the target's commonest
-   greedy tokens in the data) from (token t+1, f_t) with noise on f (EAGLE §4); ``--unroll 2`` runs
-   a second pass fed the first pass's predicted features, as a draft's deeper steps are (training
-   time test). Time-boxed (``--minutes``); checkpoints to OUT every ``--save-every`` steps, and
+   greedy tokens in the data) from (token t+1, f_t) with noise on f (EAGLE §4); ``--unroll U`` runs
+   U passes, each deeper one fed the previous one's predicted features, as a draft's deeper steps
+   are (training-time test, HASS-style: a depth-u row reads the true rows before its chain, the chain's earlier
+   nodes and itself, as drafting does). Time-boxed (``--minutes``); checkpoints to OUT every ``--save-every`` steps, and
    ``--init OUT`` resumes.
 3. Evaluation: a greedy chain of 5 drafted from every step of each held-out reply, exactly as the
    drafter does (its own features fed back), against the target's greedy tokens: tokens a step.
@@ -41,7 +42,8 @@ def add_parser(dsub) -> None:
     h.add_argument("--inter", type=int, default=1536, help="the layer's MLP width")
     h.add_argument("--lr", type=float, default=1e-3)
     h.add_argument("--batch-tokens", type=int, default=8192)
-    h.add_argument("--unroll", type=int, default=2, help="passes a step (2: the second fed predicted features)")
+    h.add_argument("--unroll", type=int, default=3, help="draft depths trained a step (each deeper one fed the "
+                   "previous one's predicted features, reading what drafting reads)")
     h.add_argument("--noise", type=float, default=0.1, help="Gaussian noise on the input features (x their RMS)")
     h.add_argument("--save-every", type=int, default=200)
     h.add_argument("--init", default=None, metavar="DIR", help="go on from this head")
@@ -286,13 +288,21 @@ def cmd_head(args: argparse.Namespace) -> int:
             wm = w[:, :-1]
             fin = feat[:, :-1] + args.noise * rms * torch.randn_like(feat[:, :-1])
             loss = 0.0
+            keys, values = [], []
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=feat.device.type == "cpu"):
-                for _ in range(args.unroll):
-                    f, _ = m.layer(m.inputs(ids[:, 1:], fin), pos)
+                for u in range(args.unroll):
+                    x = m.inputs(ids[:, 1:], fin)
+                    # pass 0: every row a depth-1 draft from true features; pass u: row p the depth-(u+1)
+                    # node of the chain begun at p - u, reading what drafting would (layer_unrolled)
+                    f, (k, v) = m.layer(x, pos) if u == 0 else m.layer_unrolled(x, pos, keys, values)
+                    keys.append(k)
+                    values.append(v)
+                    wu = wm.clone()
+                    wu[:, :u] = 0  # (rows with no chain before them)
                     lg = m.logits(f).float()
                     ce = F.cross_entropy(lg.reshape(-1, lg.shape[-1]), lab[:, 1:].reshape(-1), reduction="none").view(B, L - 1)
-                    ce = (ce * wm * (lab[:, 1:] >= 0)).sum() / wm.sum()
-                    reg_ = (F.smooth_l1_loss(f.float() / rms, feat[:, 1:] / rms, reduction="none").mean(-1) * wm).sum() / wm.sum()
+                    ce = (ce * wu * (lab[:, 1:] >= 0)).sum() / wu.sum().clamp(min=1)
+                    reg_ = (F.smooth_l1_loss(f.float() / rms, feat[:, 1:] / rms, reduction="none").mean(-1) * wu).sum() / wu.sum().clamp(min=1)
                     loss = loss + ce + reg_
                     fin = torch.cat([feat[:, :1], f[:, :-1].detach().float()], 1)  # the next pass reads predictions
             opt.zero_grad(set_to_none=True)

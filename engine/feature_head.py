@@ -94,6 +94,32 @@ class FeatureHead(nn.Module):
         h = h + self.wd(F.silu(g) * u)
         return self._rms(h, self.lnf), new
 
+    def layer_unrolled(self, x: torch.Tensor, pos: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                       ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Training pass u = len(keys) of a draft chain (HASS-style training-time test): row p is the
+        depth-(u+1) draft node at position p, its input fed the previous pass's predicted feature.
+        As when drafting, it reads the true rows j <= p - u (pass 0's keys), the chain's earlier
+        nodes (pass i's key at p - u + i, i = 1..u-1) and itself. x (B, T, D); keys/values of the
+        passes before, each (B, H, T, E). Returns f^ (B, T, D) and this pass's (k, v)."""
+        B, T, D = x.shape
+        H, E = self.H, self.E
+        u = len(keys)
+        qkv = self.wqkv(self._rms(x, self.ln1)).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
+        q, k, v = self._rope(qkv[0], pos), self._rope(qkv[1], pos), qkv[2]
+        kk, vv = torch.cat(keys + [k], 2), torch.cat(values + [v], 2)
+        mask = torch.zeros(T, (u + 1) * T, dtype=torch.bool, device=x.device)
+        mask[:, :T] = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-u)
+        rows = torch.arange(T, device=x.device)
+        for i in range(1, u + 1):
+            src = rows - u + i
+            ok = src >= 0
+            mask[rows[ok], i * T + src[ok]] = True
+        a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
+        h = x + self.wo(a.transpose(1, 2).reshape(B, T, H * E))
+        g, u_ = self.wgu(self._rms(h, self.ln2)).chunk(2, -1)
+        h = h + self.wd(F.silu(g) * u_)
+        return self._rms(h, self.lnf), (k, v)
+
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         return f @ self.head.to(f.dtype).t()
 

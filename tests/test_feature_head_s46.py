@@ -307,3 +307,32 @@ def test_distill_head_refusals(tmp_path, capsys):
     assert cli.main(["distill", "head", "--target", ssm, "--data", str(data), "--out", str(tmp_path / "h3")]) != 0
     err = capsys.readouterr().err
     assert "Traceback" not in err and "--minutes" in err and "not a `distill data` directory" in err and "Transformer" in err
+
+
+def test_unrolled_training_pass_is_what_drafting_computes():
+    """distill head's pass u at row p = the depth-(u+1) node of the chain begun at the true row
+    p - u, computed incrementally as the drafter does (true rows before it, the chain, itself)."""
+    torch.manual_seed(0)
+    emb = torch.randn(96, 64)
+    h = _head().attach(emb, emb)
+    T = 12
+    ids, feat = torch.randint(0, 96, (1, T + 1)), torch.randn(1, T + 1, 64)
+    pos = torch.arange(T)
+    with torch.no_grad():
+        f, (k, v) = h.layer(h.inputs(ids[:, 1:], feat[:, :-1]), pos)
+        keys, values, outs = [k], [v], [f]
+        for _ in range(2):
+            fin = torch.cat([feat[:, :1], outs[-1][:, :-1]], 1)
+            f, (k, v) = h.layer_unrolled(h.inputs(ids[:, 1:], fin), pos, keys, values)
+            keys.append(k); values.append(v); outs.append(f)
+        for p in range(2, T):
+            r = p - 2
+            past = (keys[0][:, :, :r], values[0][:, :, :r])
+            x = h.inputs(ids[:, r + 1:r + 2], feat[:, r:r + 1])
+            for d in range(3):
+                fd_, (k1, v1) = h.layer(x, torch.tensor([r + d]), past=past if past[0].shape[2] else None,
+                                        mask=None if past[0].shape[2] else torch.ones(1, 1, dtype=torch.bool))
+                past = (torch.cat([past[0], k1], 2), torch.cat([past[1], v1], 2))
+                torch.testing.assert_close(fd_[0, 0], outs[d][0, r + d], atol=1e-4, rtol=1e-4)
+                if d < 2:
+                    x = h.inputs(ids[:, r + d + 2:r + d + 3], fd_)
