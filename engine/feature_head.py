@@ -42,6 +42,19 @@ class FeatureHead(nn.Module):
         self.embed: torch.Tensor | None = None  # (V, D) the target's, frozen (attach)
         self.head: torch.Tensor | None = None  # (Vd, D) the target head's draft-vocabulary rows
 
+    # what a loaded drafter is asked for (engine/loading.Loaded: names, JSON rows, the status line)
+    family = "feature_head"
+    compute_dtype = torch.float32  # drafts run fp32 (products in Q8_0 on a CPU: engine/drafters/feature.py)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.vocab_ids.numel())
+
+    def describe(self) -> dict:
+        c = self.cfg
+        return {"family": "feature head", "layers": 1, "hidden": c["hidden"], "heads": f"{c['heads']}/{c['heads']}",
+                "vocab": self.vocab_size, "dtype": "float32"}
+
     def attach(self, embed: torch.Tensor, lm_head: torch.Tensor) -> "FeatureHead":
         """The target's embedding (V, D) and head (V, D) rows; kept as plain tensors (not trained)."""
         self.embed = embed.detach()

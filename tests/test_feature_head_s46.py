@@ -336,3 +336,19 @@ def test_unrolled_training_pass_is_what_drafting_computes():
                 torch.testing.assert_close(fd_[0, 0], outs[d][0, r + d], atol=1e-4, rtol=1e-4)
                 if d < 2:
                     x = h.inputs(ids[:, r + d + 2:r + d + 3], fd_)
+
+
+def test_bench_json_with_a_head(tmp_path, capsys):
+    import json
+
+    from engine import cli
+
+    target, head = _session_models(tmp_path)
+    prompts = tmp_path / "p.json"
+    prompts.write_text(json.dumps([{"name": "a", "text": "hello there, hello there"}, {"name": "b", "text": "abcabcabc"}]))
+    assert cli.main(["bench", "--target", target, "--drafter", head, "--dtype", "fp32", "--strategies", "ar,sd:4,tree:2-2,hybrid:auto",
+                     "--max-new-tokens", "16", "--prompts", str(prompts), "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows = [r for r in out["rows"] if r["prompt"] in ("a", "b")]
+    assert len(rows) == 8 and all(r["identical_to_ar"] for r in rows)
+    assert out["settings"]["drafter"]["description"] == "head (feature-head, float32)"
