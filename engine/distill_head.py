@@ -50,6 +50,8 @@ def add_parser(dsub) -> None:
     h.add_argument("--eval-data", default=None, nargs="+", metavar="DIR",
                    help="replies to evaluate the chain on (e.g. replies to the bench prompts); default: held-out replies")
     h.add_argument("--threads", type=int, default=None)
+    h.add_argument("--device", default="cpu", help="cpu | cuda | auto: where the target reads the replies and the head "
+                   "trains (a lent GPU: the same command, a bigger --replies and --minutes)")
     h.add_argument("--max-len", type=int, default=512, help="tokens of a reply (prompt included) read")
 
 
@@ -123,8 +125,8 @@ def extract(model, dirs, out: Path, limit: int, max_len: int, log=print) -> list
                     model.hidden_log = None
                     model.cache.reset()
                 ids.append(torch.tensor(seq, dtype=torch.int32))
-                feats.append(h.to(torch.bfloat16))
-                labels.append(model.logits(h).argmax(-1).to(torch.int32))
+                feats.append(h.to(torch.bfloat16).cpu())
+                labels.append(model.logits(h).argmax(-1).to(torch.int32).cpu())
                 lens.append(len(seq))
                 plens.append(plen)
                 done += len(seq)
@@ -212,7 +214,10 @@ def cmd_head(args: argparse.Namespace) -> int:
         raise SpecchatError("--minutes and --noise must be >= 0 and --lr > 0")
     out = Path(args.out)
     reg = load_registry(args.models)
-    tgt = load(args.target or default_target_name(reg), dtype="bf16", registry=reg).model
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
+    dev = torch.device(device)
+    tgt = load(args.target or default_target_name(reg), dtype="bf16", registry=reg,
+               device=None if dev.type == "cpu" else dev).model
     embed = getattr(tgt, "embed", None)
     from .models.base import CausalLM
 
@@ -228,7 +233,8 @@ def cmd_head(args: argparse.Namespace) -> int:
         ev, train = data[::20], [s for i, s in enumerate(data) if i % 20]
     with torch.inference_mode():
         lm = tgt.logits(torch.eye(D, dtype=tgt.compute_dtype)).t().float().contiguous()  # the head's rows (V, D)
-    emb = embed.float()
+    emb = embed.float().to(dev)
+    lm = lm.to(dev)
     V = emb.shape[0]
     cnt = torch.zeros(V, dtype=torch.long)
     for s in train:
@@ -237,12 +243,12 @@ def cmd_head(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
     random.seed(0)
     if args.init:
-        m = load_head(Path(args.init)).attach(emb, lm)
+        m = load_head(Path(args.init)).to(dev).attach(emb, lm)
     else:
         vocab = cnt.argsort(descending=True)[:min(args.vocab, V)].sort().values
-        m = FeatureHead(D, max(1, D // 64), 64, args.inter, vocab).attach(emb, lm)
+        m = FeatureHead(D, max(1, D // 64), 64, args.inter, vocab).to(dev).attach(emb, lm)
     remap = torch.full((V,), -100, dtype=torch.long)
-    remap[m.vocab_ids] = torch.arange(len(m.vocab_ids))
+    remap[m.vocab_ids.cpu()] = torch.arange(len(m.vocab_ids))
     cover = cnt[m.vocab_ids].sum().item() / max(cnt.sum().item(), 1)
     log(f"head {sum(p.numel() for p in m.parameters()) / 1e6:.2f}M params; {len(train)} replies "
         f"({sum(len(s['ids']) for s in train)} tokens) to train on, {len(ev)} to evaluate; draft vocabulary "
@@ -280,16 +286,17 @@ def cmd_head(args: argparse.Namespace) -> int:
                 n = len(s["ids"])
                 ids[i, :n], feat[i, :n], lab[i, :n] = s["ids"], s["feat"].float(), remap[s["label"]]
                 w[i, max(s["plen"] - 1, 0):n - 1] = 1.0
+            ids, feat, lab, w = ids.to(dev), feat.to(dev), lab.to(dev), w.to(dev)
             frac = min((time.perf_counter() - t0) / max(budget, 1e-9), 1.0)
             lr = args.lr * min(1.0, (step + 1) / 100) * (0.1 + 0.45 * (1 + math.cos(math.pi * frac)))
             for g in opt.param_groups:
                 g["lr"] = lr
-            pos = torch.arange(L - 1)
+            pos = torch.arange(L - 1, device=dev)
             wm = w[:, :-1]
             fin = feat[:, :-1] + args.noise * rms * torch.randn_like(feat[:, :-1])
             loss = 0.0
             keys, values = [], []
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=feat.device.type == "cpu"):
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
                 for u in range(args.unroll):
                     x = m.inputs(ids[:, 1:], fin)
                     # pass 0: every row a depth-1 draft from true features; pass u: row p the depth-(u+1)
@@ -316,6 +323,7 @@ def cmd_head(args: argparse.Namespace) -> int:
                 save()
     m.eval()
     save()
+    m = m.cpu().attach(emb.cpu(), lm.cpu())
     tps, depth = simulate(m, ev)
     report = {"chain5_tokens_per_step": round(tps, 3), "accepted_by_depth": [round(x, 3) for x in depth],
               "eval": [str(d) for d in args.eval_data] if args.eval_data else "held-out replies", "steps": step}

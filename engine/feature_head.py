@@ -141,8 +141,8 @@ class FeatureHead(nn.Module):
         from safetensors.torch import save_file
 
         out.mkdir(parents=True, exist_ok=True)
-        sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
-        sd["vocab_ids"] = self.vocab_ids.to(torch.int32).contiguous()
+        sd = {k: v.detach().to(torch.bfloat16).cpu().contiguous() for k, v in self.state_dict().items() if k != "vocab_ids"}
+        sd["vocab_ids"] = self.vocab_ids.to(torch.int32).cpu().contiguous()
         save_file(sd, str(out / "model.safetensors"))
         (out / "config.json").write_text(json.dumps({"model_type": "specchat_feature_head", **self.cfg, **(meta or {})}, indent=1) + "\n")
 

@@ -52,3 +52,24 @@ def test_distill_data_and_train_on_the_gpu(tmp_path, make_tiny_gguf):
     from engine.loading import load
 
     assert load(str(out)).model.vocab_size >= 6
+
+
+def test_distill_head_on_the_gpu(tmp_path):
+    """`distill head --device cuda`: features from the target built on the GPU, the head trained there;
+    the saved head drafts on the CPU for plain decoding's tokens."""
+    from engine.feature_head import load_head
+    from engine.generate import Decoder, run_generation
+    from engine.loading import load
+    from engine.strategy import from_spec
+    from tests.test_feature_head_s46 import _replies
+
+    target = str(saved("llama_tied", str(tmp_path)))
+    data = _replies(tmp_path / "data", 30)
+    out = tmp_path / "head"
+    assert main(["distill", "head", "--device", "cuda", "--target", target, "--data", str(data), "--out", str(out),
+                 "--replies", "30", "--minutes", "0.05", "--vocab", "50", "--inter", "32", "--batch-tokens", "256"]) == 0
+    dec = Decoder(load(target).model)
+    dec.attach_feature_head(load_head(out))
+    got, _ = run_generation(dec, [5, 8, 11], from_spec("sd:4"), 20)
+    want, _ = run_generation(Decoder(load(target).model), [5, 8, 11], from_spec("ar"), 20)
+    assert [t for e in got for t in e.emitted] == [t for e in want for t in e.emitted]
