@@ -34,6 +34,12 @@
 # prompt_ids), greedy fp32 replies for GEN_S seconds, xz'd.
 # CPU dry run: GPU_DISTILL_DEVICE=cpu GPU_DISTILL_SIZES="16 4 8" bash bench/gpu_distill.sh --gen OUT 30
 #
+# A feature head (`distill head --device cuda`) instead, on the first reply set:
+#   call 1:  carry .gpu1              bash bench/gpu_distill.sh --stash
+#   call 2:  carry .gpu2              bash bench/gpu_distill.sh --head "$OUT" MINUTES [REPLIES]
+#   here:    tar -xf DIR/head.tar -C drafters/    (drafters/head: a --drafter for SmolLM2)
+# CPU dry run: GPU_DISTILL_DEVICE=cpu bash bench/gpu_distill.sh --head OUT 0.1 20
+#
 # --run: eval replies (assets/prompts/bench.json, 128 tokens, for --eval-data), then new replies
 # for GEN_S seconds (a fresh template set, seed 1, and prompts the target writes itself, none of
 # the old prompts), merged with the old ones (a prompt already answered is not taken twice), then
@@ -150,13 +156,27 @@ EOF
     log "done"
     ls -la "$out"
     ;;
+--head)
+    # a feature head (engine/distill_head.py) trained on the GPU on the first reply set (the carried
+    # old.tar.xz: 12,408 replies), its held-out replies evaluated; ~10 MB comes back in $OUT/head.tar
+    out=${2:?usage: gpu_distill.sh --head OUT MINUTES [REPLIES]}
+    minutes=${3:-6}
+    replies=${4:-20000}
+    assemble head
+    $py distill head --target "$w/$GGUF" --device "$dev" --data "$w/old" --replies "$replies" --minutes "$minutes" \
+        --out "$w/head" 2> "$w/head.log" | tee "$out/head-report.json" || { tail -c 2000 "$w/head.log"; exit 1; }
+    grep -v '^step ' "$w/head.log" | tail -5 >&2
+    cp "$w/head.log" "$w/head/train.log"
+    tar -C "$w" -cf "$out/head.tar" --exclude=features head
+    ls -la "$out"
+    ;;
 --fetch)
     out=${2:?usage: gpu_distill.sh --fetch OUT A|B}
     tar -C "$w" -cf - "gpu-$3-bf16" | split -b 15M - "$out/$3.tar.part-"
     ls -la "$out"
     ;;
 *)
-    echo "usage: gpu_distill.sh --pack | --stash | --gen OUT GEN_S [SEED] | --run OUT GEN_S TRAIN_S | --fetch OUT A|B" >&2
+    echo "usage: gpu_distill.sh --pack | --stash | --gen OUT GEN_S [SEED] | --run OUT GEN_S TRAIN_S | --head OUT MINUTES [REPLIES] | --fetch OUT A|B" >&2
     exit 2
     ;;
 esac
