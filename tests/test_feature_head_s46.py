@@ -231,6 +231,11 @@ def test_with_a_datastore_identical(tmp_path, spec):
     evs, _ = run_generation(dec, PROMPT, parse_strategy(spec), 40)
     assert [t for e in evs for t in e.emitted] == want
     assert sum(e.drafted for e in evs) > 0
+    # steps that accepted several tokens at once (the datastore's copies) kept the features aligned
+    assert max(e.accepted for e in evs) >= 2
+    n = dec.target.cache.length
+    assert dec.features.n_feat == n
+    torch.testing.assert_close(dec.features.features[:n].float(), _hidden(dec.target, dec.history[:n]).float(), atol=0.05, rtol=0.05)
 
 
 # ---- `specchat distill head` ------------------------------------------------------------------------
