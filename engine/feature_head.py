@@ -13,7 +13,6 @@ the head changes speed, never output.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import torch

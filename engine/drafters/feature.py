@@ -29,7 +29,6 @@ SCRATCH = 264  # draft rows a step may add after the committed ones (a tree's 25
 class FeatureDrafter:
     name = "model"
     supports_confidence = True  # greedy chains record the head's probability of each draft
-    needs_features = True
 
     def __init__(self, head: FeatureHead, embed: torch.Tensor, lm_head: torch.Tensor, capacity: int,
                  q8: bool | None = None):
