@@ -60,10 +60,9 @@ def add_parser(sub) -> None:
     ng.add_argument("--n-max", type=int, default=4, help="longest context indexed (tokens)")
     ng.add_argument("--min-count", type=int, default=2, help="contexts of 2+ tokens seen fewer times are dropped")
     ng.add_argument("--branches", type=int, default=3, help="next tokens kept per context (the draft trees branch on them)")
+    from .distill_head import add_parser as add_head
     from .distill_scorer import add_parser as add_scorer
     from .distill_train import add_parser as add_train
-
-    from .distill_head import add_parser as add_head
 
     add_train(dsub)
     add_scorer(dsub)

@@ -117,13 +117,10 @@ def extract(model, dirs, out: Path, limit: int, max_len: int, log=print) -> list
             ids, feats, labels, lens, plens = [], [], [], [], []
             for seq, plen in part:
                 model.cache.reset()
-                model.hidden_log = []
-                try:
+                with model.logging_hidden() as hidden:
                     model.verify(seq, list(range(-1, len(seq) - 1)))
-                    h = model.hidden_log[0]
-                finally:
-                    model.hidden_log = None
-                    model.cache.reset()
+                model.cache.reset()
+                h = hidden[0]
                 ids.append(torch.tensor(seq, dtype=torch.int32))
                 feats.append(h.to(torch.bfloat16).cpu())
                 labels.append(model.logits(h).argmax(-1).to(torch.int32).cpu())

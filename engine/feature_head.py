@@ -75,36 +75,32 @@ class FeatureHead(nn.Module):
         e = self.embed.index_select(0, tokens.reshape(-1)).view(*tokens.shape, -1).to(feats.dtype)
         return self.fc(torch.cat([e, feats], -1))
 
-    def layer(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None,
-              past: tuple[torch.Tensor, torch.Tensor] | None = None,
-              cache: tuple[torch.Tensor, torch.Tensor, int] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
-        """x (B, T, D) at positions pos (B, T) or (T,); past (k, v) (B, H, P, E) earlier rows, or
-        ``cache`` (k_buf, v_buf, P): buffers (B, H, capacity, E) holding the earlier rows at [0, P),
-        this call's written at [P, P + T) (no copy of the earlier rows). mask (T, P + T) bool
-        (True: attend), default causal. Returns f^ (B, T, D) and this call's (k, v)."""
-        B, T, D = x.shape
-        H, E = self.H, self.E
-        qkv = self.wqkv(self._rms(x, self.ln1)).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
-        q, k, v = self._rope(qkv[0], pos), self._rope(qkv[1], pos), qkv[2]
-        new = (k, v)
-        if cache is not None:
-            kb, vb, P = cache
-            kb[:, :, P:P + T], vb[:, :, P:P + T] = k, v
-            k, v = kb[:, :, :P + T], vb[:, :, :P + T]
-            past = (k, v) if P else None  # (the mask below then covers P + T columns)
-        elif past is not None:
-            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
-        if mask is None and past is None:
-            a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            if mask is None:
-                P = k.shape[2] - T
-                mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-        h = x + self.wo(a.transpose(1, 2).reshape(B, T, H * E))
+    def _qkv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys (rotated to ``pos``) and values of rows x (B, T, D), each (B, H, T, E)."""
+        B, T, _ = x.shape
+        qkv = self.wqkv(self._rms(x, self.ln1)).view(B, T, 3, self.H, self.E).permute(2, 0, 3, 1, 4)
+        return self._rope(qkv[0], pos), self._rope(qkv[1], pos), qkv[2]
+
+    def _finish(self, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer from the attention's output a (B, H, T, E): f^ (B, T, D)."""
+        B, T, _ = x.shape
+        h = x + self.wo(a.transpose(1, 2).reshape(B, T, self.H * self.E))
         g, u = self.wgu(self._rms(h, self.ln2)).chunk(2, -1)
         h = h + self.wd(F.silu(g) * u)
-        return self._rms(h, self.lnf), new
+        return self._rms(h, self.lnf)
+
+    def layer(self, x: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None,
+              past: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """x (B, T, D) at positions pos (B, T) or (T,); past (k, v) (B, H, P, E) earlier rows.
+        mask (T, P + T) bool (True: attend), default causal. Returns f^ (B, T, D) and this call's (k, v)."""
+        q, k, v = self._qkv(x, pos)
+        if past is None and mask is None:
+            return self._finish(x, F.scaled_dot_product_attention(q, k, v, is_causal=True)), (k, v)
+        kk, vv = (k, v) if past is None else (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+        if mask is None:
+            T, P = x.shape[1], kk.shape[2] - x.shape[1]
+            mask = torch.ones(T, P + T, dtype=torch.bool).tril(P)
+        return self._finish(x, F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)), (k, v)
 
     def layer_unrolled(self, x: torch.Tensor, pos: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                        ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -113,12 +109,9 @@ class FeatureHead(nn.Module):
         As when drafting, it reads the true rows j <= p - u (pass 0's keys), the chain's earlier
         nodes (pass i's key at p - u + i, i = 1..u-1) and itself. x (B, T, D); keys/values of the
         passes before, each (B, H, T, E). Returns f^ (B, T, D) and this pass's (k, v)."""
-        B, T, D = x.shape
-        H, E = self.H, self.E
+        T = x.shape[1]
         u = len(keys)
-        qkv = self.wqkv(self._rms(x, self.ln1)).view(B, T, 3, H, E).permute(2, 0, 3, 1, 4)
-        q, k, v = self._rope(qkv[0], pos), self._rope(qkv[1], pos), qkv[2]
-        kk, vv = torch.cat(keys + [k], 2), torch.cat(values + [v], 2)
+        q, k, v = self._qkv(x, pos)
         mask = torch.zeros(T, (u + 1) * T, dtype=torch.bool, device=x.device)
         mask[:, :T] = torch.ones(T, T, dtype=torch.bool, device=x.device).tril(-u)
         rows = torch.arange(T, device=x.device)
@@ -126,11 +119,8 @@ class FeatureHead(nn.Module):
             src = rows - u + i
             ok = src >= 0
             mask[rows[ok], i * T + src[ok]] = True
-        a = F.scaled_dot_product_attention(q, kk, vv, attn_mask=mask)
-        h = x + self.wo(a.transpose(1, 2).reshape(B, T, H * E))
-        g, u_ = self.wgu(self._rms(h, self.ln2)).chunk(2, -1)
-        h = h + self.wd(F.silu(g) * u_)
-        return self._rms(h, self.lnf), (k, v)
+        a = F.scaled_dot_product_attention(q, torch.cat(keys + [k], 2), torch.cat(values + [v], 2), attn_mask=mask)
+        return self._finish(x, a), (k, v)
 
     def logits(self, f: torch.Tensor) -> torch.Tensor:
         return f @ self.head.to(f.dtype).t()
@@ -181,7 +171,7 @@ def feature_head_dir(ref: str, registry=None) -> Path | None:
         return None
 
 
-def load_feature_head(ref: str, path: Path, target):
+def load_feature_head(path: Path, target):
     """A feature head as an engine.loading.Loaded beside ``target`` (a Loaded): it shares the
     target's tokenizer, and must read hidden rows as wide as the target's and name its tokens."""
     from .errors import ModelLoadError

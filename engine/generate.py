@@ -147,12 +147,10 @@ class Decoder:
         self.features = FeatureDrafter(head, embed, lm, t.cache.capacity)
         self.drafters["model"] = self.features
 
-    def _feed_features(self, rows) -> None:
+    def _feed_features(self, rows: torch.Tensor) -> None:
         """The target's hidden rows of the positions just committed (in order) to the feature drafter."""
         fd = self.features
-        if fd is None:
-            return
-        if rows is None or fd.n_feat + rows.shape[0] != self.target.cache.length:
+        if fd.n_feat + rows.shape[0] != self.target.cache.length:
             fd.truncate(min(fd.n_feat, self.target.cache.length))  # misaligned: it drafts nothing until reset
             return
         fd.append(rows)
@@ -215,23 +213,21 @@ class Decoder:
         fd = self.features
         if fd is not None:
             fd.truncate(n)
-            self.target.hidden_log = []
         t0 = time.perf_counter()
         todo = prompt_ids[n:-1]
         piece = len(todo) if stop is None else PREFILL_PIECE
         done = 0
         try:
-            while done < len(todo):
-                if stop is not None and stop.is_set():
-                    break
-                self.target.prefill(todo[done:done + piece])
-                done += min(piece, len(todo) - done)
-            if fd is not None:
-                log, self.target.hidden_log = self.target.hidden_log, None
-                self._feed_features(torch.cat(log) if log else torch.zeros(0, fd.features.shape[1]))
+            with self.target.logging_hidden(fd is not None) as log:
+                while done < len(todo):
+                    if stop is not None and stop.is_set():
+                        break
+                    self.target.prefill(todo[done:done + piece])
+                    done += min(piece, len(todo) - done)
+            if log:
+                self._feed_features(torch.cat(log))
         except BaseException:
             if fd is not None:
-                self.target.hidden_log = None
                 fd.truncate(min(fd.n_feat, cache.length))
             # an error between pieces (out of memory on a long prompt): the chat goes on, so the history
             # must say what the cache holds now (the next start compares them), or nothing where unsure
@@ -391,14 +387,8 @@ class Decoder:
             tokens = pre + tokens
             parents = list(range(-1, m - 1)) + [p + m if p >= 0 else m - 1 for p in parents]
         fd = self.features
-        if fd is not None:
-            self.target.hidden_log = []
-        try:
+        with self.target.logging_hidden(fd is not None) as log:
             logits = self.target.verify(tokens, parents)
-        finally:
-            log = self.target.hidden_log
-            self.target.hidden_log = None
-        hv = log[0] if log else None
         rows_of = (lambda rows: rows) if rowmap is None else rowmap
         logits = logits[m:] if rowmap is None else logits[m:][rowmap(None)]
 
@@ -408,24 +398,20 @@ class Decoder:
                 self.target.commit(list(range(m)))  # the previous step's chain, advanced in this pass
                 self._pending = [tokens[r] for r in new]
                 if fd is not None:
-                    self._feed_features(None if hv is None else hv[:m])
+                    self._feed_features(log[0][:m])
             elif s.backtrack == "recompute":
                 done = [tokens[r] for r in range(m)] + [tokens[r] for r in new]
                 self.target.cache.clear_scratch()
-                if fd is not None:
-                    self.target.hidden_log = []
-                try:
+                with self.target.logging_hidden(fd is not None) as plog:
                     self.target.prefill(done)
-                finally:
-                    plog, self.target.hidden_log = self.target.hidden_log, None
                 self._pending = []
                 if fd is not None:
-                    self._feed_features(torch.cat(plog) if plog else None)
+                    self._feed_features(torch.cat(plog))
             else:
                 self.target.commit(list(range(m)) + new)
                 self._pending = []
                 if fd is not None:
-                    self._feed_features(None if hv is None else hv[list(range(m)) + new])
+                    self._feed_features(log[0][list(range(m)) + new])
         return logits, commit
 
     # ---- tree policies ------------------------------------------------------------------------------------

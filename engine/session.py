@@ -113,7 +113,7 @@ class ChatSession:
 
                 head_dir = feature_head_dir(drafter_ref, reg)
                 if head_dir is not None:  # a draft head reading the target's hidden rows (engine/drafters/feature.py)
-                    drf = load_feature_head(drafter_ref, head_dir, tgt)
+                    drf = load_feature_head(head_dir, tgt)
                 else:
                     with loading_a_drafter():  # its fast path whatever the target's measure chose
                         drf = load(drafter_ref, dtype=_drafter_dtype(tgt.model), registry=reg, max_context=max_context)

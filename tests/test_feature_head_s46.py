@@ -38,9 +38,9 @@ def _hidden(model, ids):
     """The target's final-norm hidden rows over ids, from an empty cache."""
     m = model.with_own_cache()
     m.allocate(len(ids) + 8)
-    m.hidden_log = []
-    m.verify(ids, list(range(-1, len(ids) - 1)))
-    return m.hidden_log[0]
+    with m.logging_hidden() as log:
+        m.verify(ids, list(range(-1, len(ids) - 1)))
+    return log[0]
 
 
 PROMPT = [5, 17, 3, 44, 9, 12, 5, 17, 3, 60, 2, 8]

@@ -17,8 +17,9 @@ Attention families store K/V in engine.cache.KVCache; a family implements ``forw
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -86,6 +87,19 @@ class CausalLM(torch.nn.Module):
         clone.cache = None
         clone.allocate()
         return clone
+
+    @contextlib.contextmanager
+    def logging_hidden(self, on: bool = True) -> Iterator[list | None]:
+        """Inside, every pass's final-norm hidden rows are appended to the list yielded
+        (``hidden_log``; ``on`` False: None, nothing kept)."""
+        if not on:
+            yield None
+            return
+        log = self.hidden_log = []
+        try:
+            yield log
+        finally:
+            self.hidden_log = None
 
     @property
     def length(self) -> int:

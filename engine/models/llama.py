@@ -312,11 +312,12 @@ class Llama(CausalLM):
         layer, engine/drafters/feature.py): the C pass where it applies, else the torch pass."""
         tab = self._native_table()
         if tab is not None:
-            return self._native_rows(tab, None, positions, start, mask, x=x)
+            return self._native_rows(tab, x.to(torch.float32, copy=True).contiguous(), positions, start, mask)
         return self._torch_rows(x.to(self._dtype), positions, start, mask)
 
-    def _native_rows(self, tab: torch.Tensor, tokens: torch.Tensor | None, positions: torch.Tensor, start: int,
-                     mask: torch.Tensor | None, x: torch.Tensor | None = None) -> torch.Tensor:
+    def _native_rows(self, tab: torch.Tensor, x: torch.Tensor, positions: torch.Tensor, start: int,
+                     mask: torch.Tensor | None) -> torch.Tensor:
+        """The C pass over input rows x (T, D): a contiguous fp32 copy the pass writes its residual stream into."""
         from .. import native
 
         c = self.cfg
@@ -326,10 +327,6 @@ class Llama(CausalLM):
         assert kc.is_contiguous() and vc.is_contiguous() and kc.dtype == vc.dtype == (torch.bfloat16 if kv16 else torch.float32), "KV cache layout"
         if mask is not None and (mask.stride(1) != 1 or mask.dtype != torch.bool):
             mask = mask.to(torch.bool).contiguous()
-        if x is None:
-            x = self._embed_rows(tokens).contiguous()  # (T, D), a copy
-        else:
-            x = x.to(torch.float32).contiguous().clone()  # the pass writes its residual stream here
         T = x.shape[0]
         cos, sin = self.rope.cos[positions].contiguous(), self.rope.sin[positions].contiguous()
         rc = native.lib().llama_rows_f32(
@@ -419,7 +416,7 @@ class Llama(CausalLM):
     def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, start: int, mask: torch.Tensor | None) -> torch.Tensor:
         tab = self._native_table()
         if tab is not None and (not (self._prefilling and tokens.shape[0] > PREFILL_ROWS) or (NATIVE_LONG_PREFILL and self._grouped())):
-            return self._native_rows(tab, tokens, positions, start, mask)
+            return self._native_rows(tab, self._embed_rows(tokens).contiguous(), positions, start, mask)  # (a copy)
         glue = self._glue() if self._dtype == torch.bfloat16 else None
         if glue is not None:
             return self._glue_rows(glue, tokens, positions, start, mask)
