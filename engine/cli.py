@@ -414,30 +414,14 @@ def _check_sampling_args(args: argparse.Namespace) -> None:
 
 
 def _check_cuts(args: argparse.Namespace) -> None:
-    """--top-p, --top-k and --min-p in range, before the seconds of loading: without --strategy the
-    strategy (the session's default) was validated only once the model had loaded (or a missing
-    target's error came first), and a measuring mode (bench --verify-cost) never validated them."""
-    import math
+    """--top-p, --top-k, --min-p and the repeat penalty in range before the seconds of loading:
+    without --strategy the strategy (the session's default) was validated only once the model had
+    loaded (or a missing target's error came first), and a measuring mode (bench --verify-cost)
+    never validated them."""
+    from .strategy import check_cuts
 
-    from .errors import SpecchatError
-    from .strategy import check_repeat_penalty
-
-    top_p, top_k, min_p = getattr(args, "top_p", 1.0), getattr(args, "top_k", 0), getattr(args, "min_p", 0.0)
-    penalty, last_n = getattr(args, "repeat_penalty", 1.0), getattr(args, "repeat_last_n", 64)
-    for flag, v in (("--top-p", top_p), ("--min-p", min_p), ("--repeat-penalty", penalty)):
-        if not math.isfinite(v):
-            raise SpecchatError(f"{flag} must be a finite number, got {v}")
-    if not 0.0 < top_p <= 1.0:
-        raise SpecchatError(f"--top-p must be in (0, 1] (1: off), got {top_p:g}")
-    if top_k < 0:
-        raise SpecchatError(f"--top-k must be >= 0 (0: off), got {top_k}")
-    if not 0.0 <= min_p <= 1.0:
-        raise SpecchatError(f"--min-p must be in [0, 1] (0: off), got {min_p:g}")
-    if not 0.0 < penalty <= 10.0:
-        raise SpecchatError(f"--repeat-penalty must be in (0, 10] (1: off), got {penalty:g}")
-    check_repeat_penalty(penalty, "--repeat-penalty")
-    if last_n < 1:
-        raise SpecchatError(f"--repeat-last-n must be at least 1, got {last_n}")
+    check_cuts(getattr(args, "top_p", 1.0), getattr(args, "top_k", 0), getattr(args, "min_p", 0.0),
+               getattr(args, "repeat_penalty", 1.0), getattr(args, "repeat_last_n", 64), flags=True)
 
 
 def one_line(e: BaseException) -> str:

@@ -6,6 +6,7 @@ and the loop picks up the new one at the next step without touching the committe
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -56,6 +57,28 @@ def check_repeat_penalty(r: float, name: str = "repeat penalty") -> None:
     if 0.0 < r < MIN_REPEAT_PENALTY:
         raise StrategyError(f"{name} {r:g} is too small (the penalised logits overflow): "
                             f"use at least {MIN_REPEAT_PENALTY:g}, or 1 for no penalty")
+
+
+def check_cuts(top_p: float, top_k: int, min_p: float, repeat_penalty: float, repeat_last_n: int,
+               flags: bool = False) -> None:
+    """The sampling cuts' and the repeat penalty's ranges, one line each: Strategy.validate's, and
+    the CLI's before the seconds of loading (``flags``: named as the options, ``--top-p``)."""
+    name = (lambda n: "--" + n) if flags else (lambda n: n)  # noqa: E731
+    for n, v in (("top-p", top_p), ("min-p", min_p), ("repeat-penalty", repeat_penalty)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+            raise StrategyError(f"{name(n)} must be a finite number, got {v}")
+    if not 0.0 < top_p <= 1.0:
+        raise StrategyError(f"{name('top-p')} must be in (0, 1] (1: off), got {top_p:g}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise StrategyError(f"{name('top-k')} must be >= 0 (an integer; 0: off), got {top_k}")
+    if not 0.0 <= min_p <= 1.0:
+        raise StrategyError(f"{name('min-p')} must be in [0, 1] (0: off), got {min_p:g}")
+    if not 0.0 < repeat_penalty <= 10.0:
+        raise StrategyError(f"{name('repeat-penalty')} must be in (0, 10] (1: off), got {repeat_penalty:g}")
+    check_repeat_penalty(repeat_penalty, name("repeat-penalty"))
+    if isinstance(repeat_last_n, bool) or not isinstance(repeat_last_n, int) or repeat_last_n < 1:
+        raise StrategyError(f"{name('repeat-last-n')} must be at least 1 (an integer: the tokens of context the "
+                            f"penalty looks back on), got {repeat_last_n}")
 
 
 @dataclass(frozen=True)
@@ -221,17 +244,7 @@ class Strategy:
         if self.temperature < 0:
             raise StrategyError("temperature must be >= 0")
         check_temperature(self.temperature)
-        if not 0.0 < self.top_p <= 1.0:
-            raise StrategyError("top-p must be in (0, 1]")
-        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
-            raise StrategyError("top-k must be an integer >= 0 (0: off)")
-        if not 0.0 <= self.min_p <= 1.0:
-            raise StrategyError("min-p must be in [0, 1] (0: off)")
-        if not (isinstance(self.repeat_penalty, (int, float)) and 0.0 < self.repeat_penalty <= 10.0):
-            raise StrategyError("repeat penalty must be in (0, 10] (1: off)")
-        check_repeat_penalty(self.repeat_penalty)
-        if isinstance(self.repeat_last_n, bool) or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < 1:
-            raise StrategyError("repeat-last-n must be an integer >= 1 (the tokens of context the penalty looks back on)")
+        check_cuts(self.top_p, self.top_k, self.min_p, self.repeat_penalty, self.repeat_last_n)
         if self.draft_len < 1 or self.draft_len > MAX_DRAFT_LEN:
             raise StrategyError(f"draft length must be between 1 and {MAX_DRAFT_LEN}")
         if not 1 <= self.ngram_min <= self.ngram_max <= 32:
