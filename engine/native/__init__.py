@@ -135,7 +135,7 @@ def _cache_dir() -> Path:
     return Path(base) / "specchat" / "native"
 
 
-SOURCES = ("attn.c", "bf16_rows.c", "glue_bf16.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c")
+SOURCES = ("attn.c", "bf16_rows.c", "glue_bf16.c", "linear.c", "llama_rows.c", "mamba2_step.c", "pool.c", "quant_a8.c", "select.c")
 
 
 def _build(srcs: list[Path], cc: str) -> Path:
@@ -216,6 +216,8 @@ def _load() -> ctypes.CDLL | None:
         lib.mamba2_layers_f32.restype = ctypes.c_int
         lib.mamba2_draft_step.argtypes = [p, p, p, p, i64, i64, i32, p, p, p, i32]
         lib.mamba2_draft_step.restype = ctypes.c_int
+        lib.topk_values_f32.argtypes = [p, i64, i64, i64, i64, p]
+        lib.topk_values_f32.restype = ctypes.c_int
         _lib = lib
         _reason = "on"
         return lib
