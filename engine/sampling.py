@@ -160,24 +160,44 @@ def draw_rows(probs: torch.Tensor, top_p: float, generator: torch.Generator | No
 
 
 def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    # torch.multinomial needs the generator on the tensor's device (a CPU generator with CUDA probs
+    # the draws need the generator on the tensor's device (a CPU generator with CUDA probs
     # raises); moving one row of V floats is cheaper than failing.
     if generator is not None and probs.device.type != generator.device.type:
         return probs.to(generator.device)
     return probs
 
 
+def _cdf(probs: torch.Tensor) -> torch.Tensor:
+    """The running sums of probs (V,) in float64, checked: a distribution with no mass, a NaN or an
+    infinity is a ValueError (as torch.multinomial refuses them)."""
+    c = torch.cumsum(probs, 0, dtype=torch.float64)
+    total = float(c[-1])
+    if not 0.0 < total < float("inf") or bool((probs < 0).any()):
+        raise ValueError(f"invalid distribution to sample from (total mass {total}, or a negative entry)")
+    return c
+
+
+def _invert(c: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
+    """n independent draws from the distribution whose running sums are c: the first index whose
+    sum exceeds u * total, u uniform in [0, 1) (a zero entry's sum equals its predecessor's, so it
+    is never the first to exceed)."""
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=c.device) * c[-1]
+    return torch.searchsorted(c, u, right=True).clamp_(max=len(c) - 1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token from probs (V,), non-negative, not necessarily normalised."""
-    return int(torch.multinomial(_on_generator_device(probs.float(), generator), 1, generator=generator))
+    """One token from probs (V,), non-negative, not necessarily normalised: by inverting its
+    distribution function with one uniform draw (torch.multinomial's one draw is an exponential race
+    over all V entries: ~0.9 ms a 49k-entry row on a 2-core Xeon, this ~0.08; session 47)."""
+    return int(_invert(_cdf(_on_generator_device(probs.float(), generator)), 1, generator)[0])
 
 
 def draft_sample(q: torch.Tensor, k: int, generator: torch.Generator | None, without_replacement: bool) -> list[int]:
     """k children drawn from q (V,): i.i.d., or without replacement in draw order.
 
     Without replacement is the sequential draw (each next token from q with the earlier ones removed,
-    renormalised) that recursive rejection sampling assumes; torch.multinomial implements it as the
-    first k arrivals of an exponential race. Fewer than k tokens come back when q has fewer than k
+    renormalised) that recursive rejection sampling assumes, done as that: each draw inverts the
+    distribution function of what is left. Fewer than k tokens come back when q has fewer than k
     non-zero entries.
     """
     q = _on_generator_device(q.float(), generator)
@@ -185,7 +205,14 @@ def draft_sample(q: torch.Tensor, k: int, generator: torch.Generator | None, wit
         k = min(k, int((q > 0).sum()))
     if k <= 0:
         return []
-    return torch.multinomial(q, k, replacement=not without_replacement, generator=generator).tolist()
+    if not without_replacement:
+        return _invert(_cdf(q), k, generator).tolist()
+    left, out = q.clone(), []
+    for _ in range(k):
+        t = int(_invert(_cdf(left), 1, generator)[0])
+        out.append(t)
+        left[t] = 0.0
+    return out
 
 
 def residual(target_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:

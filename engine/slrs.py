@@ -42,6 +42,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import SpecchatError
+from .sampling import sample
 
 
 class PsiTooLarge(SpecchatError, ValueError):
@@ -241,7 +242,7 @@ def residual_sample(p: torch.Tensor, psi: Callable[[int], float], generator: tor
     """A sample of norm(p − min(p, ψ)) by rejection from p: keep t ~ p w.p. max(0, 1 − ψ(t)/p(t))."""
     cache: dict[int, float] = {}
     for _ in range(max_trials):
-        t = int(torch.multinomial(p, 1, generator=generator))
+        t = sample(p, generator)
         if t not in cache:
             cache[t] = psi(t)
         keep = max(0.0, 1.0 - cache[t] / float(p[t]))

@@ -439,7 +439,7 @@ class BridgeDrafter:
         """Chain of target tokens, one fresh Alg. 3 procedure per position (each starts from the
         drafter's state right after the previous token's bytes: the lookahead draws that fixed
         the previous token are not reused, they are conditioned on its end)."""
-        from ..sampling import probs_from_logits
+        from ..sampling import probs_from_logits, sample
 
         if not self._pure_recurrent():
             raise BridgeError("slrs drafts byte by byte from forked states: it needs a pure recurrent (Mamba) drafter")
@@ -465,7 +465,7 @@ class BridgeDrafter:
                     d = int(logits[0].argmax())
                 else:
                     q = probs_from_logits(logits[0].float(), req.temperature, *cuts)
-                    d = int(torch.multinomial(q, 1, generator=req.generator))
+                    d = sample(q, req.generator)
                 seq.append(d)
                 drafted += 1
                 t, used, nbytes = proc.run(seq)
