@@ -133,9 +133,13 @@ def nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
         return nucleus_by_sort(probs, top_p)  # a cut past them somewhere (a flat distribution)
     m = (mass_before < top_p).sum(dim=-1, keepdim=True)  # >= 1: the top token's mass before is 0
     last = vals.gather(-1, m - 1)  # the smallest kept value
-    above, tied = flat > last, flat == last
-    need = m - above.sum(dim=-1, keepdim=True)  # of the tied tokens the sort keeps the lowest ids
-    kept = torch.where(above | (tied & (tied.cumsum(dim=-1) <= need)), flat, torch.zeros((), dtype=flat.dtype))
+    need = m - (vals > last).sum(dim=-1, keepdim=True)  # of the tokens tied at it the sort keeps the lowest ids
+    zero = torch.zeros((), dtype=flat.dtype)
+    if bool(((vals[:, -1:] < last) & ((vals == last).sum(dim=-1, keepdim=True) == need)).all()):
+        kept = torch.where(flat >= last, flat, zero)  # every tied token is kept (all of them are among vals)
+    else:
+        tied = flat == last
+        kept = torch.where((flat > last) | (tied & (tied.cumsum(dim=-1) <= need)), flat, zero)
     return (kept / kept.sum(dim=-1, keepdim=True)).reshape(probs.shape)
 
 

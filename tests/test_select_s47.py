@@ -81,3 +81,29 @@ def test_top_k_cut_uses_it_and_keeps_the_ties():
     logits = torch.tensor([[3.0, 1.0, 2.0, 2.0, 0.5] + [-1.0] * 60])
     p = probs_from_logits(logits, 1.0, top_k=2)
     assert (p[0, :5] > 0).tolist() == [True, False, True, True, False] and float(p.sum()) == pytest.approx(1.0)
+
+
+def test_nucleus_fast_and_tie_paths_give_the_sorts_bits(monkeypatch):
+    """nucleus keeps every token tied at the cut where all of them are kept (one compare), and the
+    lowest ids of them where only some are (a tie straddling the cut): both as the stable sort."""
+    from engine import sampling
+
+    calls = {"cumsum": 0}
+    real = torch.Tensor.cumsum
+
+    def counting(self, *a, **k):
+        calls["cumsum"] += self.dtype == torch.bool
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "cumsum", counting)
+    straddle = torch.tensor([[0.2] * 5 + [0.0] * 100]) + torch.zeros(1, 105)  # 5 tied; top-p 0.3 keeps 2 of them
+    straddle = straddle / straddle.sum()
+    got = sampling.nucleus(straddle, 0.3)
+    assert torch.equal(got, sampling.nucleus_by_sort(straddle, 0.3)) and int((got > 0).sum()) == 2
+    assert calls["cumsum"] == 1  # the tie path
+    calls["cumsum"] = 0
+    g = torch.Generator().manual_seed(8)
+    peaked = torch.softmax(torch.randn(4, 49152, generator=g) * 6, -1)
+    for p in (0.5, 0.9, 0.95):
+        assert torch.equal(sampling.nucleus(peaked, p), sampling.nucleus_by_sort(peaked, p))
+    assert calls["cumsum"] == 0  # the fast path: no tie straddles these cuts
