@@ -219,7 +219,7 @@ class ModelDrafter:
                 if top is not None:
                     toks, q = top[f][:n], None
                 else:
-                    toks, q = self._choose(self._fit_vocab(logits[f]), n, d, req)
+                    toks, q = self._choose(logits[f], n, d, req)
                 if q is not None:
                     q_rows[node + 1] = q
                 tokens.extend(toks)
@@ -322,13 +322,26 @@ class ModelDrafter:
             return batch
         return batch.fork(torch.tensor(parent_rows, dtype=torch.long))
 
-    def _choose(self, logits: torch.Tensor, n: int, depth: int, req: DraftRequest) -> tuple[list[int], torch.Tensor | None]:
+    def _choose(self, view: torch.Tensor, n: int, depth: int, req: DraftRequest) -> tuple[list[int], torch.Tensor | None]:
+        """``n`` children of a node from its row of ``_view`` logits, and q over the target's
+        vocabulary (None where the verifier needs none). A sampled draw is made over the drafter's
+        usable columns (8,192 for the shipped drafter, against the target's 49,152: the softmax, the
+        cuts and the draw there; session 47) and q is that distribution placed at their token ids:
+        the distribution ``_fit_vocab``'s full row gives (its other entries are -inf, so 0).
+        The race draws over the full row: its noise is keyed by token id."""
         if req.mode == "greedy" or req.temperature <= 0:
-            return torch.topk(logits, n).indices.tolist(), None
-        q = probs_from_logits(logits, req.temperature, req.top_p, req.top_k, req.min_p)
+            return self._top(view[None], n)[0], None
         if req.mode == "race":
+            q = probs_from_logits(self._fit_vocab(view), req.temperature, req.top_p, req.top_k, req.min_p)
             return race_topk(q, req.noise_at_depth(depth), n), None
-        return draft_sample(q, n, req.generator, without_replacement=True), q
+        small = probs_from_logits(view.float(), req.temperature, req.top_p, req.top_k, req.min_p)
+        picks = draft_sample(small, n, req.generator, without_replacement=True)
+        q = torch.zeros(self.target_vocab)
+        if self._col_ids is not None:
+            q[self._col_ids] = small
+            return self._col_ids[picks].tolist(), q
+        q[: small.shape[-1]] = small
+        return picks, q
 
 
 class Spine:
