@@ -287,9 +287,6 @@ class Decoder:
             self._arm_used, self._arm_excess_ms = None, 0.0
             # the pass holds the root, a joint step's pending chain and the tree (unrolled: a chain per leaf)
             cap = min(room - 1, 256, getattr(self.target.cache, "max_scratch", 512) - 1 - len(self._pending))
-            if s.greedy and max_new_tokens - produced == 1:
-                cap = 0  # the last token is the pass's own argmax: a draft could only be cut (sampling keeps
-                # its draft: the token's draw, and so a seed's reply, stays that of a longer reply's prefix)
             with native.capped(self.draft_threads):
                 tree, draft_s = self._draft(s, gen, cap)
             if s.ssm_tree == "unrolled":
