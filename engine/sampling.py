@@ -168,7 +168,7 @@ def _invert_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torc
     """One draw per row of probs (R, V) (non-negative, each row with mass), as ``sample`` draws."""
     c = torch.cumsum(probs.float(), -1, dtype=torch.float64)
     u = torch.rand(c.shape[0], 1, generator=generator, dtype=torch.float64, device=c.device) * c[:, -1:]
-    return torch.searchsorted(c, u, right=True)[:, 0].clamp_(max=c.shape[-1] - 1)
+    return torch.minimum(torch.searchsorted(c, u, right=True), torch.searchsorted(c, c[:, -1:].contiguous()))[:, 0]
 
 
 def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -194,7 +194,8 @@ def _invert(c: torch.Tensor, n: int, generator: torch.Generator | None) -> torch
     sum exceeds u * total, u uniform in [0, 1) (a zero entry's sum equals its predecessor's, so it
     is never the first to exceed)."""
     u = torch.rand(n, generator=generator, dtype=torch.float64, device=c.device) * c[-1]
-    return torch.searchsorted(c, u, right=True).clamp_(max=len(c) - 1)
+    # (u * total may round up to the total: then the last entry with mass, never a zero one after it)
+    return torch.minimum(torch.searchsorted(c, u, right=True), torch.searchsorted(c, c[-1:]))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

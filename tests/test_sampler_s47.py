@@ -70,3 +70,19 @@ def test_with_replacement_is_iid():
     assert _chisquare(counts.tolist(), q.tolist()) > 1e-4
     same = sum(d[0] == d[1] for d in draws) / len(draws)  # repeats as often as i.i.d. draws repeat
     assert abs(same - float((q * q).sum())) < 0.03
+
+
+def test_a_uniform_that_rounds_up_to_the_total_draws_the_last_entry_with_mass(monkeypatch):
+    """u * total may round to the total (u = 1 - 2**-53): the draw is then the last token with mass,
+    never a zero-probability token after it."""
+    from engine import sampling
+
+    real = torch.rand
+
+    def top(*a, **k):
+        return torch.full_like(real(*a, **k), 1.0)  # u * total == total exactly: the worst case
+
+    monkeypatch.setattr(sampling.torch, "rand", top)
+    p = torch.tensor([0.2, 0.5, 0.3, 0.0, 0.0])
+    assert sample(p, None) == 2
+    assert sampling.draw_rows(torch.stack([p, p.flip(0)]), 1.0, None).tolist() == [2, 4]
