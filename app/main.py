@@ -291,13 +291,13 @@ class SpecChatApp(App[None]):
         if session is None or not hasattr(session, "measure_baseline"):
             return False
         self.chat.dashboard.set_baseline(None, "measuring plain decoding…")
-        self._measure_baseline(session, self.chat.busy)
+        self._measure_baseline(session, self.chat.busy, session.strategy)
         return True
 
     @work(thread=True, exclusive=True, group="baseline", exit_on_error=False)
-    def _measure_baseline(self, session: ChatEngine, busy_at_start: bool) -> None:
+    def _measure_baseline(self, session: ChatEngine, busy_at_start: bool, strategy: Strategy) -> None:
         try:
-            b = session.measure_baseline()  # type: ignore[attr-defined]
+            b = session.measure_baseline(strategy=strategy)  # type: ignore[attr-defined] - plain decoding sampling as it does
         except Exception as exc:  # noqa: BLE001 - the dashboard just says it could not measure
             self.post_message(BaselineMeasured(session, None, error_line(exc)))
         else:
@@ -315,7 +315,7 @@ class SpecChatApp(App[None]):
             return
         b = message.baseline
         note = f"ar measured {getattr(self, '_baseline_when', 'at load')}, {b.tokens} tokens" + (" while a reply ran" if message.overlapped or self.chat.busy else "")
-        self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note, fit=b))
+        self.chat.dashboard.set_baseline(BaselineInfo(b.tokens_per_s, note, fit=b, sampling=getattr(b, "sampling", "T=0")))
 
     def on_session_failed(self, message: SessionFailed) -> None:
         if message.load != self._loads:

@@ -43,7 +43,8 @@ class ChatEngine(Protocol):
         self, messages: list[dict[str, str]], max_new_tokens: int, stop: threading.Event
     ) -> Iterator[StepEvent]: ...
 
-    # optional: measure_baseline(new_tokens, stop) -> Baseline (plain-decoding tok/s for the speedup)
+    # optional: measure_baseline(new_tokens, stop, strategy=) -> Baseline (plain-decoding tok/s for the speedup,
+    # sampling as ``strategy`` does)
     # optional: strategy_label(strategy=None) -> str (the label its steps carry; see strategy_label below)
 
 
@@ -276,10 +277,13 @@ class ChatSession:
             yield ev
 
     def measure_baseline(self, new_tokens: int = 48, stop: threading.Event | None = None,
-                         long_context: int = LONG_BASELINE_CONTEXT) -> "Baseline":
-        """Plain decoding (ar, greedy) speed of this target on this machine: the reference of the
-        dashboard's speedup. Runs on a separate cache (the conversation's state is untouched), so a
-        UI may call it from a worker thread between replies; prefill and a short warm-up excluded.
+                         long_context: int = LONG_BASELINE_CONTEXT, strategy: Strategy | None = None) -> "Baseline":
+        """Plain decoding (ar) speed of this target on this machine: the reference of the
+        dashboard's speedup, greedy, or sampling as ``strategy`` samples (its temperature, cuts,
+        penalty and seed: a draw and the cuts cost a sampled step more than an argmax, so a sampled
+        reply is compared with plain decoding that samples the same way). Runs on a separate cache
+        (the conversation's state is untouched), so a UI may call it from a worker thread between
+        replies; prefill and a short warm-up excluded.
 
         Measured twice: after the short baseline prompt, and after a context of ``long_context``
         tokens (that prompt repeated; 0: not measured, nor without a KV cache or room for it),
@@ -289,6 +293,7 @@ class ChatSession:
         from .generate import Decoder, run_generation
         from .strategy import preset
 
+        plain = preset("ar") if strategy is None else preset("ar").replace(**strategy.sampling)
         probe = self.target.model.with_own_cache()
         dec = Decoder(probe)  # no EOS: always ``new_tokens`` tokens
         ids = self.encode_chat([{"role": "user", "content": BASELINE_PROMPT}]) if self.tokenizer else list(range(1, 17))
@@ -297,22 +302,22 @@ class ChatSession:
         ids = ids[:max(1, min(len(ids), dec.context_length - new_tokens - 1))]
         long_tps = long_ctx = 0.0
         try:
-            run_generation(dec, ids, preset("ar"), 4, stop)  # warm-up
+            run_generation(dec, ids, plain, 4, stop)  # warm-up
             dec.reset()
-            _, summ = run_generation(dec, ids, preset("ar"), new_tokens, stop)
+            _, summ = run_generation(dec, ids, plain, new_tokens, stop)
             stopped = summ.finish_reason == "stopped"
             n_long = max(4, new_tokens // 2)
             cap = getattr(probe.cache, "capacity", None) or 0  # a KV cache's rows (an SSM's state does not grow)
             if long_context > 2 * len(ids) and not stopped and long_context + n_long + 8 <= cap:
                 dec.reset()
                 long_ids = (ids * (long_context // len(ids) + 1))[:long_context]
-                _, lsumm = run_generation(dec, long_ids, preset("ar"), n_long, stop)
+                _, lsumm = run_generation(dec, long_ids, plain, n_long, stop)
                 if lsumm.finish_reason != "stopped" and lsumm.tokens_per_s > 0:
                     long_tps, long_ctx = lsumm.tokens_per_s, long_context + lsumm.new_tokens / 2
         finally:
             probe.cache = None
         return Baseline(summ.tokens_per_s, summ.new_tokens, stopped=stopped, context=len(ids) + summ.new_tokens / 2,
-                        long_tokens_per_s=long_tps, long_context=long_ctx)
+                        long_tokens_per_s=long_tps, long_context=long_ctx, sampling=plain.sampling_label())
 
 
 REMEMBERED_PROMPTS = 64  # prompts whose replies stream_chat counts (regenerate draws anew)
@@ -354,6 +359,7 @@ class Baseline:
     context: float = 0.0
     long_tokens_per_s: float = 0.0  # 0: not measured
     long_context: float = 0.0
+    sampling: str = "T=0"  # how the plain decoding measured drew its tokens (Strategy.sampling_label)
 
     @property
     def fitted(self) -> bool:

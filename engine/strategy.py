@@ -202,7 +202,13 @@ class Strategy:
         parts.append(self.resolved_verify())
         if self.vocab != "auto":
             parts.append(f"vocab={self.vocab}")
-        parts.append("T=0" if self.greedy else f"T={self.temperature:g}")
+        parts.append(self.sampling_label())
+        return " ".join(parts)
+
+    def sampling_label(self) -> str:
+        """The sampling part of ``label``: "T=0" (greedy) or the temperature and the cuts in force
+        ("T=0.7 top-p=0.9"), and a repetition penalty ("rep=1.1/64")."""
+        parts = ["T=0" if self.greedy else f"T={self.temperature:g}"]
         if not self.greedy:  # the cuts in force, where they are
             parts += [f"top-p={self.top_p:g}"] if self.top_p < 1.0 else []
             parts += [f"top-k={self.top_k}"] if self.top_k else []

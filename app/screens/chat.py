@@ -895,8 +895,22 @@ class ChatScreen(Screen[None]):
         # its context goes with it, and the load-time fit (a step's time against the context) stays: a
         # reply at another context is compared with plain decoding moved to its own context
         fit = self.dashboard.baseline.fit if self.dashboard.baseline is not None else None
+        label = run.last_event.strategy if run.last_event is not None else ""
+        sampling = "T=" + label.split(" T=", 1)[1] if " T=" in label else "T=0"  # (Strategy.label ends with it)
         self.dashboard.set_baseline(BaselineInfo(run.summary.tokens_per_s, f"ar in the app, last such reply, {n} tokens",
-                                                 fit=fit, context=self.dashboard.stats.mean_context))
+                                                 fit=fit, context=self.dashboard.stats.mean_context, sampling=sampling))
+
+    def _baseline_for_sampling(self) -> None:
+        """The speedup compares like with like: where the replies now sample otherwise than the
+        reference's plain decoding did (the temperature, a cut or the penalty changed; a draw and
+        the cuts cost a sampled step more than an argmax), plain decoding is measured again that way,
+        between replies, on its own cache."""
+        b, session = self.dashboard.baseline, self.session
+        strategy = getattr(session, "strategy", None)
+        if b is None or strategy is None:
+            return  # none yet, or one being measured (for the settings of its start)
+        if strategy.sampling_label() != b.sampling:
+            self.app.measure_baseline("after the sampling changed")  # type: ignore[attr-defined]
 
     async def _finish(self, run: ReplyRun) -> None:
         """The engine is done: save the reply, show the final text.
@@ -944,6 +958,7 @@ class ChatScreen(Screen[None]):
         self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason or "", "done"))
         self._ar_baseline(run, failed)
+        self.call_later(self._baseline_for_sampling)  # once the reply is done (not measured as overlapping it)
         if failed:
             self.notify(failure_notice(run), severity="error", timeout=8, markup=False)
         elif reason == "context":  # (a regenerate refused: the message is in the chat, not the prompt, to shorten)
@@ -1065,6 +1080,7 @@ class ChatScreen(Screen[None]):
             shown_reason = (stats or {}).get("finish_reason")
         self._reply_saved = True
         self._set_state(FINISH_TEXT.get(reason if failed or run.text else shown_reason or "", "done"))
+        self.call_later(self._baseline_for_sampling)  # once the reply is done (not measured as overlapping it)
         if failed:
             self.notify(failure_notice(run), severity="error", timeout=8, markup=False)
         elif not run.text:

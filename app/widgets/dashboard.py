@@ -92,7 +92,8 @@ def speed_text(stats: DashboardStats, baseline: "BaselineInfo | None" = None, co
             out.append(f"×{avg / ref:.2f} ", style="bold green" if avg >= ref else "bold yellow")
         else:
             out.append("— ", style="dim")
-        out.append(f"vs ar {ref:.1f} tok/s ({note})\n", style="dim")
+        drew = "" if baseline.sampling == "T=0" else f"{baseline.sampling}; "  # a sampled reply's plain decoding samples too
+        out.append(f"vs ar {ref:.1f} tok/s ({drew}{note})\n", style="dim")
     out.append("tok/step ", style="bold")
     if stepped:
         out.append(f"{stats.mean_tokens_per_step:.2f} mean accepted length\n")
@@ -135,6 +136,7 @@ class BaselineInfo:
     note: str  # e.g. "measured at start, 48 tokens"
     fit: "Baseline | None" = None
     context: float = 0.0  # an in-app measure's mean context (0: the load-time one, whose contexts the fit has)
+    sampling: str = "T=0"  # how that plain decoding drew its tokens (engine Strategy.sampling_label)
 
 
 def policy_text(policy: dict | None, bridge: dict | None = None) -> Text:

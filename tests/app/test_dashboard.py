@@ -559,12 +559,15 @@ class BaselineEngine(ScriptedEngine):
     def __init__(self, *args: object, **kwargs: object) -> None:
         super().__init__(*args, **kwargs)
         self.baseline_threads: list[str] = []
+        self.baseline_strategies: list = []
 
-    def measure_baseline(self, new_tokens: int = 48, stop: object = None):
+    def measure_baseline(self, new_tokens: int = 48, stop: object = None, strategy=None):
         from engine.session import Baseline
 
         self.baseline_threads.append(threading.current_thread().name)
-        return Baseline(tokens_per_s=20.0, tokens=48)
+        self.baseline_strategies.append(strategy)
+        sampling = strategy.sampling_label() if strategy is not None else "T=0"
+        return Baseline(tokens_per_s=20.0 if sampling == "T=0" else 16.0, tokens=48, sampling=sampling)
 
 
 async def test_dashboard_speedup_uses_the_baseline_measured_at_load() -> None:
@@ -630,3 +633,42 @@ async def test_a_plain_decoding_reply_in_the_app_becomes_the_speedup_reference()
         await send(pilot, "again")
         await reply_done(pilot)
         assert dashboard(app).baseline is b
+
+
+async def test_a_sampled_reply_is_compared_with_plain_decoding_that_samples_the_same_way() -> None:
+    """The load-time baseline samples as the session's strategy does (a draw and the cuts cost a
+    sampled step more than an argmax), says so beside the speedup, and is measured again between
+    replies where the sampling changed (here: greedy at load, then T=0.7 top-p=0.9)."""
+    engine = BaselineEngine(script())
+    app = make_app(engine)
+    async with app.run_test(size=WIDE) as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: dashboard(app).baseline is not None)
+        assert dashboard(app).baseline.sampling == "T=0" and engine.baseline_strategies[0].greedy
+        engine.strategy = engine.strategy.replace(temperature=0.7, top_p=0.9)  # as the palette's toggles set it
+        await send(pilot, "go")
+        await reply_done(pilot)
+        await wait_for(pilot, lambda: len(engine.baseline_threads) == 2 and dashboard(app).baseline is not None)
+        b = dashboard(app).baseline
+        assert b.sampling == "T=0.7 top-p=0.9" and b.tokens_per_s == 16.0
+        assert engine.baseline_strategies[1].temperature == 0.7 and engine.baseline_strategies[1].top_p == 0.9
+        dashboard(app).flush()
+        await pilot.pause()
+        from textual.widgets import Static
+
+        text = str(app.query_one("#dash-speed", Static).content)
+        assert "vs ar 16.0 tok/s (T=0.7 top-p=0.9; ar measured after the sampling changed, 48 tokens)" in text
+        await send(pilot, "again")  # the same settings: no new measure
+        await reply_done(pilot)
+        await pilot.pause(0.2)
+        assert len(engine.baseline_threads) == 2
+
+
+def test_engine_baseline_samples_as_the_strategy_does(smollm2_gguf_path) -> None:
+    from engine.session import ChatSession
+    from engine.strategy import preset
+
+    s = ChatSession.load(target=str(smollm2_gguf_path))
+    b = s.measure_baseline(new_tokens=8, long_context=0, strategy=preset("pld", temperature=0.7, top_k=40))
+    assert b.sampling == "T=0.7 top-k=40" and b.tokens == 8 and b.tokens_per_s > 0
+    assert s.measure_baseline(new_tokens=4, long_context=0).sampling == "T=0"

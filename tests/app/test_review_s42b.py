@@ -188,7 +188,7 @@ async def test_the_speedup_line_says_whether_the_baseline_is_being_measured_or_f
     gate = threading.Event()
 
     class SlowThenFailing(ScriptedEngine):
-        def measure_baseline(self, new_tokens: int = 48, stop: object = None):
+        def measure_baseline(self, new_tokens: int = 48, stop: object = None, strategy=None):
             gate.wait(5)
             raise RuntimeError("the cache is full")
 
