@@ -206,6 +206,10 @@ class ModelDrafter:
             fast = self._chain_fast(logits, kids, budget, req, conf_on)
             if fast is not None:
                 return fast
+        if req.mode == "sample" and not greedy and self.recurrent and chain:
+            fast = self._chain_sampled_fast(logits, kids, budget, req)
+            if fast is not None:
+                return fast
         confidence: list[float] = []
         while frontier:
             new: list[int] = []  # the frontier index of each new node's parent
@@ -304,6 +308,41 @@ class ModelDrafter:
             p = out[1][0] if conf_on else 0.0
         return TokenTree(tokens, list(range(-1, len(tokens) - 1)), None, "deterministic",
                          confidence=confidence if conf_on else [])
+
+    def _chain_sampled_fast(self, logits: torch.Tensor, kids: dict[int, list[int]], budget: int,
+                            req: DraftRequest) -> TokenTree | None:
+        """``propose``'s sampled chain with every step after the root's in C (Mamba2.draft_step_fast:
+        the blocks and the head in one call, its logits left for the draw), each token drawn by
+        ``_choose`` over the usable columns as the torch loop draws it (q: the distribution it was
+        drawn from, whatever the C step's numerics). None where the C step does not apply."""
+        tokens: list[int] = []
+        q_rows: dict[int, torch.Tensor] = {}
+        view = logits[0]
+        pid, batch = -1, None
+        while True:
+            want = kids.get(pid, [])
+            if not want or len(tokens) >= budget:
+                break
+            toks, q = self._choose(view, 1, len(tokens), req)
+            if not toks:
+                break
+            q_rows[len(tokens)] = q  # (row convention: a node's children's q at its index + 1)
+            tokens.append(toks[0])
+            pid = want[0]
+            if len(tokens) >= budget or pid not in kids:
+                break
+            if batch is None:
+                batch = self._fork(None, [0])
+            raw = self.model.draft_step_logits() if self._step_fast(batch, toks[0], 1, want_p=False) is not None else None
+            if raw is None:
+                if len(tokens) == 1:
+                    return None  # not for this drafter: the torch loop drafts afresh (the draw is made again there)
+                raise RuntimeError("the drafter's C step stopped applying mid-chain")
+            view = self._view(self._raw(raw[None]))[0]
+        probs = torch.zeros(len(tokens) + 1, self.target_vocab)
+        for r, q in q_rows.items():
+            probs[r] = q
+        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), probs, "iid")
 
     def spine(self, history: Sequence[int], k: int = 3) -> "Spine":
         """A handle that steps this drafter along one path of a tree grown elsewhere (hybrid:auto's

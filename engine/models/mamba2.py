@@ -735,6 +735,15 @@ class Mamba2(CausalLM):
         batch.steps += 1
         return oi[:k].tolist(), op[:k].tolist() if want_p else None
 
+    def draft_step_logits(self) -> torch.Tensor | None:
+        """The raw logits (every head column) the last ``draft_step_fast`` left in its scratch: a
+        view, valid until the next step (a sampled chain draws from them; engine/drafters/model.py)."""
+        cached = self.__dict__.get("_c_draft")
+        if cached is None or cached[1] is None:
+            return None
+        D = self.cfg.hidden_size
+        return cached[1][2][D:D + self.lm_head_t.shape[1]]
+
     def _c_layers_tab(self) -> torch.Tensor:
         """The per-layer pointer table ``_c_layers`` hands the C blocks (built once)."""
         tab = self.__dict__.get("_c_tab")
