@@ -5,6 +5,10 @@ significant digits, too few for the p/q ratios of rejection sampling or the top-
 
 Shape letters: V vocabulary, R rows (any leading dims).
 
+Draws (``sample``, ``draft_sample``, ``draw_rows``) invert the distribution function: one uniform
+and a search of the float64 running sums (torch.multinomial's one draw races an exponential per
+entry: ~10x slower over SmolLM2's 49k). The cuts' largest values come from engine/native/select.c.
+
 Exponential races (exponential-races-sd.txt §3, Alg. 2 and 5): every vocabulary entry v gets an
 arrival time e_v / p_v with e_v ~ Exp(1); the first arrival is distributed as p, and the first k
 arrivals under q are a sample of k tokens from q without replacement. The noise e depends only on
