@@ -25,6 +25,8 @@ from collections import OrderedDict
 
 import torch
 
+from .strategy import check_cuts
+
 _MASK64 = (1 << 64) - 1
 
 
@@ -54,15 +56,11 @@ def probs_from_logits(logits: torch.Tensor, temperature: float, top_p: float = 1
 
 
 def check_filters(temperature: float, top_p: float = 1.0, top_k: int = 0, min_p: float = 0.0) -> None:
-    """``probs_from_logits``'s arguments in range, or a ValueError naming the one that is not."""
+    """``probs_from_logits``'s arguments in range, or a ValueError naming the one that is not (the
+    cuts' ranges are the strategy's: engine/strategy.check_cuts)."""
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0 here (got {temperature}); use argmax for T = 0")
-    if not 0.0 < top_p <= 1.0:
-        raise ValueError(f"top_p must be in (0, 1] (got {top_p})")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
-        raise ValueError(f"top_k must be an integer >= 0 (got {top_k!r})")
-    if not 0.0 <= min_p <= 1.0:
-        raise ValueError(f"min_p must be in [0, 1] (got {min_p})")
+    check_cuts(top_p, top_k, min_p, 1.0, 1)
 
 
 def repeat_penalized(logits: torch.Tensor, windows: "list[list[int]]", penalty: float) -> torch.Tensor:
