@@ -375,7 +375,7 @@ class ModelDrafter:
             return race_topk(q, req.noise_at_depth(depth), n), None
         small = probs_from_logits(view.float(), req.temperature, req.top_p, req.top_k, req.min_p)
         picks = draft_sample(small, n, req.generator, without_replacement=True)
-        q = torch.zeros(self.target_vocab)
+        q = torch.zeros(self.target_vocab, device=small.device)  # (a drafter on a GPU: its rows stay there)
         if self._col_ids is not None:
             q[self._col_ids] = small
             return self._col_ids[picks].tolist(), q
