@@ -168,9 +168,7 @@ def draw_rows(probs: torch.Tensor, top_p: float, generator: torch.Generator | No
 
 def _invert_rows(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One draw per row of probs (R, V) (non-negative, each row with mass), as ``sample`` draws."""
-    c = torch.cumsum(probs.float(), -1, dtype=torch.float64)
-    u = torch.rand(c.shape[0], 1, generator=generator, dtype=torch.float64, device=c.device) * c[:, -1:]
-    return torch.minimum(torch.searchsorted(c, u, right=True), torch.searchsorted(c, c[:, -1:].contiguous()))[:, 0]
+    return _invert(torch.cumsum(probs.float(), -1, dtype=torch.float64), 1, generator)[:, 0]
 
 
 def _on_generator_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -192,12 +190,13 @@ def _cdf(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _invert(c: torch.Tensor, n: int, generator: torch.Generator | None) -> torch.Tensor:
-    """n independent draws from the distribution whose running sums are c: the first index whose
-    sum exceeds u * total, u uniform in [0, 1) (a zero entry's sum equals its predecessor's, so it
-    is never the first to exceed)."""
-    u = torch.rand(n, generator=generator, dtype=torch.float64, device=c.device) * c[-1]
+    """n independent draws (..., n) from each distribution whose running sums are a row of c (..., V):
+    the first index whose sum exceeds u * total, u uniform in [0, 1) (a zero entry's sum equals its
+    predecessor's, so it is never the first to exceed)."""
+    total = c[..., -1:].contiguous()
+    u = torch.rand(*c.shape[:-1], n, generator=generator, dtype=torch.float64, device=c.device) * total
     # (u * total may round up to the total: then the last entry with mass, never a zero one after it)
-    return torch.minimum(torch.searchsorted(c, u, right=True), torch.searchsorted(c, c[-1:]))
+    return torch.minimum(torch.searchsorted(c, u, right=True), torch.searchsorted(c, total))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:

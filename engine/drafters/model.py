@@ -257,9 +257,7 @@ class ModelDrafter:
         probs = None
         if req.mode == "sample":
             kind = "without_replacement" if any(len(v) > 1 for v in kids.values()) else "iid"
-            probs = torch.zeros(len(tokens) + 1, self.target_vocab)
-            for r, q in q_rows.items():
-                probs[r] = q
+            probs = self._placed(q_rows, len(tokens))
         elif req.mode == "race":
             kind = "race"
         return TokenTree(tokens, parents, probs, kind, confidence=confidence if conf_on else [])
@@ -339,10 +337,7 @@ class ModelDrafter:
                     return None  # not for this drafter: the torch loop drafts afresh (the draw is made again there)
                 raise RuntimeError("the drafter's C step stopped applying mid-chain")
             view = self._view(self._raw(raw[None]))[0]
-        probs = torch.zeros(len(tokens) + 1, self.target_vocab)
-        for r, q in q_rows.items():
-            probs[r] = q
-        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), probs, "iid")
+        return TokenTree(tokens, list(range(-1, len(tokens) - 1)), self._placed(q_rows, len(tokens)), "iid")
 
     def spine(self, history: Sequence[int], k: int = 3) -> "Spine":
         """A handle that steps this drafter along one path of a tree grown elsewhere (hybrid:auto's
@@ -362,25 +357,32 @@ class ModelDrafter:
         return batch.fork(torch.tensor(parent_rows, dtype=torch.long))
 
     def _choose(self, view: torch.Tensor, n: int, depth: int, req: DraftRequest) -> tuple[list[int], torch.Tensor | None]:
-        """``n`` children of a node from its row of ``_view`` logits, and q over the target's
-        vocabulary (None where the verifier needs none). A sampled draw is made over the drafter's
-        usable columns (8,192 for the shipped drafter, against the target's 49,152: the softmax, the
-        cuts and the draw there; session 47) and q is that distribution placed at their token ids:
-        the distribution ``_fit_vocab``'s full row gives (its other entries are -inf, so 0).
+        """``n`` children of a node from its row of ``_view`` logits (target token ids), and q over
+        the usable columns (None where the verifier needs none). A sampled draw is made over those
+        columns (8,192 for the shipped drafter, against the target's 49,152: the softmax, the cuts and
+        the draw there; session 47); ``_placed`` puts q at their token ids, the distribution
+        ``_fit_vocab``'s full row gives (its other entries are -inf, so 0).
         The race draws over the full row: its noise is keyed by token id."""
         if req.mode == "greedy" or req.temperature <= 0:
             return self._top(view[None], n)[0], None
         if req.mode == "race":
             q = probs_from_logits(self._fit_vocab(view), req.temperature, req.top_p, req.top_k, req.min_p)
             return race_topk(q, req.noise_at_depth(depth), n), None
-        small = probs_from_logits(view.float(), req.temperature, req.top_p, req.top_k, req.min_p)
-        picks = draft_sample(small, n, req.generator, without_replacement=True)
-        q = torch.zeros(self.target_vocab, device=small.device)  # (a drafter on a GPU: its rows stay there)
-        if self._col_ids is not None:
-            q[self._col_ids] = small
-            return self._col_ids[picks].tolist(), q
-        q[: small.shape[-1]] = small
-        return picks, q
+        q = probs_from_logits(view.float(), req.temperature, req.top_p, req.top_k, req.min_p)
+        picks = draft_sample(q, n, req.generator, without_replacement=True)
+        return (self._col_ids[picks].tolist() if self._col_ids is not None else picks), q
+
+    def _placed(self, q_rows: dict[int, torch.Tensor], T: int) -> torch.Tensor:
+        """The tree's q (T + 1, target vocabulary): each row of ``q_rows`` (``_choose``'s, over the
+        usable columns) placed at their token ids, 0 elsewhere; on the drafter's device."""
+        device = next(iter(q_rows.values())).device if q_rows else None
+        probs = torch.zeros(T + 1, self.target_vocab, device=device)
+        for r, q in q_rows.items():
+            if self._col_ids is not None:
+                probs[r, self._col_ids] = q
+            else:
+                probs[r, : q.shape[-1]] = q
+        return probs
 
 
 class Spine:
