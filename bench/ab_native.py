@@ -29,7 +29,8 @@ def main() -> int:
     ap.add_argument("--rows", default="1,2,4,5,6,8,16")
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--context", type=int, default=300)
-    ap.add_argument("--dtype", default="fp32", help="fp32 or q8 (8-bit activations, quant_a8.c)")
+    ap.add_argument("--dtype", default="fp32", help="fp32, bf16 or q8 (8-bit activations, quant_a8.c)")
+    ap.add_argument("--causal", action="store_true", help="a causal mask over the T rows (a chain's verify) instead of none")
     a = ap.parse_args()
     new = native.lib()
     assert new is not None, native.status()
@@ -51,12 +52,16 @@ def main() -> int:
         for b, lib in (("old", old), ("new", new)):
             native._lib = lib
             for T in rows:
-                tk = torch.arange(5, 5 + T)
+                x = m._embed_rows(torch.arange(5, 5 + T)).float()  # the pass takes input rows, updated in place
                 pos = torch.arange(a.context, a.context + T)
-                m._native_rows(tab, tk, pos, a.context, None)
+                mask = None
+                if a.causal:
+                    mask = torch.ones(T, a.context + T, dtype=torch.bool)
+                    mask[:, a.context:] = torch.ones(T, T, dtype=torch.bool).tril()
+                m._native_rows(tab, x.clone(), pos, a.context, mask)
                 t0 = time.perf_counter()
                 for _ in range(3):
-                    y = m._native_rows(tab, tk, pos, a.context, None)
+                    y = m._native_rows(tab, x.clone(), pos, a.context, mask)
                 times[(b, T)].append((time.perf_counter() - t0) / 3 * 1e3)
                 outs[(b, T)] = y
     native._lib = new

@@ -407,6 +407,8 @@ static void put(float *y, const float *bias, const float *acc, int64_t N, int64_
         float *yr = y + (r + t) * N + j0;
         if (bias) {
             for (int64_t j = 0; j < nj; j++) yr[j] = acc[t * JB + j] + bias[j0 + j];
+        } else if (nj == JB) {
+            memcpy(yr, acc + t * JB, sizeof(float) * JB); /* a fixed size: inlined as one vector move, not a libc call a row and block */
         } else {
             memcpy(yr, acc + t * JB, sizeof(float) * (size_t)nj);
         }

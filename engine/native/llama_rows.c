@@ -60,29 +60,37 @@ static inline float hsum8(__m256 v) {
     return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
 }
 
-/* exp(x) for eight lanes: x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r, 2^n put in
- * the exponent; about 1 ulp over the normal range, 0 below -87.3 (the softmax's masked -inf
- * included), clamped at 88.7. exp1 is the same operations on one value. */
+/* exp(x): x = n ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for e^r, 2^n put in the exponent;
+ * about 1 ulp over the normal range, 0 below -87.3 (the softmax's masked -inf included), clamped at
+ * 88.7. One body for both widths (P: the intrinsics' prefix, W: the width, RND: round to nearest),
+ * so exp16 gives exp8's value in every lane (tests/test_exp16_s48.py); y = the value before the
+ * underflow's zeros. */
+#define LR_EXP(P, W, RND, x, y)                                                                                      \
+    do {                                                                                                             \
+        x = P##_max_ps(P##_min_ps(x, P##_set1_ps(88.7228f)), P##_set1_ps(-87.3365f));                               \
+        const __typeof__(x) n_ = RND(P##_mul_ps(x, P##_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); \
+        __typeof__(x) r_ = P##_fnmadd_ps(n_, P##_set1_ps(0.693359375f), x);                                          \
+        r_ = P##_fnmadd_ps(n_, P##_set1_ps(-2.12194440e-4f), r_);                                                    \
+        __typeof__(x) p_ = P##_set1_ps(1.9875691500e-4f);                                                            \
+        p_ = P##_fmadd_ps(p_, r_, P##_set1_ps(1.3981999507e-3f));                                                    \
+        p_ = P##_fmadd_ps(p_, r_, P##_set1_ps(8.3334519073e-3f));                                                    \
+        p_ = P##_fmadd_ps(p_, r_, P##_set1_ps(4.1665795894e-2f));                                                    \
+        p_ = P##_fmadd_ps(p_, r_, P##_set1_ps(1.6666665459e-1f));                                                    \
+        p_ = P##_fmadd_ps(p_, r_, P##_set1_ps(5.0000001201e-1f));                                                    \
+        p_ = P##_fmadd_ps(p_, P##_mul_ps(r_, r_), P##_add_ps(r_, P##_set1_ps(1.0f)));                                \
+        /* 2^n as two factors so that n = 128 (x near 88.7) stays finite */                                          \
+        const __typeof__(P##_cvtps_epi32(n_)) e_ = P##_cvtps_epi32(n_), h_ = P##_srai_epi32(e_, 1);                  \
+        const __typeof__(x) s1_ = P##_castsi##W##_ps(P##_slli_epi32(P##_add_epi32(h_, P##_set1_epi32(127)), 23));    \
+        const __typeof__(x) s2_ = P##_castsi##W##_ps(P##_slli_epi32(P##_add_epi32(P##_sub_epi32(e_, h_), P##_set1_epi32(127)), 23)); \
+        y = P##_mul_ps(P##_mul_ps(p_, s1_), s2_);                                                                    \
+    } while (0)
+
+/* exp(x) for eight lanes (LR_EXP) */
 static inline __m256 exp8(__m256 x) {
-    const __m256 hi = _mm256_set1_ps(88.7228f), lo = _mm256_set1_ps(-87.3365f);
-    const __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
-    x = _mm256_max_ps(_mm256_min_ps(x, hi), lo);
-    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-    p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    /* 2^n as two factors so that n = 128 (x near 88.7) stays finite */
-    const __m256i e = _mm256_cvtps_epi32(n);
-    const __m256i h = _mm256_srai_epi32(e, 1);
-    const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(h, _mm256_set1_epi32(127)), 23));
-    const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(e, h), _mm256_set1_epi32(127)), 23));
-    return _mm256_andnot_ps(under, _mm256_mul_ps(_mm256_mul_ps(p, s1), s2));
+    const __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.3365f), _CMP_LT_OQ);
+    __m256 y;
+    LR_EXP(_mm256, 256, _mm256_round_ps, x, y);
+    return _mm256_andnot_ps(under, y);
 }
 #endif
 
@@ -105,18 +113,49 @@ static void rms_row(const float *x, const float *w, int64_t D, float eps, float 
     for (int64_t i = 0; i < D; i++) y[i] = w[i] * (x[i] * inv);
 }
 
-/* a = SiLU(g) * u over F features */
+#ifdef LR_V512
+/* exp(x) for sixteen lanes (LR_EXP): each lane's value is exp8's, bit for bit */
+static inline __m512 exp16(__m512 x) {
+    const __mmask16 under = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.3365f), _CMP_LT_OQ);
+    __m512 y;
+    LR_EXP(_mm512, 512, _mm512_roundscale_ps, x, y);
+    return _mm512_maskz_mov_ps((__mmask16)~under, y);
+}
+#endif
+
+/* a = SiLU(g) * u over F features: sixteen lanes at a time where the build has them, then eight,
+ * then one; a lane's value is the same in each (exp16 is exp8 lane by lane) */
+#define LR_SILU(P, L, EXP)                                                                              \
+    for (; i + L <= F; i += L) {                                                                        \
+        const __typeof__(EXP(P##_setzero_ps())) gv = P##_loadu_ps(g + i);                              \
+        const __typeof__(gv) den = P##_add_ps(P##_set1_ps(1.0f), EXP(P##_sub_ps(P##_setzero_ps(), gv))); \
+        P##_storeu_ps(a + i, P##_mul_ps(P##_div_ps(gv, den), P##_loadu_ps(u + i)));                    \
+    }
 static void silu_mul(const float *g, const float *u, float *a, int64_t F) {
     int64_t i = 0;
+#ifdef LR_V512
+    LR_SILU(_mm512, 16, exp16)
+#endif
 #ifdef LR_VEC
-    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
-    for (; i + 8 <= F; i += 8) {
-        const __m256 gv = _mm256_loadu_ps(g + i);
-        const __m256 den = _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, gv)));
-        _mm256_storeu_ps(a + i, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + i)));
-    }
+    LR_SILU(_mm256, 8, exp8)
 #endif
     for (; i < F; i++) a[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
+/* silu_mul over rows [t0, t1) of a pass's gate/up products (gu: T x 2F) into act (T x F), the
+ * rows shared out over the pool's threads: at 16 rows the loop on one thread was ~0.25 ms of a
+ * ~7 ms bf16 verify pass while the other core waited. Each row's bits are silu_mul's. */
+typedef struct {
+    const float *gu;
+    float *act;
+    int64_t F;
+} silu_job;
+
+static void silu_part(void *ctx, pool_region *region) {
+    const silu_job *J = (const silu_job *)ctx;
+    int64_t t0, t1;
+    while (pool_claim(region, &t0, &t1))
+        for (int64_t t = t0; t < t1; t++) silu_mul(J->gu + t * 2 * J->F, J->gu + t * 2 * J->F + J->F, J->act + t * J->F, J->F);
 }
 
 /* rotate-half RoPE on the first R features of one head vector, in place */
@@ -531,9 +570,7 @@ static inline float exp_in_place16(float *sg, int64_t c, float mx) {
     __m512 vsum = _mm512_setzero_ps();
     for (int64_t j0 = 0; j0 < c; j0 += 16) {
         const __mmask16 k = c - j0 >= 16 ? 0xffff : (__mmask16)((1u << (c - j0)) - 1);
-        const __m512 x = _mm512_sub_ps(_mm512_loadu_ps(sg + j0), vmx); /* exp8 on each half: the same value a lane */
-        const __m512 e = _mm512_maskz_mov_ps(k, _mm512_insertf32x8(_mm512_castps256_ps512(exp8(_mm512_castps512_ps256(x))),
-                                                                   exp8(_mm512_extractf32x8_ps(x, 1)), 1));
+        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_loadu_ps(sg + j0), vmx))); /* exp8's value a lane */
         vsum = _mm512_add_ps(vsum, e);
         _mm512_mask_storeu_ps(sg + j0, k, e);
     }
@@ -652,6 +689,11 @@ static void attend_group_amx(const float *const *q, int ng, const void *Kc, cons
     for (int64_t j0 = 0; j0 < end; j0 += 16) {
         const int64_t kn = end - j0 < 16 ? end - j0 : 16;
         const uint16_t *Kb = K16 + j0 * E;
+        /* the block two ahead on its way: a layer's cache is not in L2 when its turn comes (every
+         * layer's keys and values at a few hundred tokens of context exceed it), and a tile load
+         * that waits on memory holds up the products behind it */
+        if (j0 + 32 < end)
+            for (int64_t l = 0; l < 16 * E * 2; l += 64) _mm_prefetch((const char *)(K16 + (j0 + 32) * E) + l, _MM_HINT_T0);
         if (kn < 16) { /* the last block: its keys, then zero rows (never past the cache's end) */
             memset(kpad, 0, sizeof(uint16_t) * 16 * (size_t)E);
             memcpy(kpad, Kb, sizeof(uint16_t) * (size_t)(kn * E));
@@ -1001,7 +1043,8 @@ int llama_rows_f32(float *x, int64_t T, int64_t D, int64_t H, int64_t KV, int64_
         for (int64_t i = 0; i < T * D; i++) x[i] += tmp[i];
         for (int64_t t = 0; t < T; t++) rms_row(x + t * D, ln2, D, eps, h + t * D);
         if ((rc = proj(h, T, D, L, S_WGU, S_QGU, S_BGU, 2 * F, gu, nthreads))) break;
-        for (int64_t t = 0; t < T; t++) silu_mul(gu + t * 2 * F, gu + t * 2 * F + F, act + t * F, F);
+        silu_job SJ = {gu, act, F};
+        pool_run(T >= 4 ? nthreads : 1, T, 1, silu_part, &SJ);
         if ((rc = proj(act, T, F, L, S_WD, S_QD, S_BD, D, tmp, nthreads))) break;
         for (int64_t i = 0; i < T * D; i++) x[i] += tmp[i];
     }

@@ -592,6 +592,8 @@ static void a8_part(void *ctx, pool_region *region) {
                     float *yr = J->y + (r + t) * N + j0;
                     if (J->bias) {
                         for (int64_t j = 0; j < nj; j++) yr[j] = acc[t * JB + j] + J->bias[j0 + j];
+                    } else if (nj == JB) {
+                        memcpy(yr, acc + t * JB, sizeof(float) * JB); /* inlined (bf16_rows.c's put) */
                     } else {
                         memcpy(yr, acc + t * JB, sizeof(float) * (size_t)nj);
                     }
