@@ -143,6 +143,25 @@ static void convert_row(const float *x, int64_t K, uint32_t *xp) {
     for (; i < K; i += 2) xp[i / 2] = (uint32_t)to_bf16_daz(x[i]) | ((uint32_t)to_bf16_daz(x[i + 1]) << 16);
 }
 
+/* R rows of x as the AMX path reads them: each row's pairs as convert_row makes them, stored
+ * chunk-major, chunk c (pairs 16c .. 16c + 15) of row r at xa + (c Rp + r) 16; rows R .. Rp - 1
+ * (a row group's padding) zero. A tile of a group's rows at one chunk is then 1 KB in a run, where
+ * row-major rows at K/2 pairs apart put it in 16 lines across the buffer (a 16-row pass's tile
+ * loads were ~10% of its products' time). K % 32 == 0. */
+static void amx_layout(const float *x, int64_t ldx, int64_t R, int64_t Rp, int64_t K, uint32_t *xa) {
+    if (Rp == 1) { /* one row: chunk-major is row-major */
+        convert_row(x, K, xa);
+        return;
+    }
+    uint32_t row[16];
+    for (int64_t r = 0; r < Rp; r++)
+        for (int64_t c = 0; c < K / 32; c++) {
+            if (r < R) convert_row(x + r * ldx + 32 * c, 32, row);
+            else memset(row, 0, sizeof row);
+            memcpy(xa + (c * Rp + r) * JB, row, sizeof row);
+        }
+}
+
 /* acc[g * 16 + j] = the chain of row r0 + g (g < G) over one column block (rec: K/2 vectors) */
 static void rows_scalar(const uint32_t *xp, int64_t K, int64_t r0, int64_t G, const uint32_t *rec, float *acc) {
     const int64_t P = K / 2;
@@ -343,13 +362,18 @@ static inline void amx_prefetch(const int B, const uint32_t *rec, int64_t stride
     }
 }
 
-static void amx_blocks(const int B, const uint32_t *xp, int64_t K, int64_t r, const uint32_t *rec, float *acc, int take) {
+/* xa: the rows' pairs chunk-major (amx_layout): chunk c (16 pairs, one A tile's width) of row r at
+ * xa + (c Rp + r) 16, so a tile's rows are one contiguous 1 KB run. dst: the sums' tiles stored
+ * straight into y (row stride ldd floats) where the caller's rows, blocks and bias allow, else
+ * into acc. */
+static void amx_blocks(const int B, const uint32_t *xa, int64_t Rp, int64_t K, int64_t r, const uint32_t *rec, float *acc, int take,
+                       float *dst, int64_t ldd) {
     const int64_t P = K / 2, stride = P * JB;
-    const uint32_t *xr = xp + r * P;
+    const uint32_t *xr = xa + r * JB;
     amx_zero_sums();
     for (int64_t p = 0; p < P; p += 16) {
         amx_prefetch(B, rec, stride, p);
-        _tile_loadd(4, xr + p, P * 4);
+        _tile_loadd(4, xr + p * Rp, 64);
         _tile_loadd(5, rec + p * JB, 64);
         _tile_dpbf16ps(0, 4, 5);
         if (B > 1) {
@@ -365,25 +389,27 @@ static void amx_blocks(const int B, const uint32_t *xp, int64_t K, int64_t r, co
             _tile_dpbf16ps(3, 4, 5);
         }
     }
-    _tile_stored(0, acc, 64);
-    if (B > 1) _tile_stored(1, acc + take * JB, 64);
-    if (B > 2) _tile_stored(2, acc + 2 * take * JB, 64);
-    if (B > 3) _tile_stored(3, acc + 3 * take * JB, 64);
+    float *o = dst ? dst : acc;
+    const int64_t ld = dst ? ldd * 4 : 64, step = dst ? JB : take * JB;
+    _tile_stored(0, o, ld);
+    if (B > 1) _tile_stored(1, o + step, ld);
+    if (B > 2) _tile_stored(2, o + 2 * step, ld);
+    if (B > 3) _tile_stored(3, o + 3 * step, ld);
 }
 
 /* Two row groups [r0, r0 + take) and [r1, r1 + take) x B <= 2 blocks: each weight tile loaded
  * once feeds both groups (C tiles 0-1: the first group, 2-3: the second; rows 4, 5; weights 6, 7).
  * acc: the first group's B blocks, then the second's (each take x 16). The same tile products per
  * row as amx_blocks. */
-static void amx_blocks2(const int B, const uint32_t *xp, int64_t K, int64_t r0, int64_t r1, const uint32_t *rec, float *acc,
-                        int take) {
+static void amx_blocks2(const int B, const uint32_t *xa, int64_t Rp, int64_t K, int64_t r0, int64_t r1, const uint32_t *rec,
+                        float *acc, int take) {
     const int64_t P = K / 2, stride = P * JB;
-    const uint32_t *x0 = xp + r0 * P, *x1 = xp + r1 * P;
+    const uint32_t *x0 = xa + r0 * JB, *x1 = xa + r1 * JB;
     amx_zero_sums();
     for (int64_t p = 0; p < P; p += 16) {
         amx_prefetch(B, rec, stride, p);
-        _tile_loadd(4, x0 + p, P * 4);
-        _tile_loadd(5, x1 + p, P * 4);
+        _tile_loadd(4, x0 + p * Rp, 64);
+        _tile_loadd(5, x1 + p * Rp, 64);
         _tile_loadd(6, rec + p * JB, 64);
         _tile_dpbf16ps(0, 4, 6);
         _tile_dpbf16ps(2, 5, 6);
@@ -420,8 +446,8 @@ typedef struct {
     const float *bias;
     float *y;
     int64_t R, K, N;
-    int amx; /* rows in tile groups of `take` (xp padded with zero rows to a whole number of them) */
-    int64_t take;
+    int amx; /* rows in tile groups of `take`: xp chunk-major (amx_layout) over Rp rows, the padding rows zero */
+    int64_t take, Rp;
     const float *xf; /* the AVX2 path's activations (expand_row), else NULL */
     int64_t chunk;   /* the AVX2 path: rows a chunk (a2_chunk_rows); xf holds the chunks one after another */
 } bf_job;
@@ -452,8 +478,12 @@ static void bf_part_amx(const bf_job *J, pool_region *region) {
             const int B = b1 - b >= AMX_NB ? AMX_NB : (int)(b1 - b);
             const uint32_t *rec = J->W + b * (K / 2) * JB;
             if (R <= take) { /* one row group: four blocks a step */
-                amx_blocks(B, J->xp, K, 0, rec, acc, (int)take);
-                for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, 0, R);
+                /* the sums straight into y where nothing is added and every column is y's: at 16
+                 * rows the copy through acc was ~10% of the products' time */
+                const int direct = !J->bias && (b + B) * JB <= N;
+                amx_blocks(B, J->xp, J->Rp, K, 0, rec, acc, (int)take, direct ? J->y + b * JB : NULL, N);
+                if (!direct)
+                    for (int bb = 0; bb < B; bb++) put(J->y, J->bias, acc + bb * take * JB, N, b + bb, 0, R);
                 b += B;
                 continue;
             }
@@ -462,7 +492,7 @@ static void bf_part_amx(const bf_job *J, pool_region *region) {
                 const int64_t keep0 = R - r < take ? R - r : take;
                 const int pair = r + take < R; /* an odd last group runs as both of a pair, once kept */
                 const int64_t keep1 = pair ? (R - r - take < take ? R - r - take : take) : 0; /* padding rows dropped */
-                amx_blocks2(B2, J->xp, K, r, pair ? r + take : r, rec, acc, (int)take);
+                amx_blocks2(B2, J->xp, J->Rp, K, r, pair ? r + take : r, rec, acc, (int)take);
                 for (int bb = 0; bb < B2; bb++) {
                     put(J->y, J->bias, acc + bb * take * JB, N, b + bb, r, keep0);
                     if (keep1) put(J->y, J->bias, acc + (B2 + bb) * take * JB, N, b + bb, r + take, keep1);
@@ -626,10 +656,13 @@ int linear_rows_bf16(const float *x, int64_t ldx, int64_t R, int64_t K, const ui
     if (!xf) {
         xp = (uint32_t *)malloc(sizeof(uint32_t) * (size_t)(Rp * K / 2) + 64);
         if (!xp) return 1;
-        for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
-        if (Rp > R) memset(xp + R * (K / 2), 0, sizeof(uint32_t) * (size_t)((Rp - R) * K / 2));
+        if (amx) {
+            amx_layout(x, ldx, R, Rp, K, xp);
+        } else {
+            for (int64_t r = 0; r < R; r++) convert_row(x + r * ldx, K, xp + r * (K / 2));
+        }
     }
-    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take, xf, rchunk};
+    bf_job J = {xp, (const uint32_t *)W, bias, y, R, K, N, amx, take, Rp, xf, rchunk};
     const int64_t nb = (N + JB - 1) / JB;
     if (nthreads < 1) nthreads = 1;
     const int nt = R * K * N > 65536 ? nthreads : 1;
