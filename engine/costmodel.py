@@ -79,24 +79,27 @@ def fit(points: dict[int, float], quadratic: bool = False) -> VerifyCost:
 def measure(model, sizes: Sequence[int] = DEFAULT_SIZES, prefix: int = MEASURE_PREFIX, repeats: int = 5) -> dict[int, float]:
     """Median ms of ``model.verify`` over a chain of n rows after a ``prefix``-token committed
     context (a chain and a tree of n rows cost the same pass; only the mask differs). The model's
-    cache is left empty."""
+    cache is left empty.
+
+    The sizes take turns, one pass each a round, so a slow spell of a shared machine falls on
+    every size alike rather than on whichever was being measured (size after size, one such spell
+    put a 16-row pass at 14 ms between 8 and 24 rows at 7 and 11: the curve the tree policies
+    read, and so their tree sizes, followed the spell)."""
     g = torch.Generator().manual_seed(0)
     V = model.vocab_size
     model.allocate(prefix + max(sizes) + 1)
     model.prefill(torch.randint(0, V, (prefix,), generator=g).tolist())
-    out = {}
-    for n in sizes:
-        toks = torch.randint(0, V, (n,), generator=g).tolist()
-        parents = list(range(-1, n - 1))
-        model.verify(toks, parents)  # warm-up for this size
-        samples = []
-        for _ in range(repeats):
+    chains = {n: (torch.randint(0, V, (n,), generator=g).tolist(), list(range(-1, n - 1))) for n in sizes}
+    for toks, parents in chains.values():
+        model.verify(toks, parents)  # warm-up for each size
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    for _ in range(repeats):
+        for n, (toks, parents) in chains.items():
             t0 = time.perf_counter()
             model.verify(toks, parents)
-            samples.append((time.perf_counter() - t0) * 1000.0)
-        out[n] = statistics.median(samples)
+            samples[n].append((time.perf_counter() - t0) * 1000.0)
     model.cache.reset()
-    return out
+    return {n: statistics.median(v) for n, v in samples.items()}
 
 
 def calibrate(model, sizes: Sequence[int] = DEFAULT_SIZES, **kw) -> VerifyCost:

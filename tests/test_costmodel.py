@@ -37,3 +37,36 @@ def test_measure_on_a_real_model(tmp_path):
     pts = measure(m, sizes=(1, 4, 16), prefix=16, repeats=2)
     assert set(pts) == {1, 4, 16} and all(v > 0 for v in pts.values())
     assert m.cache.length == 0
+
+
+def test_measure_takes_the_sizes_in_turns_so_a_slow_spell_falls_on_all_of_them(monkeypatch):
+    """Session 48: sizes measured one after another let a slow spell of a shared machine land on
+    one size (a 16-row pass at 14 ms between 8 and 24 rows at 7 and 11), and the tree policies
+    read that bump. A fake model whose passes cost n ms, plus 50 ms during the first six timed
+    passes: in turns, each size gets at most two slow samples of five, so every median stays n."""
+
+    class Clockwork:
+        vocab_size = 50
+
+        def __init__(self):
+            self.order, self.now, self.timed = [], 0.0, 0
+            self.cache = type("C", (), {"reset": lambda _self: None, "length": 0})()
+
+        def allocate(self, n):
+            pass
+
+        def prefill(self, ids):
+            pass
+
+        def verify(self, toks, parents):
+            self.order.append(len(toks))
+            slow = 50.0 if 3 <= len(self.order) <= 8 else 0.0  # after the 3 warm-ups: the first 6 timed passes
+            self.now += (len(toks) + slow) / 1000.0
+
+    m = Clockwork()
+    import engine.costmodel as cm
+
+    monkeypatch.setattr(cm.time, "perf_counter", lambda: m.now)
+    pts = measure(m, sizes=(1, 4, 16), prefix=8, repeats=5)
+    assert m.order == [1, 4, 16] + [1, 4, 16] * 5  # warm-ups, then rounds of every size
+    assert pts == pytest.approx({1: 1.0, 4: 4.0, 16: 16.0})
