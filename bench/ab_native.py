@@ -1,7 +1,7 @@
 """A/B of two versions of the C kernels in one process: SmolLM2's C pass (engine/native/llama_rows.c)
 at T rows, the two builds interleaved round by round so the machine's drift hits both alike.
 
-Usage: .venv/bin/python bench/ab_native.py OLD_DIR [--rows 1,2,4,5,6,8,16] [--rounds 15] [--dtype fp32|q8]
+Usage: .venv/bin/python bench/ab_native.py OLD_DIR [--rows 1,2,4,5,6,8,16] [--rounds 15] [--dtype fp32|bf16|q8] [--causal] [--context N]
 OLD_DIR holds the baseline's .c files (e.g. `git show REV:engine/native/linear.c > /tmp/old/linear.c`
 for each source); the working tree's engine/native is the candidate. Prints per T the median ms of
 each build and candidate / baseline. Import order matters: torch's OpenMP reads its wait policy
