@@ -143,6 +143,8 @@ class DraftGate:
     _explore_every: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ARMS, MIXED_EXPLORE))
     _explored: dict[str, bool] = field(default_factory=dict)  # the verdict an exploring step went against
     _fit: tuple[float, float] | None = None  # at(): (s, e) of the loop's step times, None = refit
+    _at: dict[int, float] = field(default_factory=dict)  # at()'s values under the current _fit and cost
+    _at_cost: VerifyCost | None = None  # the cost _at was computed from (the decoder may set one later)
     last: dict = field(default_factory=dict)  # the last decision, for the dashboard / tests
     # the verify step's wall time as the decode loop sees it, per row count n: [EMA ms, steps]
     observed: dict[int, list[float]] = field(default_factory=dict)
@@ -271,10 +273,16 @@ class DraftGate:
         t(n + 1) - t(n) then follows the curve's shape instead of the noise of two steps. (On
         the 2-core Zen 4 EPYC in q8, a 2-row step took 1.3x a plain step in the loop while the
         bare passes measured 1.10x: e is that per-row overhead.)"""
-        if self._fit is None:
-            self._fit = self._loop_fit()
-        s, e = self._fit
-        return s * self.cost.at(n) + e * (n - 1)
+        if self._at_cost is not self.cost:  # a new curve: the loop's fit to it too
+            self._at.clear()
+            self._fit, self._at_cost = None, self.cost
+        v = self._at.get(n)
+        if v is None:  # (a tree's cut asks for t(n) of every node count, ~50 times a step)
+            if self._fit is None:
+                self._fit = self._loop_fit()
+            s, e = self._fit
+            v = self._at[n] = s * self.cost.at(n) + e * (n - 1)
+        return v
 
     def _loop_fit(self) -> tuple[float, float]:
         pts = [(self.cost.at(n), n - 1.0, o[0], min(o[1], 10)) for n, o in self.observed.items() if o[1] >= 1]
@@ -298,6 +306,7 @@ class DraftGate:
         o[0] = ms if o[1] == 0 else 0.8 * o[0] + 0.2 * ms
         o[1] += 1
         self._fit = None
+        self._at.clear()
 
     def _source(self, source: str) -> _Source:
         """``source``'s record, made on first use (not a fresh _Source built and dropped on every

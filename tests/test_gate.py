@@ -307,3 +307,22 @@ def test_calibration_memory_is_bounded_and_a_new_conversation_carries_little_of_
     assert nxt.calibrated("pld", COPIED) == pytest.approx(rate)
     untouched = nxt.sources["pld"].cal_n[0]
     assert untouched == pytest.approx(s.cal_n[0])  # a bin under the carry keeps its counts
+
+
+def test_at_remembers_its_values_until_a_step_or_the_cost_changes_them():
+    """Session 48: t(n) is kept per row count (a tree's cut asks ~50 times a step); a step's
+    timing refits it and a new cost curve replaces it, exactly as computing it afresh."""
+    from engine.costmodel import VerifyCost
+
+    def fresh(g, n):  # the formula without the memo
+        s, e = g._loop_fit()
+        return s * g.cost.at(n) + e * (n - 1)
+
+    g = DraftGate(VerifyCost(a=5.0, b=0.5, points={1: 5.5, 4: 7.0, 8: 9.0}))
+    first = [g.at(n) for n in range(1, 12)]
+    assert first == [fresh(g, n) for n in range(1, 12)]
+    g.observe_step(4, 14.0)
+    g.observe_step(1, 6.0)
+    assert [g.at(n) for n in range(1, 12)] == [fresh(g, n) for n in range(1, 12)] != first
+    g.cost = VerifyCost(a=10.0, b=1.0, points={1: 11.0, 8: 18.0})
+    assert [g.at(n) for n in range(1, 12)] == [fresh(g, n) for n in range(1, 12)]
