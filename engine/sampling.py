@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Callable
 
 import torch
 
@@ -203,7 +204,14 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from probs (V,), non-negative, not necessarily normalised: by inverting its
     distribution function with one uniform draw (torch.multinomial's one draw is an exponential race
     over all V entries: ~0.9 ms a 49k-entry row on a 2-core Xeon, this ~0.08; session 47)."""
-    return int(_invert(_cdf(_on_generator_device(probs.float(), generator)), 1, generator)[0])
+    return sampler(probs, generator)()
+
+
+def sampler(probs: torch.Tensor, generator: torch.Generator | None) -> Callable[[], int]:
+    """Draws from probs (V,) one at a time, each as ``sample`` makes it, the running sums made once
+    (a rejection loop's repeated draws from one distribution)."""
+    c = _cdf(_on_generator_device(probs.float(), generator))
+    return lambda: int(_invert(c, 1, generator)[0])
 
 
 def draft_sample(q: torch.Tensor, k: int, generator: torch.Generator | None, without_replacement: bool) -> list[int]:

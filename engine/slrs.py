@@ -42,7 +42,7 @@ from typing import Callable, Sequence
 import torch
 
 from .errors import SpecchatError
-from .sampling import sample
+from .sampling import sampler
 
 
 class PsiTooLarge(SpecchatError, ValueError):
@@ -241,8 +241,9 @@ def residual_sample(p: torch.Tensor, psi: Callable[[int], float], generator: tor
                     max_trials: int = 100_000) -> int:
     """A sample of norm(p − min(p, ψ)) by rejection from p: keep t ~ p w.p. max(0, 1 − ψ(t)/p(t))."""
     cache: dict[int, float] = {}
+    draw = sampler(p, generator)
     for _ in range(max_trials):
-        t = sample(p, generator)
+        t = draw()
         if t not in cache:
             cache[t] = psi(t)
         keep = max(0.0, 1.0 - cache[t] / float(p[t]))

@@ -153,12 +153,11 @@ static void amx_layout(const float *x, int64_t ldx, int64_t R, int64_t Rp, int64
         convert_row(x, K, xa);
         return;
     }
-    uint32_t row[16];
     for (int64_t r = 0; r < Rp; r++)
         for (int64_t c = 0; c < K / 32; c++) {
-            if (r < R) convert_row(x + r * ldx + 32 * c, 32, row);
-            else memset(row, 0, sizeof row);
-            memcpy(xa + (c * Rp + r) * JB, row, sizeof row);
+            uint32_t *at = xa + (c * Rp + r) * JB;
+            if (r < R) convert_row(x + r * ldx + 32 * c, 32, at);
+            else memset(at, 0, sizeof(uint32_t) * JB);
         }
 }
 
